@@ -1,0 +1,36 @@
+# fabricscope: the two commands are `make demo` and `make test`.
+# Each runs the idempotent setup first (OS packages, venv, generated code).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-unit setup proto docs clean-labs
+
+demo: setup
+	$(VENV)/bin/fabricscope demo
+
+test: setup
+	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+# Tests that need no root, no BPF and no network namespaces.
+test-unit: setup
+	$(PY) -m pytest -ra tests/unit $(PYTEST_ARGS)
+
+setup:
+	@bash scripts/setup.sh
+
+# Generated wire code (never edited by hand; ignored by git).
+proto: fabricscope/v1/telemetry_pb2.py
+
+fabricscope/v1/telemetry_pb2.py: proto/fabricscope/v1/telemetry.proto
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. $<
+	touch fabricscope/v1/__init__.py
+
+# Rendered documentation (tests fail when these are stale).
+docs:
+	$(PY) -m fabricscope.schema > docs/SCHEMA.md
+	$(PY) -m fabricscope.config > docs/config.md
+
+# Remove every fabricscope lab left on this machine (normally never needed).
+clean-labs:
+	$(VENV)/bin/fabricscope lab down --all

@@ -1,0 +1,65 @@
+"""The probe contract: every probe family and user-space source implements Probe.
+
+A probe family is sibling files: `bpf/<family>.bpf.c` (the BPF program, real C,
+options as `-D` cflags), `agent/probes/<family>.py` (this interface: load,
+attach, drain maps/buffers, decode into Records) and
+`fabricscope/measurements/<family>.py` (what it exports). Nothing downstream of
+`poll()` knows which probe made a record.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass, field
+
+from fabricscope.records import Record
+
+
+class ProbeUnavailable(Exception):
+    """This probe cannot run on this kernel/host (missing tracepoint, feature, library).
+
+    The agent logs one line with the reason, counts it in
+    fabricscope_agent_probe_attached{probe=...}=0, and runs on without it."""
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Maps the kernel's CLOCK_MONOTONIC (bpf_ktime_get_ns) to UNIX epoch ns."""
+
+    offset_ns: int = field(default_factory=lambda: time.time_ns() - time.monotonic_ns())
+
+    def to_wall(self, monotonic_ns: int) -> int:
+        return monotonic_ns + self.offset_ns
+
+
+@dataclass
+class ProbeContext:
+    node: str                      # node name (tag `node` is added by the pipeline, not probes)
+    addresses: frozenset[str]      # IP addresses owned by this node: attribution filter
+    clock: Clock
+    config: object                 # agent.config.AgentConfig
+    cflags: list[str] = field(default_factory=list)   # extra BCC cflags (kernel headers etc.)
+
+
+class Probe(abc.ABC):
+    #: name used in config `probes:` and in metrics labels
+    name: str = ""
+
+    def __init__(self, ctx: ProbeContext):
+        self.ctx = ctx
+
+    @abc.abstractmethod
+    def attach(self) -> None:
+        """Load and attach. Raise ProbeUnavailable when this host cannot support it."""
+
+    @abc.abstractmethod
+    def poll(self) -> list[Record]:
+        """Drain what happened since the last call into Records (without the `node` tag)."""
+
+    def detach(self) -> None:
+        """Release kernel resources. Must be safe to call twice and after a failed attach."""
+
+    def stats(self) -> dict[str, int]:
+        """Self-observation counters (events lost in the kernel, decode errors, ...)."""
+        return {}

@@ -1,0 +1,5 @@
+import sys
+
+from fabricscope.cli import main
+
+sys.exit(main())

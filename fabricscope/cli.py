@@ -1,0 +1,47 @@
+"""The single entry point: `fabricscope <command> ...`.
+
+Each command lives in its own module exposing `register(subparsers)`, which adds
+its parser and sets `func(args) -> int`. Modules import heavy dependencies (BCC,
+torch, grpc servers) inside `func`, so `fabricscope --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from fabricscope.errors import UserError
+
+COMMAND_MODULES = ["agent.cli", "collector.cli", "lab.cli", "fabricscope.demo", "bench.cli"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fabricscope",
+        description="Network observability and bottleneck diagnosis for distributed training.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Measurement declarations, one module per probe family (see fabricscope.schema)."""
