@@ -1,0 +1,9 @@
+"""Benchmarks (`fabricscope bench NAME`): ratios against a baseline in the same run.
+
+Registry: benchmark name -> module exposing BENCH (a bench.harness.Benchmark).
+Modules are imported only when their benchmark runs or is listed.
+"""
+
+REGISTRY: dict[str, str] = {
+    "ddp-overhead": "bench.ddp_overhead",
+}

@@ -21,14 +21,50 @@ class CollectorConfig:
         "v1: database (created when missing); v2: bucket"))
     influx_org: str = field(default="fabricscope", metadata=doc("v2: organization"))
     influx_token: str = field(default="", metadata=doc("v2: API token (never logged)"))
+    influx_timeout_s: float = field(default=10.0, metadata=doc(
+        "timeout of one InfluxDB request; a timed-out write is answered RETRY"))
+    influx_batch_lines: int = field(default=5000, metadata=doc(
+        "most lines in one InfluxDB write request (InfluxDB advises ~5000)"))
     max_message_bytes: int = field(default=16 * 1024 * 1024, metadata=doc(
-        "largest gRPC message accepted; larger ones are rejected and counted"))
+        "largest gRPC message accepted; larger ones end the stream with RESOURCE_EXHAUSTED "
+        "and are counted (gRPC itself refuses those over twice this size)"))
+    max_future_s: float = field(default=3600.0, metadata=doc(
+        "records timestamped further ahead of the collector's clock are rejected"))
+    max_age_s: float = field(default=7 * 86400.0, metadata=doc(
+        "records older than this are rejected"))
     metrics_host: str = field(default="0.0.0.0", metadata=doc("address for /metrics and /readyz"))
     metrics_port: int = field(default=9472, metadata=doc("port for /metrics and /readyz; 0 picks one"))
 
     def check(self) -> None:
-        if ":" not in self.listen:
-            raise UserError(f"listen address {self.listen!r} has no port", "give host:port")
+        self.listen_host_port()
         if self.influx_api not in ("v1", "v2"):
             raise UserError(f"influx_api must be v1 or v2, not {self.influx_api!r}",
                             "use --influx-api v1 for InfluxDB 1.x")
+        if not self.influx_url.startswith(("http://", "https://")):
+            raise UserError(f"influx_url {self.influx_url!r} is not an http(s) URL",
+                            "give e.g. http://127.0.0.1:8086")
+        if not self.influx_db:
+            raise UserError("influx_db is empty", "name a database (v1) or bucket (v2)")
+        positive = {"influx_timeout_s": self.influx_timeout_s,
+                    "influx_batch_lines": self.influx_batch_lines,
+                    "max_message_bytes": self.max_message_bytes,
+                    "max_future_s": self.max_future_s, "max_age_s": self.max_age_s}
+        for name, value in positive.items():
+            if value <= 0:
+                raise UserError(f"{name} must be positive, not {value!r}",
+                                f"set --{name.replace('_', '-')} to a positive number")
+        if not 0 <= self.metrics_port <= 65535:
+            raise UserError(f"metrics_port {self.metrics_port} is not a port",
+                            "use 0..65535 (0 picks a free one)")
+
+    def listen_host_port(self) -> tuple[str, int]:
+        """('host', port) of `listen`; IPv6 hosts may be bracketed: [::]:9470."""
+        host, _, port = self.listen.rpartition(":")
+        try:
+            number = int(port)
+        except ValueError:
+            number = -1
+        if not host or not 0 <= number <= 65535:
+            raise UserError(f"listen address {self.listen!r} is not host:port",
+                            "give e.g. 0.0.0.0:9470 (port 0 picks a free one)")
+        return host, number

@@ -102,10 +102,11 @@ def load(cls, section: str, args: argparse.Namespace | None = None,
                             "fix the YAML syntax") from None
         if not isinstance(data, dict):
             raise UserError(f"config file {path} must hold a mapping", "see docs/config.md")
-        data = data.get(section, data) if isinstance(data.get(section), dict) else data
+        if isinstance(data.get(section), dict):
+            data = data[section]
+        else:   # top-level keys; other components' sections are theirs
+            data = {k: v for k, v in data.items() if not isinstance(v, dict)}
         for key, value in data.items():
-            if key in ("agent", "collector", "lab"):
-                continue
             if key not in names:
                 raise UserError(f"config file {path}: unknown key {key!r} for {section}",
                                 "remove it or check its spelling in docs/config.md")

@@ -1,0 +1,143 @@
+"""Helpers shared by the BCC probes: compile bpf/<family>.bpf.c, check struct
+layouts, read per-CPU counters, read tracepoint formats, attach TC egress.
+
+BCC is imported only inside functions: the agent must prepare the kernel
+(agent.kernel.prepare: tracefs, headers) before the first `import bcc`, because
+BCC picks its tracefs path at import time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.probes.base import ProbeUnavailable
+
+log = logging.getLogger("fabricscope.agent.bpf")
+
+BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+TRACEFS = Path("/sys/kernel/tracing")
+CLSACT_EGRESS = "ffff:fff3"
+
+
+def compile_program(family: str, cflags: list[str]):
+    """Compile and load bpf/<family>.bpf.c (tracepoint probes attach on load)."""
+    from bcc import BPF
+
+    path = BPF_DIR / f"{family}.bpf.c"
+    if not path.is_file():
+        raise ProbeUnavailable(f"BPF source {path} is missing")
+    try:
+        return BPF(src_file=str(path).encode(), cflags=[f"-I{BPF_DIR}", *cflags])
+    except Exception as exc:  # BCC raises bare Exception on compile/load/attach errors
+        raise ProbeUnavailable(f"{path.name} did not load: {str(exc).splitlines()[0]}") from None
+
+
+def tracepoint_fields(category: str, event: str, tracefs: Path = TRACEFS) -> set[str] | None:
+    """Field names of a tracepoint (None when the tracepoint does not exist)."""
+    try:
+        text = (tracefs / "events" / category / event / "format").read_text()
+    except OSError:
+        return None
+    return {m.group(1) for m in re.finditer(r"field:[^;]*?(\w+)(?:\[\d*\])?;", text)}
+
+
+def check_layout(mirror: type[ctypes.Structure], compiled: type[ctypes.Structure]) -> None:
+    """The Python mirror of a C struct must match what clang compiled, field by field."""
+    problems = []
+    if ctypes.sizeof(mirror) != ctypes.sizeof(compiled):
+        problems.append(f"size {ctypes.sizeof(mirror)} != {ctypes.sizeof(compiled)}")
+    for name, *_ in compiled._fields_:
+        ours = getattr(mirror, name, None)
+        theirs = getattr(compiled, name)
+        if ours is None or ours.offset != theirs.offset or ours.size != theirs.size:
+            problems.append(f"field {name}")
+    if problems:
+        raise ProbeUnavailable(f"{mirror.__name__} does not match the compiled struct: "
+                               + ", ".join(problems))
+
+
+def percpu_sums(table, count: int) -> list[int]:
+    """Sum each index of a BPF_PERCPU_ARRAY of u64 over all CPUs."""
+    out = []
+    for i in range(count):
+        try:
+            out.append(int(sum(table[ctypes.c_int(i)])))
+        except KeyError:
+            out.append(0)
+    return out
+
+
+@dataclass(frozen=True)
+class TcHook:
+    ifindex: int
+    ifname: str
+    prio: int
+    created_clsact: bool
+
+
+class TcEgress:
+    """Attach one direct-action cls_bpf program at clsact egress of some interfaces.
+
+    Works in the calling thread's network namespace. Shares clsact with other
+    programs: ours returns TC_ACT_UNSPEC so later filters still run, uses its own
+    priority, and on detach removes only its filter (and clsact only if it made
+    it and nothing else hangs there)."""
+
+    def __init__(self, fn, prio: int | None = None):
+        self.fn = fn
+        # Two agents may share a namespace (tests); distinct priorities keep
+        # their filters apart.
+        self.prio = prio or 0x4000 + os.getpid() % 0x3000
+        self.hooks: list[TcHook] = []
+
+    def attach(self, ifaces) -> None:
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        with IPRoute() as ipr:
+            for iface in ifaces:
+                try:
+                    ipr.tc("add", "clsact", iface.index)
+                    created = True
+                except NetlinkError as exc:
+                    if exc.code != 17:   # EEXIST: someone else's clsact, share it
+                        raise ProbeUnavailable(f"cannot add clsact on {iface.name}: "
+                                               f"{os.strerror(exc.code)}") from None
+                    created = False
+                try:
+                    ipr.tc("add-filter", "bpf", iface.index, ":1", fd=self.fn.fd,
+                           name=self.fn.name, parent=CLSACT_EGRESS, classid=1,
+                           direct_action=True, prio=self.prio)
+                except NetlinkError as exc:
+                    raise ProbeUnavailable(f"cannot attach TC egress on {iface.name}: "
+                                           f"{os.strerror(exc.code)}") from None
+                self.hooks.append(TcHook(iface.index, iface.name, self.prio, created))
+
+    def detach(self) -> None:
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        hooks, self.hooks = self.hooks, []
+        if not hooks:
+            return
+        with IPRoute() as ipr:
+            for h in hooks:
+                try:
+                    ipr.tc("del-filter", "bpf", h.ifindex, ":1", parent=CLSACT_EGRESS,
+                           prio=h.prio)
+                    if h.created_clsact and not _has_filters(ipr, h.ifindex):
+                        ipr.tc("del", "clsact", h.ifindex)
+                except NetlinkError as exc:   # interface gone with its namespace
+                    log.debug("TC detach on %s: %s", h.ifname, os.strerror(exc.code))
+
+
+def _has_filters(ipr, ifindex: int) -> bool:
+    for parent in (CLSACT_EGRESS, "ffff:fff2"):
+        if list(ipr.get_filters(index=ifindex, parent=parent)):
+            return True
+    return False

@@ -1,0 +1,76 @@
+"""The agent's self-metrics (all prefixed fabricscope_agent_), on its own registry.
+
+A registry per agent instance (not prometheus_client's global one) so that tests
+can run several agents in one process. Probe counters (Probe.stats()) are
+snapshotted by the poll stage and exported at scrape time: `lost` as
+events_lost_total{probe}, everything else as probe_events_total{probe,event}.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+
+P = "fabricscope_agent_"
+
+
+class _ProbeStats:
+    """Custom collector over the latest Probe.stats() snapshots."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._snap: dict[str, dict[str, int]] = {}
+
+    def update(self, probe: str, stats: dict[str, int]) -> None:
+        with self._lock:
+            self._snap[probe] = dict(stats)
+
+    def get(self, probe: str) -> dict[str, int]:
+        with self._lock:
+            return dict(self._snap.get(probe, {}))
+
+    def collect(self):
+        with self._lock:
+            snap = {k: dict(v) for k, v in self._snap.items()}
+        lost = CounterMetricFamily(P + "events_lost", "events a probe lost before user space "
+                                   "(kernel ring buffer full, marker ring overwritten)",
+                                   labels=["probe"])
+        events = CounterMetricFamily(P + "probe_events", "probe self-observation counters "
+                                     "(see each probe's docs)", labels=["probe", "event"])
+        for probe, stats in sorted(snap.items()):
+            lost.add_metric([probe], stats.get("lost", 0))
+            for key, value in sorted(stats.items()):
+                if key != "lost":
+                    events.add_metric([probe, key], value)
+        yield lost
+        yield events
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        r = self.registry = registry or CollectorRegistry()
+        self.records = Counter(P + "records", "records produced, by probe", ["probe"], registry=r)
+        self.probe_attached = Gauge(P + "probe_attached",
+                                    "1 when the probe is attached, 0 when unavailable",
+                                    ["probe"], registry=r)
+        self.batches_sent = Counter(P + "batches_sent", "batches written to the collector "
+                                    "stream (resends included)", registry=r)
+        self.batches_acked = Counter(P + "batches_acked", "acks received, by status",
+                                     ["status"], registry=r)
+        self.records_dropped = Counter(P + "records_dropped", "records the agent gave up on",
+                                       ["reason"], registry=r)
+        self.queue_records = Gauge(P + "queue_records", "records waiting for an Ack OK",
+                                   registry=r)
+        self.collector_connected = Gauge(P + "collector_connected",
+                                         "1 while the collector stream is up", registry=r)
+        self.poll_seconds = Histogram(P + "poll_seconds", "time to drain all probes once",
+                                      registry=r, buckets=(.0005, .001, .0025, .005, .01, .025,
+                                                           .05, .1, .25, .5, 1.0))
+        self.probe_stats = _ProbeStats()
+        r.register(self.probe_stats)
+        for status in ("ok", "retry", "rejected"):
+            self.batches_acked.labels(status)
+        for reason in ("queue_full", "rejected", "shutdown"):
+            self.records_dropped.labels(reason)

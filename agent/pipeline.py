@@ -1,0 +1,153 @@
+"""The agent pipeline: probes -> tag node -> batcher -> outputs.
+
+Each stage is a small async function between asyncio queues, so each can be
+tested alone; `run_pipeline` wires them. A stage ends by passing None (end of
+stream) downstream, so stopping is: set `stop`, the poll stage polls one last
+time, the batcher flushes, the outputs flush and close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Iterable, Protocol
+
+from fabricscope.records import Record
+
+log = logging.getLogger("fabricscope.agent.pipeline")
+
+
+class Output(Protocol):
+    async def send(self, batch: list[Record]) -> None: ...
+    async def close(self) -> None: ...
+
+
+def tag_node(records: list[Record], node: str) -> list[Record]:
+    for r in records:
+        r.tags["node"] = node
+    return records
+
+
+class Batcher:
+    """Groups records into batches of at most `max_records`; a batch is due
+    `flush_interval_s` after its first record arrived. Time is passed in."""
+
+    def __init__(self, max_records: int, flush_interval_s: float):
+        self.max_records = max_records
+        self.flush_interval_s = flush_interval_s
+        self._buf: list[Record] = []
+        self._first_at: float | None = None
+
+    def add(self, records: Iterable[Record], now: float) -> list[list[Record]]:
+        """Add records; return the batches that became full."""
+        full = []
+        for r in records:
+            if not self._buf:
+                self._first_at = now
+            self._buf.append(r)
+            if len(self._buf) >= self.max_records:
+                full.append(self.flush())
+        return full
+
+    def deadline(self) -> float | None:
+        return None if self._first_at is None else self._first_at + self.flush_interval_s
+
+    def due(self, now: float) -> bool:
+        d = self.deadline()
+        return d is not None and now >= d
+
+    def flush(self) -> list[Record]:
+        out, self._buf, self._first_at = self._buf, [], None
+        return out
+
+
+def poll_once(probes, node: str, metrics) -> list[Record]:
+    """Drain every probe once (runs in a worker thread: BCC calls block briefly)."""
+    start = time.perf_counter()
+    out: list[Record] = []
+    for probe in probes:
+        try:
+            records = probe.poll()
+        except Exception as exc:   # a probe bug must not stop the others
+            log.warning("probe %s: poll failed: %s", probe.name, exc, exc_info=log.isEnabledFor(10))
+            records = []
+        metrics.records.labels(probe.name).inc(len(records))
+        metrics.probe_stats.update(probe.name, probe.stats())
+        out += tag_node(records, node)
+    metrics.poll_seconds.observe(time.perf_counter() - start)
+    return out
+
+
+async def poll_stage(probes, node: str, interval_s: float, out: asyncio.Queue, metrics,
+                     stop: asyncio.Event) -> None:
+    while True:
+        stopping = stop.is_set()
+        records = await asyncio.to_thread(poll_once, probes, node, metrics)
+        if records:
+            out.put_nowait(records)
+        if stopping:
+            break
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+        except asyncio.TimeoutError:
+            pass
+    out.put_nowait(None)
+
+
+async def batch_stage(inq: asyncio.Queue, outq: asyncio.Queue, batcher: Batcher,
+                      clock: Callable[[], float] = time.monotonic) -> None:
+    while True:
+        deadline = batcher.deadline()
+        try:
+            timeout = None if deadline is None else max(0.0, deadline - clock())
+            item = await asyncio.wait_for(inq.get(), timeout)
+        except asyncio.TimeoutError:
+            item = []
+        if item is None:
+            rest = batcher.flush()
+            if rest:
+                outq.put_nowait(rest)
+            outq.put_nowait(None)
+            return
+        for batch in batcher.add(item, clock()):
+            outq.put_nowait(batch)
+        if batcher.due(clock()):
+            outq.put_nowait(batcher.flush())
+
+
+async def output_stage(inq: asyncio.Queue, outputs: list[Output]) -> None:
+    try:
+        while (batch := await inq.get()) is not None:
+            for o in outputs:
+                await o.send(batch)
+    finally:
+        for o in outputs:
+            await o.close()
+
+
+async def run_pipeline(probes, outputs: list[Output], *, node: str, poll_interval_s: float,
+                       batch_max_records: int, flush_interval_s: float, metrics,
+                       stop: asyncio.Event, after_poll: Callable[[], object] | None = None) -> None:
+    """Wire and run the stages until `stop` is set and everything is flushed.
+
+    `after_poll` runs (in a thread) once the last poll is done: the agent detaches
+    its probes there, before waiting for the outputs to flush."""
+    records_q: asyncio.Queue = asyncio.Queue()
+    batches_q: asyncio.Queue = asyncio.Queue()
+    poller = asyncio.create_task(
+        poll_stage(probes, node, poll_interval_s, records_q, metrics, stop), name="poll")
+    batcher = asyncio.create_task(
+        batch_stage(records_q, batches_q, Batcher(batch_max_records, flush_interval_s)),
+        name="batch")
+    sender = asyncio.create_task(output_stage(batches_q, outputs), name="output")
+    try:
+        await poller
+        if after_poll is not None:
+            await asyncio.to_thread(after_poll)
+        await batcher
+        await sender
+    finally:
+        for task in (poller, batcher, sender):
+            task.cancel()
+        await asyncio.gather(poller, batcher, sender, return_exceptions=True)

@@ -1,0 +1,252 @@
+"""Source `markers`: training step markers read from the rings of fabricscope.markers.
+
+Each training process writes `<markers_dir>/<pid>.ring` (layout: the docstring of
+fabricscope/markers.py, the contract). Every poll this source:
+  - opens rings that appeared (a ring whose header is still zero is retried; a
+    ring with a wrong magic, version or size is counted as bad and skipped);
+  - reads the entries written since its last read; when the writer lapped the
+    reader by more than the capacity, the overwritten entries are counted lost;
+  - turns step markers into `train_step` records: a step lasts from its marker to
+    the next step or done marker of the same process;
+  - drains the ring of a process that exited, then deletes the file (a last step
+    that never got a closing marker is counted as unterminated).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.probes.base import Probe, ProbeUnavailable
+from fabricscope import markers as fmt
+from fabricscope.records import Record
+
+log = logging.getLogger("fabricscope.agent.markers")
+
+_HEADER = struct.Struct("<4sIII Q H")
+_ENTRY = struct.Struct("<QII q 40s")
+_WRITTEN = struct.Struct("<Q")
+
+
+class BadRing(ValueError):
+    """A ring file that does not follow the layout."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    time_ns: int
+    kind: int
+    value: int
+    name: str
+
+
+def tags_from_meta(meta: dict, pid: int) -> dict[str, str]:
+    """rank/job tags from a ring's JSON metadata (see the train_step measurement)."""
+    if meta.get("fabricscope_job"):
+        job = str(meta["fabricscope_job"])
+    elif meta.get("master_addr") and meta.get("master_port"):
+        job = f"{meta['master_addr']}:{meta['master_port']}"
+    else:
+        job = str(pid)
+    return {"rank": str(meta.get("rank", "-")), "job": job}
+
+
+class RingReader:
+    """One ring file, read incrementally. Raises BadRing from open/read."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < fmt.HEADER_SIZE:
+                raise BadRing(f"{size} bytes, shorter than the header")
+            self._map = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+        magic, version, capacity, pid, _, meta_len = _HEADER.unpack_from(self._map, 0)
+        if magic != fmt.MAGIC or version != fmt.VERSION:
+            self.close()
+            raise BadRing(f"magic {magic!r} version {version}, expected {fmt.MAGIC!r} "
+                          f"{fmt.VERSION}")
+        if capacity < 1 or size < fmt.HEADER_SIZE + capacity * fmt.ENTRY_SIZE \
+                or meta_len > fmt.HEADER_SIZE - _HEADER.size:
+            self.close()
+            raise BadRing(f"capacity {capacity} / meta {meta_len} bytes do not fit {size} bytes")
+        raw_meta = bytes(self._map[_HEADER.size:_HEADER.size + meta_len])
+        try:
+            meta = json.loads(raw_meta or b"{}")
+        except ValueError:
+            self.close()
+            raise BadRing("metadata is not JSON") from None
+        self.capacity, self.pid = capacity, pid
+        self.tags = tags_from_meta(meta if isinstance(meta, dict) else {}, pid)
+        self.read_upto = 0          # entries consumed (index of the next to read)
+        self.lost = 0               # entries overwritten before we read them
+
+    @staticmethod
+    def initialized(path: Path) -> bool:
+        """False while the writer has not yet stamped the header (all zero)."""
+        with open(path, "rb") as f:
+            return f.read(4) != b"\0\0\0\0"
+
+    def written(self) -> int:
+        return _WRITTEN.unpack_from(self._map, 16)[0]
+
+    def read_new(self) -> list[Entry]:
+        written = self.written()
+        if written < self.read_upto:
+            raise BadRing(f"written went back from {self.read_upto} to {written}")
+        start = max(self.read_upto, written - self.capacity)
+        self.lost += start - self.read_upto
+        entries = [self._entry(i) for i in range(start, written)]
+        # The writer may have lapped us while we copied: drop what it overwrote.
+        overwritten = max(0, self.written() - self.capacity - start)
+        if overwritten:
+            self.lost += min(overwritten, len(entries))
+            entries = entries[overwritten:]
+        self.read_upto = written
+        return entries
+
+    def _entry(self, i: int) -> Entry:
+        off = fmt.HEADER_SIZE + (i % self.capacity) * fmt.ENTRY_SIZE
+        time_ns, kind, _, value, name = _ENTRY.unpack_from(self._map, off)
+        return Entry(time_ns, kind, value, name.rstrip(b"\0").decode(errors="replace"))
+
+    def close(self) -> None:
+        self._map.close()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class _Ring:
+    reader: RingReader
+    inode: int
+    open_step: Entry | None = None          # step marker still waiting for its end
+
+
+@dataclass
+class StepTracker:
+    """Turns a ring's entries into train_step records."""
+
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def feed(self, ring: _Ring, entries: list[Entry]) -> list[Record]:
+        out = []
+        for e in entries:
+            if e.kind in (fmt.KIND_STEP, fmt.KIND_DONE):
+                if ring.open_step is not None:
+                    out.append(self._record(ring, ring.open_step, e.time_ns))
+                ring.open_step = e if e.kind == fmt.KIND_STEP else None
+            elif e.kind in (fmt.KIND_PHASE_BEGIN, fmt.KIND_PHASE_END):
+                self._count("phase_markers")      # no phase measurement yet
+            else:
+                self._count("unknown_kinds")
+        return out
+
+    def _record(self, ring: _Ring, step: Entry, end_ns: int) -> Record:
+        return Record("train_step", step.time_ns, dict(ring.reader.tags),
+                      {"step": int(step.value), "seconds": max(0, end_ns - step.time_ns) / 1e9})
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
+
+
+class MarkersSource(Probe):
+    name = "markers"
+    needs_bpf = False
+
+    def __init__(self, ctx, directory: str | None = None, pid_alive=pid_alive):
+        super().__init__(ctx)
+        self.dir = Path(directory or getattr(ctx.config, "markers_dir", fmt.DEFAULT_DIR))
+        self._pid_alive = pid_alive
+        self._rings: dict[Path, _Ring] = {}
+        # (path, inode) of rings never to open again: bad ones (counted once) and
+        # finished ones we could not delete (so they are not read twice).
+        self._skip: set[tuple[Path, int]] = set()
+        self._tracker = StepTracker()
+        self._lost_closed = 0
+
+    def attach(self) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if self.dir.stat().st_uid == os.geteuid():
+                os.chmod(self.dir, 0o1777)   # training may run as any user, like /tmp
+        except OSError as exc:
+            raise ProbeUnavailable(f"markers directory {self.dir}: {exc.strerror}") from None
+
+    def poll(self) -> list[Record]:
+        self._discover()
+        out: list[Record] = []
+        for path, ring in list(self._rings.items()):
+            alive = self._pid_alive(ring.reader.pid)   # before reading: no entry after it
+            try:
+                out += self._tracker.feed(ring, ring.reader.read_new())
+            except BadRing as exc:
+                self._mark_bad(path, str(exc), ring.inode)
+                self._close(path, delete=False)
+                continue
+            if not alive:
+                if ring.open_step is not None:
+                    self._tracker._count("unterminated_steps")
+                self._close(path, delete=True)
+        return out
+
+    def _discover(self) -> None:
+        try:
+            entries = list(os.scandir(self.dir))
+        except OSError:
+            return
+        for de in entries:
+            path = Path(de.path)
+            if not de.name.endswith(".ring") or path in self._rings:
+                continue
+            try:
+                inode = de.inode()
+                if (path, inode) in self._skip or not RingReader.initialized(path):
+                    continue
+                self._rings[path] = _Ring(RingReader(path), inode)
+            except BadRing as exc:
+                self._mark_bad(path, str(exc), inode)
+            except OSError:
+                continue        # vanished between scandir and open
+
+    def _mark_bad(self, path: Path, why: str, inode: int) -> None:
+        self._skip.add((path, inode))
+        self._tracker._count("bad_rings")
+        log.warning("markers: skipping bad ring %s: %s", path, why)
+
+    def _close(self, path: Path, delete: bool) -> None:
+        ring = self._rings.pop(path)
+        self._skip.add((path, ring.inode))
+        self._lost_closed += ring.reader.lost
+        ring.reader.close()
+        self._tracker._count("rings_closed")
+        if delete:
+            try:
+                path.unlink()
+                self._skip.discard((path, ring.inode))
+            except FileNotFoundError:
+                self._skip.discard((path, ring.inode))
+            except OSError as exc:
+                self._tracker._count("delete_errors")
+                log.warning("markers: cannot delete %s: %s", path, exc.strerror)
+
+    def stats(self) -> dict[str, int]:
+        lost = self._lost_closed + sum(r.reader.lost for r in self._rings.values())
+        return {"lost": lost, **self._tracker.stats}
+
+    def detach(self) -> None:
+        for path in list(self._rings):
+            self._close(path, delete=False)

@@ -1,0 +1,105 @@
+"""Benchmark harness: alternate baseline and subject, repeat, report medians and the ratio.
+
+A benchmark is a module in bench/ exposing `BENCH = Benchmark(...)`. Its
+`environment(args)` is a context manager that builds what both sides need (a
+lab, a server, ...) and yields a `Sides` object with `baseline()` and
+`subject()`, each running one measurement and returning one number in `unit`.
+The harness runs them alternately (baseline, subject, baseline, ...) so that
+drift on a shared machine hits both sides alike, and reports per-side median,
+min and max, and ratio = median(subject) / median(baseline).
+Extra per-run figures (e.g. CPU seconds) go in `Sides.extra()` and are reported
+as medians too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, ContextManager, Protocol
+
+
+class Sides(Protocol):
+    def baseline(self) -> float: ...
+    def subject(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    description: str
+    unit: str
+    baseline_label: str
+    subject_label: str
+    environment: Callable[[object], ContextManager[Sides]]
+    repeats: int = 5
+    goal: str = ""                       # e.g. "ratio <= 1.02"
+
+
+@dataclass
+class SideStats:
+    label: str
+    median: float
+    min: float
+    max: float
+    samples: list[float]
+
+    @classmethod
+    def of(cls, label: str, samples: list[float]) -> "SideStats":
+        return cls(label, statistics.median(samples), min(samples), max(samples), samples)
+
+
+@dataclass
+class Result:
+    name: str
+    unit: str
+    repeats: int
+    baseline: SideStats
+    subject: SideStats
+    ratio: float
+    goal: str
+    wall_s: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_text(self) -> str:
+        def side(s: SideStats) -> str:
+            return (f"  {s.label:<28} median {s.median:.6g} {self.unit}  "
+                    f"(min {s.min:.6g}, max {s.max:.6g}, n={len(s.samples)})")
+        lines = [f"{self.name}: {self.repeats} alternating rounds in {self.wall_s:.0f} s",
+                 side(self.baseline), side(self.subject),
+                 f"  ratio subject/baseline       {self.ratio:.4f}" +
+                 (f"  (goal: {self.goal})" if self.goal else "")]
+        for key, value in self.extra.items():
+            lines.append(f"  {key:<28} {value:.6g}")
+        return "\n".join(lines)
+
+
+def run(bench: Benchmark, args=None, repeats: int | None = None,
+        progress: Callable[[str], None] = lambda _msg: None) -> Result:
+    repeats = repeats or bench.repeats
+    base: list[float] = []
+    subj: list[float] = []
+    extras: dict[str, list[float]] = {}
+    start = time.monotonic()
+    with bench.environment(args) as sides:
+        for i in range(repeats):
+            base.append(float(sides.baseline()))
+            subj.append(float(sides.subject()))
+            for key, value in (getattr(sides, "extra", lambda: {})() or {}).items():
+                extras.setdefault(key, []).append(float(value))
+            progress(f"{bench.name}: round {i + 1}/{repeats}: baseline {base[-1]:.6g} "
+                     f"subject {subj[-1]:.6g} {bench.unit}")
+    b, s = SideStats.of(bench.baseline_label, base), SideStats.of(bench.subject_label, subj)
+    ratio = s.median / b.median if b.median else float("nan")
+    return Result(bench.name, bench.unit, repeats, b, s, ratio, bench.goal,
+                  time.monotonic() - start,
+                  {k: statistics.median(v) for k, v in extras.items()})
+
+
+@contextlib.contextmanager
+def nothing(_args=None):
+    yield None

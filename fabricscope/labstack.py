@@ -1,0 +1,198 @@
+"""The whole system on one machine: InfluxDB, a collector and one agent per lab node.
+
+Used by `fabricscope demo`, the end-to-end tests and the lab benchmarks, so that
+all three start the stack the same way. Every process is a real one, started as
+a subprocess by pid and stopped by pid; `running_stack` always tears down what it
+started, also on errors and Ctrl-C.
+
+Agents run inside their node's network namespace (`ip netns exec`), exactly as
+a DaemonSet pod runs in its node's; they reach the collector through the lab's
+bridge address, which is the root namespace's address on the lab subnet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fabricscope.errors import UserError
+
+AGENT_METRICS_PORT = 9471
+_FABRICSCOPE = [sys.executable, "-m", "fabricscope"]
+
+
+def await_condition(check, timeout_s: float, what: str, interval_s: float = 0.1):
+    """Poll `check()` until it returns a truthy value; raise TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+@dataclass
+class Proc:
+    """A subprocess we started, with its log file."""
+
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        return self.popen.returncode
+
+
+def start_proc(name: str, argv: list[str], workdir: Path, env: dict | None = None) -> Proc:
+    log_path = workdir / f"{name}.log"
+    log = open(log_path, "wb")
+    popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env={**os.environ, **(env or {})})
+    log.close()
+    return Proc(name, popen, log_path)
+
+
+@dataclass
+class Stack:
+    lab: object                      # lab.topology.Lab
+    workdir: Path
+    influx: object | None = None     # fabricscope.services.InfluxServer
+    collector: Proc | None = None
+    collector_addr: str = ""
+    agents: dict[int, Proc] = field(default_factory=dict)
+
+    def agent_url(self, node_index: int, path: str) -> str:
+        return f"http://{self.lab.nodes[node_index].address}:{AGENT_METRICS_PORT}{path}"
+
+    def agent_metric(self, node_index: int, name: str, labels: dict | None = None) -> float:
+        """Sum of one metric's samples on a node's agent /metrics (0 when absent)."""
+        return metric_value(http_get(self.agent_url(node_index, "/metrics"))[1], name, labels)
+
+
+def metric_value(text: str, name: str, labels: dict | None = None) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
+        if not m or m.group(1) != name:
+            continue
+        if labels and not all(f'{k}="{v}"' in (m.group(2) or "") for k, v in labels.items()):
+            continue
+        total += float(m.group(3))
+    return total
+
+
+def start_collector(stack: Stack, influx_url: str, extra_args: list[str] = ()) -> None:
+    listen = f"{stack.lab.gateway}:0"
+    proc = start_proc("collector", _FABRICSCOPE + [
+        "collector", "--listen", listen, "--influx-url", influx_url, "--influx-api", "v1",
+        "--metrics-host", "127.0.0.1", "--metrics-port", "0", *extra_args], stack.workdir)
+    stack.collector = proc
+
+    def bound():
+        if not proc.alive():
+            raise UserError(f"collector exited: {proc.log_tail(5)}", "see the log above")
+        m = re.search(r"collector listening on (\S+:\d+)", proc.log_path.read_text(errors="replace"))
+        return m.group(1) if m else None
+    stack.collector_addr = await_condition(bound, 60, "the collector to listen")
+
+
+def start_agent(stack: Stack, node, extra_args: list[str] = ()) -> Proc:
+    from lab import exec_argv
+    argv = exec_argv(node, _FABRICSCOPE + [
+        "agent", "--node", f"node{node.index}", "--markers-dir", str(node.markers_dir),
+        "--metrics-port", str(AGENT_METRICS_PORT),
+        *(["--collector", stack.collector_addr] if stack.collector_addr else []),
+        *extra_args])
+    proc = start_proc(f"agent-node{node.index}", argv, stack.workdir)
+    stack.agents[node.index] = proc
+    return proc
+
+
+def await_agents_ready(stack: Stack, timeout_s: float = 120) -> None:
+    for index, proc in stack.agents.items():
+        def ready(index=index, proc=proc):
+            if not proc.alive():
+                raise UserError(f"agent on node{index} exited: {proc.log_tail(5)}",
+                                "see the agent's log line above")
+            return http_get(stack.agent_url(index, "/readyz"))[0] == 200
+        await_condition(ready, timeout_s, f"the agent on node{index} to be ready")
+
+
+@contextlib.contextmanager
+def running_stack(lab, *, agents: bool = True, collector: bool = True,
+                  agent_args: list[str] = (), workdir: str | None = None):
+    """Start InfluxDB + collector + one agent per node (each optional); always tear down."""
+    from fabricscope.services import InfluxServer
+    tmp = tempfile.TemporaryDirectory(prefix="fabricscope-stack-") if workdir is None else None
+    stack = Stack(lab=lab, workdir=Path(workdir or tmp.name))
+    try:
+        if collector:
+            stack.influx = InfluxServer().start()
+            start_collector(stack, stack.influx.url)
+        if agents:
+            for node in lab.nodes:
+                start_agent(stack, node, list(agent_args))
+            await_agents_ready(stack)
+        yield stack
+    finally:
+        for proc in stack.agents.values():
+            proc.stop()
+        if stack.collector:
+            stack.collector.stop()
+        if stack.influx:
+            stack.influx.stop()
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def nstat_counter(netns: str, name: str = "TcpRetransSegs") -> int:
+    """Absolute value of a kernel SNMP counter in a namespace (nstat -a, no history file)."""
+    out = subprocess.run(["ip", "netns", "exec", netns, "nstat", "-a", "-z", "-j"],
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, "NSTAT_HISTORY": os.devnull}).stdout
+    data = json.loads(out)
+    for table in data.values():
+        if name in table:
+            return int(table[name])
+    raise KeyError(name)

@@ -1,0 +1,96 @@
+"""InfluxDB line protocol encoding: the one implementation every writer uses.
+
+    measurement,tag1=v1,tag2=v2 field1=1i,field2=0.5,field3="text",field4=true 1700000000000000000
+
+Escaping follows the InfluxDB line protocol reference (identical in 1.x and 2.x):
+measurement names escape comma and space; tag keys, tag values and field keys
+escape comma, equals sign and space; string field values escape double quote and
+backslash and are quoted. Integers carry the `i` suffix, floats are written with
+Python's shortest round-trip repr, booleans as `true`/`false`, timestamps as
+integer nanoseconds. Tags are sorted by key (InfluxDB's recommended order).
+
+What cannot be written faithfully raises LineProtocolError instead of being
+mangled, so the caller can reject and count it:
+- a backslash in a measurement, key or tag value: InfluxDB 1.x does not unescape
+  `\\\\` there (it stores both backslashes) and a trailing backslash makes the
+  line unparseable, so no encoding round-trips on every server;
+- control characters (newline, tab, ...) in a measurement, key or tag value;
+- empty names or tag values, no fields, the reserved key `time`;
+- NaN or infinite floats and integers outside int64 (InfluxDB refuses both).
+Newlines inside string field values are legal (the value is quoted).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+
+from fabricscope.records import Record
+
+_MEASUREMENT = str.maketrans({",": r"\,", " ": r"\ "})
+_KEY = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ "})
+_STRING = str.maketrans({"\\": "\\\\", '"': '\\"'})
+_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class LineProtocolError(ValueError):
+    """A record that line protocol cannot represent; the message names the part."""
+
+
+def _name(text: str, what: str, table: dict, key: bool = False) -> str:
+    if not isinstance(text, str) or not text:
+        raise LineProtocolError(f"{what} is empty")
+    bad = _FORBIDDEN.search(text)
+    if bad:
+        raise LineProtocolError(f"{what} {text!r} contains {bad.group()!r} "
+                                "(backslash and control characters are not representable)")
+    if key and text == "time":
+        raise LineProtocolError(f"{what} 'time' is reserved by InfluxDB")
+    return text.translate(table)
+
+
+def _value(value, name: str) -> str:
+    # bool before int: bool is a subclass of int.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise LineProtocolError(f"field {name!r}: integer {value} outside int64")
+        return f"{value}i"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise LineProtocolError(f"field {name!r}: {value} is not a finite number")
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.translate(_STRING) + '"'
+    raise LineProtocolError(f"field {name!r}: unsupported value type {type(value).__name__}")
+
+
+def encode(record: Record) -> str:
+    """One line (without the trailing newline). Raises LineProtocolError."""
+    parts = [_name(record.measurement, "measurement", _MEASUREMENT)]
+    for key in sorted(record.tags):
+        value = record.tags[key]
+        parts.append("," + _name(key, "tag key", _KEY, key=True) + "="
+                     + _name(value, f"tag value of {key!r}", _KEY))
+    if not record.fields:
+        raise LineProtocolError(f"{record.measurement}: no fields")
+    fields = ",".join(_name(k, "field key", _KEY, key=True) + "=" + _value(v, k)
+                      for k, v in record.fields.items())
+    if isinstance(record.time_ns, bool) or not isinstance(record.time_ns, int) \
+            or not _INT64[0] <= record.time_ns <= _INT64[1]:
+        raise LineProtocolError(f"timestamp {record.time_ns!r} is not an int64 of nanoseconds")
+    return "".join(parts) + " " + fields + " " + str(record.time_ns)
+
+
+def encode_many(records: Iterable[Record]) -> bytes:
+    """Newline-separated lines, UTF-8, ready for a /write body. Raises on the first bad one."""
+    return "\n".join(encode(r) for r in records).encode()
+
+
+def chunks(lines: list, size: int) -> Iterable[list]:
+    """Split into lists of at most `size` (InfluxDB's advice: ~5000 lines per write)."""
+    for start in range(0, len(lines), size):
+        yield lines[start:start + size]

@@ -1,0 +1,273 @@
+"""Real time-series servers for tests, the demo and benches, on loopback.
+
+`InfluxServer` runs the distribution's `/usr/bin/influxd` (1.x) and
+`VictoriaMetricsServer` runs `/usr/bin/victoria-metrics`, each with all state in
+a fresh temporary directory and HTTP on 127.0.0.1:<free port>. Both are context
+managers; leaving the block (also through an exception or KeyboardInterrupt)
+terminates the process by pid, kills it when it does not exit in time, and
+removes the directory. `stop_process()` / `start_process()` stop and restart the
+server on the same port and data, so tests can simulate an outage.
+
+    with InfluxServer() as influx:
+        ...write to influx.url...
+        rows = influx.query("SELECT count(*) FROM tcp_retransmit", db="fabricscope")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from fabricscope.errors import UserError
+
+INFLUXD = "/usr/bin/influxd"
+VICTORIA_METRICS = "/usr/bin/victoria-metrics"
+
+_INFLUX_CONFIG = """\
+reporting-disabled = true
+bind-address = "127.0.0.1:{rpc_port}"
+
+[meta]
+  dir = "{dir}/meta"
+  logging-enabled = false
+
+[data]
+  dir = "{dir}/data"
+  wal-dir = "{dir}/wal"
+  wal-fsync-delay = "0s"
+  query-log-enabled = false
+  index-version = "inmem"
+
+[monitor]
+  store-enabled = false
+
+[subscriber]
+  enabled = false
+
+[continuous_queries]
+  enabled = false
+  log-enabled = false
+
+[retention]
+  enabled = false
+
+[http]
+  enabled = true
+  bind-address = "127.0.0.1:{http_port}"
+  log-enabled = false
+  suppress-write-log = true
+  pprof-enabled = false
+  flux-enabled = false
+
+[logging]
+  level = "warn"
+  suppress-logo = true
+"""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picked it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """GET url; (status, body). Connection failures raise OSError."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+class _Server:
+    """One server process with a temp dir; subclasses say how to start and probe it."""
+
+    name = "server"
+    binary = ""
+    start_timeout_s = 30.0
+
+    def __init__(self, port: int | None = None):
+        self.port = port or free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"fabricscope-{self.name}-"))
+        self._proc: subprocess.Popen | None = None
+        self._log = self.dir / "server.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    # -- subclass hooks
+    def _argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def _is_up(self) -> bool:
+        raise NotImplementedError
+
+    # -- lifecycle
+    def start(self) -> "_Server":
+        if not os.access(self.binary, os.X_OK):
+            raise UserError(f"{self.binary} is missing", "run `make setup` (installs OS packages)")
+        self.start_process()
+        return self
+
+    def start_process(self) -> None:
+        """Start (or restart) the process on the same port and data directory."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        with open(self._log, "ab") as log:
+            # Own session: a Ctrl-C in the terminal reaches the test, which stops us by pid.
+            self._proc = subprocess.Popen(self._argv(), stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                break
+            try:
+                if self._is_up():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        code = self._proc.poll()
+        tail = self.log_tail()
+        self.stop_process()
+        state = f"exited with {code}" if code is not None else "did not answer in time"
+        raise RuntimeError(f"{self.name} on port {self.port} {state}; log tail:\n{tail}")
+
+    def stop_process(self, timeout_s: float = 10.0) -> None:
+        """Terminate the process by pid (kill after timeout_s); keep the data directory."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def stop(self) -> None:
+        """Stop the process and remove its directory. Safe to call twice."""
+        try:
+            self.stop_process()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class InfluxServer(_Server):
+    """InfluxDB 1.x (`influxd`) with only the HTTP API; no stats, no reporting."""
+
+    name = "influxd"
+    binary = INFLUXD
+
+    def __init__(self, port: int | None = None):
+        super().__init__(port)
+        self.rpc_port = free_port()
+        self.config_path = self.dir / "influxd.conf"
+        self.config_path.write_text(_INFLUX_CONFIG.format(
+            dir=self.dir, rpc_port=self.rpc_port, http_port=self.port))
+
+    def _argv(self) -> list[str]:
+        return [self.binary, "-config", str(self.config_path)]
+
+    def _is_up(self) -> bool:
+        return http_get(self.url + "/ping", timeout=1.0)[0] == 204
+
+    def query(self, influxql: str, db: str = "") -> list[dict]:
+        """Run InfluxQL; rows as dicts {column: value, "_series": name, "_tags": {...}}.
+
+        Raises RuntimeError with InfluxDB's message on a query error."""
+        params = {"q": influxql, "epoch": "ns"}
+        if db:
+            params["db"] = db
+        status, body = http_get(f"{self.url}/query?{urllib.parse.urlencode(params)}")
+        data = json.loads(body or b"{}")
+        if status != 200 or "error" in data:
+            raise RuntimeError(f"query {influxql!r} failed: {status} {data.get('error', body)}")
+        rows: list[dict] = []
+        for result in data.get("results", []):
+            if "error" in result:
+                raise RuntimeError(f"query {influxql!r} failed: {result['error']}")
+            for series in result.get("series", []):
+                for values in series.get("values", []):
+                    row = dict(zip(series["columns"], values))
+                    row["_series"] = series.get("name")
+                    row["_tags"] = series.get("tags", {})
+                    rows.append(row)
+        return rows
+
+    def field_types(self, measurement: str, db: str) -> dict[str, str]:
+        """{field: integer|float|string|boolean} as InfluxDB stored them."""
+        rows = self.query(f'SHOW FIELD KEYS FROM "{measurement}"', db)
+        return {r["fieldKey"]: r["fieldType"] for r in rows}
+
+
+class VictoriaMetricsServer(_Server):
+    """VictoriaMetrics single node; accepts InfluxDB line protocol (/write, /api/v2/write)."""
+
+    name = "victoria-metrics"
+    binary = VICTORIA_METRICS
+
+    def _argv(self) -> list[str]:
+        return [self.binary, f"-httpListenAddr=127.0.0.1:{self.port}",
+                f"-storageDataPath={self.dir / 'data'}", "-loggerLevel=ERROR",
+                # Points become searchable without waiting for the periodic flush.
+                "-search.latencyOffset=0s", "-search.disableCache"]
+
+    def _is_up(self) -> bool:
+        return http_get(self.url + "/health", timeout=1.0)[0] == 200
+
+    def export(self, match: str = '{__name__!=""}') -> list[dict]:
+        """All series matching `match` from /api/v1/export: [{metric, values, timestamps}].
+
+        VictoriaMetrics names an Influx field `<measurement>_<field>` and keeps ms
+        timestamps. Recently written points appear after its in-memory flush, so
+        callers poll (see `wait_export`)."""
+        status, body = http_get(f"{self.url}/api/v1/export?"
+                                + urllib.parse.urlencode({"match[]": match}))
+        if status != 200:
+            raise RuntimeError(f"export {match!r} failed: {status} {body[:200]!r}")
+        return [json.loads(line) for line in body.splitlines() if line.strip()]
+
+    def wait_export(self, match: str, count: int = 1, timeout_s: float = 30.0) -> list[dict]:
+        """Poll export until at least `count` series match (deadline, not a fixed sleep)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            # Forces in-memory rows into searchable parts (a debug endpoint, meant for tests).
+            http_get(f"{self.url}/internal/force_flush")
+            rows = self.export(match)
+            if len(rows) >= count or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.1)

@@ -1,0 +1,49 @@
+"""Test helper: a lab that is always torn down.
+
+    from lab.testing import running_lab
+    with running_lab(nodes=3) as lab:
+        ...
+
+up() on entry; down() on exit, also when the body raises, on KeyboardInterrupt,
+and on SIGTERM (when entered in the main thread with SIGTERM at its default, it
+turns SIGTERM into KeyboardInterrupt for the duration).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import threading
+
+from lab.topology import down, up
+
+
+def unique_name(prefix: str = "t") -> str:
+    """A fresh, valid lab name: <prefix><pid><4 hex>."""
+    return f"{prefix}{os.getpid()}{secrets.token_hex(2)}"[:32]
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def running_lab(nodes: int = 2, name: str | None = None, link_rate=None, shape_links: bool = True):
+    name = name or unique_name()
+    swapped = False
+    previous = None
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, _sigterm)
+        swapped = True
+    try:
+        try:
+            lab = up(name, nodes, link_rate=link_rate, shape_links=shape_links)
+            yield lab
+        finally:
+            down(name)
+    finally:
+        if swapped:
+            signal.signal(signal.SIGTERM, previous)

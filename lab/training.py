@@ -1,0 +1,277 @@
+"""Real PyTorch DDP (gloo) across a lab's nodes: one rank per node, in its namespace.
+
+    with start_training(lab, steps=20, model_mb=8) as run:
+        for line in run.steps():          # {"step": n, "seconds": s}, from rank 0
+            ...
+        if run.wait() != 0:
+            raise RuntimeError(run.error)
+
+Each rank is `ip netns exec <netns> <this python> -m lab.train_worker ...` with
+RANK, WORLD_SIZE, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, MASTER_ADDR (node 0's address),
+MASTER_PORT, GLOO_SOCKET_IFNAME (the node's NIC), FABRICSCOPE_MARKERS_DIR (the
+node's markers dir) and OMP_NUM_THREADS=1 in its environment; `extra_env` is
+applied last. Rank 0's stdout is the step stream; every rank's stderr (and the
+other ranks' stdout) goes to <node dir>/train.log. When one rank fails, the
+others are ended (SIGTERM, SIGKILL after 3 s), and the run's returncode is the
+failed rank's.
+
+This module does not import torch; only lab/train_worker.py (the rank) does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from fabricscope.errors import UserError
+from lab import exec_argv
+from lab.topology import Lab, load, require_root
+
+WIDTH = 1024
+RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+            "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "TORCHELASTIC_RUN_ID")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def mlp_shape(model_mb: float) -> tuple[int, int]:
+    """(width, layers) of the MLP whose float32 parameters take about model_mb MiB.
+
+    `layers` square Linear(width, width) layers, bytes = layers * (width^2 + width) * 4:
+    as few layers as keep width <= 1024, then the width that fits the size best."""
+    if isinstance(model_mb, bool) or not isinstance(model_mb, (int, float)) or not model_mb > 0 \
+            or not math.isfinite(model_mb):
+        raise UserError(f"model size {model_mb!r} MiB must be positive", "give e.g. --model-mb 8")
+    target = model_mb * 2**20
+    layers = max(1, math.ceil(target / ((WIDTH * WIDTH + WIDTH) * 4) - 1e-9))
+    width = max(8, int(round((-1 + math.sqrt(1 + target / layers)) / 2)))   # (w^2+w)*4*L = target
+    return min(width, WIDTH), layers
+
+
+def param_bytes(width: int, layers: int) -> int:
+    return layers * (width * width + width) * 4
+
+
+class TrainingRun:
+    """A running DDP job, Popen-like. Use it as a context manager (ends ranks on exit)."""
+
+    def __init__(self, lab: Lab, argv: list[list[str]], envs: list[dict], timeout_s: float | None):
+        self.lab = lab
+        self.returncode: int | None = None
+        self.error: str | None = None       # one line, set when a rank failed or timed out
+        self.records: list[dict] = []        # every step line from rank 0 so far
+        self.log_paths = [os.path.join(n.dir, "train.log") for n in lab.nodes]
+        self._queue: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._stopping = False
+        self._lock = threading.Lock()
+        self._deadline = time.monotonic() + timeout_s if timeout_s else None
+        self._timeout_s = timeout_s
+        self.procs: list[subprocess.Popen] = []
+        logs = []
+        try:
+            for rank, (args, env) in enumerate(zip(argv, envs)):
+                os.makedirs(os.path.dirname(self.log_paths[rank]), exist_ok=True)
+                log = open(self.log_paths[rank], "wb")
+                logs.append(log)
+                self.procs.append(subprocess.Popen(
+                    args, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE if rank == 0 else log, stderr=log,
+                    start_new_session=True))
+        except BaseException:
+            for proc in self.procs:
+                _signal(proc, signal.SIGKILL)
+                proc.wait()
+            raise
+        finally:
+            for log in logs:
+                log.close()
+        self._reader = threading.Thread(target=self._read, name="lab-train-reader", daemon=True)
+        self._monitor = threading.Thread(target=self._watch, name="lab-train-monitor", daemon=True)
+        self._reader.start()
+        self._monitor.start()
+
+    # -- Popen-like API ---------------------------------------------------------------
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def steps(self):
+        """Yield rank 0's step dicts as they come, until rank 0's stdout closes."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                self._queue.put(None)       # later calls end at once too
+                return
+            yield item
+
+    def poll(self) -> int | None:
+        return self.returncode if self._done.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for every rank; the run's returncode (0: all ranks succeeded)."""
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.procs[0].args, timeout)
+        self._reader.join()
+        return self.returncode  # type: ignore[return-value]
+
+    def terminate(self, grace_s: float = 3.0) -> None:
+        """End every rank: SIGTERM, then SIGKILL after grace_s. Returns when all are gone."""
+        with self._lock:
+            self._stopping = True
+            if self.error is None and not self._done.is_set():
+                self.error = "training was stopped before it finished"
+        self._end_all(grace_s)
+        self._done.wait()
+
+    kill = terminate
+
+    def __enter__(self) -> "TrainingRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._done.is_set():
+            self.terminate()
+        self.wait()
+
+    # -- internals ------------------------------------------------------------------
+
+    def _read(self) -> None:
+        stream = self.procs[0].stdout
+        try:
+            with open(self.log_paths[0], "ab") as log:
+                for raw in stream:
+                    try:
+                        item = json.loads(raw)
+                    except ValueError:
+                        item = None
+                    if isinstance(item, dict) and "step" in item:
+                        self.records.append(item)
+                        self._queue.put(item)
+                    else:
+                        log.write(raw)
+                        log.flush()
+        finally:
+            stream.close()
+            self._queue.put(None)
+
+    def _end_all(self, grace_s: float) -> None:
+        for proc in self.procs:
+            _signal(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs:
+            if proc.poll() is None:
+                _signal(proc, signal.SIGKILL)
+
+    def _watch(self) -> None:
+        try:
+            while True:
+                codes = [p.poll() for p in self.procs]
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                timed_out = (self._deadline is not None and time.monotonic() > self._deadline
+                             and None in codes)
+                if (failed or timed_out) and not self._stopping:
+                    with self._lock:
+                        self._stopping = True
+                        if timed_out and not failed:
+                            self.error = f"training did not finish within {self._timeout_s:g} s"
+                        elif self.error is None:
+                            self.error = self._describe(*failed[0])
+                    self._end_all(3.0)
+                if None not in codes:
+                    break
+                time.sleep(0.05)
+            codes = [p.wait() for p in self.procs]
+            bad = [c for c in codes if c != 0]
+            if self.error and not bad:
+                bad = [1]
+            self.returncode = bad[0] if bad else 0
+            if self.returncode and self.error is None:
+                rank = next(r for r, c in enumerate(codes) if c != 0)
+                self.error = self._describe(rank, codes[rank])
+        finally:
+            self._done.set()
+
+    def _describe(self, rank: int, code: int) -> str:
+        node = self.lab.nodes[rank]
+        how = (f"was killed by {signal.Signals(-code).name}" if code < 0
+               else f"exited with status {code}")
+        last = _last_line(self.log_paths[rank])
+        return (f"rank {rank} ({node.name}) {how}" + (f": {last}" if last else "")
+                + f" (log: {self.log_paths[rank]})")
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    if proc.poll() is None:
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - 4096))
+            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if ln]
+    return lines[-1][:300] if lines else ""
+
+
+def rank_env(lab: Lab, rank: int, master_port: int, base: dict | None = None) -> dict:
+    """The environment of rank `rank` (without extra_env)."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in RANK_ENV}
+    node = lab.nodes[rank]
+    env.update(
+        RANK=str(rank), WORLD_SIZE=str(lab.world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR=lab.nodes[0].address, MASTER_PORT=str(master_port),
+        GLOO_SOCKET_IFNAME=node.ifname, FABRICSCOPE_MARKERS_DIR=node.markers_dir,
+        OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+        FABRICSCOPE_LAB=lab.name, FABRICSCOPE_LAB_NODE=str(node.index),
+        FABRICSCOPE_LAB_PARENT=str(os.getpid()),
+        PYTHONPATH=os.pathsep.join([REPO_ROOT] + [p for p in env.get("PYTHONPATH", "").split(
+            os.pathsep) if p]))
+    return env
+
+
+def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: dict | None = None,
+                   batch: int = 32, master_port: int | None = None,
+                   timeout_s: float | None = None, python: str | None = None) -> TrainingRun:
+    """Start DDP on every node of `lab` for `steps` steps; returns the TrainingRun.
+
+    model_mb: MLP parameter MiB (default 8); batch: samples per rank per step;
+    master_port: rank 0's rendezvous port (default: random in 20000-39999);
+    timeout_s: end all ranks when the run takes longer (default: no limit;
+    each rank's gloo collectives time out after 300 s anyway)."""
+    require_root("`lab train`")
+    lab = load(lab if isinstance(lab, str) else lab.name)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise UserError(f"step count {steps!r} is not valid", "give --steps 1 or more")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise UserError(f"batch size {batch!r} is not valid", "give --batch 1 or more")
+    mlp_shape(model_mb)
+    port = master_port or random.randint(20000, 39999)
+    python = python or sys.executable
+    argv, envs = [], []
+    for node in lab.nodes:
+        argv.append(exec_argv(node, [python, "-m", "lab.train_worker", "--steps", str(steps),
+                                     "--model-mb", repr(float(model_mb)), "--batch", str(batch)]))
+        env = rank_env(lab, node.index, port)
+        env.update(extra_env or {})
+        envs.append(env)
+    return TrainingRun(lab, argv, envs, timeout_s)
