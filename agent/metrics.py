@@ -65,9 +65,12 @@ class AgentMetrics:
                                    registry=r)
         self.collector_connected = Gauge(P + "collector_connected",
                                          "1 while the collector stream is up", registry=r)
+        self.poll_errors = Counter(P + "poll_errors", "probe poll() calls that raised",
+                                   ["probe"], registry=r)
         self.poll_seconds = Histogram(P + "poll_seconds", "time to drain all probes once",
                                       registry=r, buckets=(.0005, .001, .0025, .005, .01, .025,
                                                            .05, .1, .25, .5, 1.0))
+        self.poll_failed: set[str] = set()      # probes whose failure was logged once
         self.probe_stats = _ProbeStats()
         r.register(self.probe_stats)
         for status in ("ok", "retry", "rejected"):

@@ -70,7 +70,13 @@ def poll_once(probes, node: str, metrics) -> list[Record]:
         try:
             records = probe.poll()
         except Exception as exc:   # a probe bug must not stop the others
-            log.warning("probe %s: poll failed: %s", probe.name, exc, exc_info=log.isEnabledFor(10))
+            metrics.poll_errors.labels(probe.name).inc()
+            first = probe.name not in metrics.poll_failed
+            metrics.poll_failed.add(probe.name)
+            (log.warning if first else log.debug)(
+                "probe %s: poll failed: %s: %s%s", probe.name, type(exc).__name__, exc,
+                " (further failures only counted in fabricscope_agent_poll_errors_total)"
+                if first else "")
             records = []
         metrics.records.labels(probe.name).inc(len(records))
         metrics.probe_stats.update(probe.name, probe.stats())

@@ -101,7 +101,9 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 	ev.err = args->err;
 #endif
 	ev.kind = FS_KIND_SKB;
-	if (ev.err == 0) {
+	/* err 0: sent; err > 0: NET_XMIT_DROP from the qdisc, which runs after TC
+	 * egress. Both passed TC, so the flow's last egress packet is this one. */
+	if (ev.err >= 0) {
 		struct fs_egress *seen = egress.lookup(&ev.flow);
 		if (seen) {
 			ev.segs = seen->gso_segs;

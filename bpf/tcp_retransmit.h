@@ -43,7 +43,7 @@ struct fs_retransmit_event {
 	__u16 family;      /* AF_INET 2, AF_INET6 10 */
 	__u16 segs;        /* segments retransmitted; 0: unknown */
 	__s32 state;       /* TCP state (TCP_ESTABLISHED 1 ...) */
-	__s32 err;         /* 0: sent; <0: failed (not in RetransSegs) */
+	__s32 err;         /* 0: sent; >0: NET_XMIT_* from the qdisc; <0: -errno */
 	__u32 kind;        /* FS_KIND_* */
 	__u32 pad;
 };

@@ -7,7 +7,8 @@ measurement names escape comma and space; tag keys, tag values and field keys
 escape comma, equals sign and space; string field values escape double quote and
 backslash and are quoted. Integers carry the `i` suffix, floats are written with
 Python's shortest round-trip repr, booleans as `true`/`false`, timestamps as
-integer nanoseconds. Tags are sorted by key (InfluxDB's recommended order).
+integer nanoseconds. Tags are sorted by key (InfluxDB's recommended order) and so
+are fields, so one record always gives one line (protobuf maps have no order).
 
 What cannot be written faithfully raises LineProtocolError instead of being
 mangled, so the caller can reject and count it:
@@ -22,6 +23,7 @@ Newlines inside string field values are legal (the value is quoted).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable
@@ -39,16 +41,33 @@ class LineProtocolError(ValueError):
     """A record that line protocol cannot represent; the message names the part."""
 
 
-def _name(text: str, what: str, table: dict, key: bool = False) -> str:
-    if not isinstance(text, str) or not text:
-        raise LineProtocolError(f"{what} is empty")
-    bad = _FORBIDDEN.search(text)
-    if bad:
+@functools.lru_cache(maxsize=1 << 16)
+def _escaped(text, measurement: bool) -> str | None:
+    """Escaped form of a name or tag value, None when it cannot be written.
+
+    Cached: measurement names, keys and most tag values (addresses, ports, node
+    names) repeat on every record, and escaping is most of the encoding time."""
+    if not isinstance(text, str) or not text or _FORBIDDEN.search(text):
+        return None
+    return text.translate(_MEASUREMENT if measurement else _KEY)
+
+
+def _name(text, what: str, measurement: bool = False, key: bool = False, of=None) -> str:
+    try:
+        out = _escaped(text, measurement)
+    except TypeError:           # unhashable, so certainly not a str
+        out = None
+    if out is None:
+        what = what if of is None else f"{what} of {of!r}"   # built only when failing
+        if not isinstance(text, str) or not text:
+            raise LineProtocolError(f"{what} is empty" if text == "" or text is None
+                                    else f"{what} {text!r} is not a string")
+        bad = _FORBIDDEN.search(text)
         raise LineProtocolError(f"{what} {text!r} contains {bad.group()!r} "
                                 "(backslash and control characters are not representable)")
     if key and text == "time":
         raise LineProtocolError(f"{what} 'time' is reserved by InfluxDB")
-    return text.translate(table)
+    return out
 
 
 def _value(value, name: str) -> str:
@@ -64,23 +83,24 @@ def _value(value, name: str) -> str:
             raise LineProtocolError(f"field {name!r}: {value} is not a finite number")
         return repr(value)
     if isinstance(value, str):
-        return '"' + value.translate(_STRING) + '"'
+        if '"' in value or "\\" in value:
+            value = value.translate(_STRING)
+        return '"' + value + '"'
     raise LineProtocolError(f"field {name!r}: unsupported value type {type(value).__name__}")
 
 
 def encode(record: Record) -> str:
     """One line (without the trailing newline). Raises LineProtocolError."""
-    parts = [_name(record.measurement, "measurement", _MEASUREMENT)]
+    parts = [_name(record.measurement, "measurement", measurement=True)]
     for key in sorted(record.tags):
         value = record.tags[key]
-        parts.append("," + _name(key, "tag key", _KEY, key=True) + "="
-                     + _name(value, f"tag value of {key!r}", _KEY))
+        parts.append("," + _name(key, "tag key", key=True) + "="
+                     + _name(value, "tag value", of=key))
     if not record.fields:
         raise LineProtocolError(f"{record.measurement}: no fields")
-    fields = ",".join(_name(k, "field key", _KEY, key=True) + "=" + _value(v, k)
-                      for k, v in record.fields.items())
-    if isinstance(record.time_ns, bool) or not isinstance(record.time_ns, int) \
-            or not _INT64[0] <= record.time_ns <= _INT64[1]:
+    fields = ",".join(_name(k, "field key", key=True) + "=" + _value(record.fields[k], k)
+                      for k in sorted(record.fields))
+    if type(record.time_ns) is not int or not _INT64[0] <= record.time_ns <= _INT64[1]:
         raise LineProtocolError(f"timestamp {record.time_ns!r} is not an int64 of nanoseconds")
     return "".join(parts) + " " + fields + " " + str(record.time_ns)
 

@@ -99,10 +99,10 @@ class _Server:
     start_timeout_s = 30.0
 
     def __init__(self, port: int | None = None):
+        self._pick_ports = port is None      # ours to change if another process takes them
         self.port = port or free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix=f"fabricscope-{self.name}-"))
+        self.dir: Path | None = None          # created by start(), removed by stop()
         self._proc: subprocess.Popen | None = None
-        self._log = self.dir / "server.log"
 
     @property
     def url(self) -> str:
@@ -119,12 +119,38 @@ class _Server:
     def _is_up(self) -> bool:
         raise NotImplementedError
 
+    def _prepare(self) -> None:
+        """Write config files into self.dir before the first start."""
+
+    @property
+    def _log(self) -> Path:
+        return self.dir / "server.log"
+
     # -- lifecycle
     def start(self) -> "_Server":
+        """Create the directory and start; on any failure leave nothing behind."""
         if not os.access(self.binary, os.X_OK):
             raise UserError(f"{self.binary} is missing", "run `make setup` (installs OS packages)")
-        self.start_process()
+        try:
+            self.dir = Path(tempfile.mkdtemp(prefix=f"fabricscope-{self.name}-"))
+            for attempt in range(3):
+                self._prepare()
+                try:
+                    self.start_process()
+                    return self
+                except RuntimeError as exc:
+                    # free_port() can race with other tests on this machine: pick again.
+                    if not self._pick_ports or "address already in use" not in str(exc) \
+                            or attempt == 2:
+                        raise
+                    self._new_ports()
+        except BaseException:
+            self.stop()
+            raise
         return self
+
+    def _new_ports(self) -> None:
+        self.port = free_port()
 
     def start_process(self) -> None:
         """Start (or restart) the process on the same port and data directory."""
@@ -134,21 +160,28 @@ class _Server:
             # Own session: a Ctrl-C in the terminal reaches the test, which stops us by pid.
             self._proc = subprocess.Popen(self._argv(), stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                break
-            try:
-                if self._is_up():
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
+        try:
+            if self._await_up():
+                return
+        except BaseException:       # KeyboardInterrupt while waiting: no orphan server
+            self.stop_process()
+            raise
         code = self._proc.poll()
         tail = self.log_tail()
         self.stop_process()
         state = f"exited with {code}" if code is not None else "did not answer in time"
         raise RuntimeError(f"{self.name} on port {self.port} {state}; log tail:\n{tail}")
+
+    def _await_up(self) -> bool:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline and self._proc.poll() is None:
+            try:
+                if self._is_up():
+                    return True
+            except OSError:
+                pass
+            time.sleep(0.05)
+        return False
 
     def stop_process(self, timeout_s: float = 10.0) -> None:
         """Terminate the process by pid (kill after timeout_s); keep the data directory."""
@@ -167,20 +200,20 @@ class _Server:
         try:
             self.stop_process()
         finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            if self.dir is not None:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                self.dir = None
 
     def log_tail(self, lines: int = 20) -> str:
+        if self.dir is None:
+            return "(no log)"
         try:
             return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
 
     def __enter__(self):
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
+        return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
@@ -195,12 +228,17 @@ class InfluxServer(_Server):
     def __init__(self, port: int | None = None):
         super().__init__(port)
         self.rpc_port = free_port()
-        self.config_path = self.dir / "influxd.conf"
-        self.config_path.write_text(_INFLUX_CONFIG.format(
+
+    def _new_ports(self) -> None:
+        super()._new_ports()
+        self.rpc_port = free_port()
+
+    def _prepare(self) -> None:
+        (self.dir / "influxd.conf").write_text(_INFLUX_CONFIG.format(
             dir=self.dir, rpc_port=self.rpc_port, http_port=self.port))
 
     def _argv(self) -> list[str]:
-        return [self.binary, "-config", str(self.config_path)]
+        return [self.binary, "-config", str(self.dir / "influxd.conf")]
 
     def _is_up(self) -> bool:
         return http_get(self.url + "/ping", timeout=1.0)[0] == 204

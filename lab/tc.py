@@ -46,9 +46,9 @@ def clear_root(ipr, index: int) -> None:
     """Remove the root qdisc of link `index` (veth falls back to noqueue); no-op if none."""
     from pyroute2 import NetlinkError
     try:
-        ipr.tc("del", index=index, handle=ROOT_HANDLE)
+        ipr.tc("del", index=index, root=True)
     except NetlinkError as exc:
-        if exc.code not in (2, 22):      # ENOENT / EINVAL: nothing installed
+        if exc.code not in (2, 22):      # ENOENT / EINVAL: no qdisc of ours to delete
             raise
 
 

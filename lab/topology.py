@@ -8,7 +8,8 @@ as soon as they are up, like edge ports); its address is the gateway, so the roo
 namespace (collector, InfluxDB) and every node reach each other. Nodes get no
 default route: lab traffic cannot leave the subnet. The lab is IPv4 only: IPv6
 is disabled on the bridge, the ports and in the nodes, so no DAD/MLD chatter
-shows up in the agents' counters.
+shows up in the agents' counters. Every veth carries one TCP segment per skb
+(gso_max_segs 1): the switch sees wire-sized frames, as behind a NIC doing TSO.
 
 State lives in $FABRICSCOPE_LAB_DIR/<name>.json (default /run/fabricscope/labs);
 every change holds an exclusive flock on $FABRICSCOPE_LAB_DIR/.lock, so
@@ -234,8 +235,12 @@ def _build(lab: Lab, link_tbf: dict | None) -> None:
         for node in lab.nodes:
             netns.create(node.netns)
             nsops.ns_sysctl(node.netns, NO_IPV6)   # before the NIC arrives: it inherits "default"
-            ipr.link("add", ifname=node.port, kind="veth", address=node.port_mac,
-                     peer={"ifname": node.ifname, "address": node.mac, "net_ns_fd": node.netns})
+            # gso_max_segs=1: the kernel hands the veths wire-sized frames (as a NIC
+            # doing TSO puts on the wire), so nft loss and TBF act per frame, not per
+            # 64 KB GSO burst: 2 % loss drops 2 % of frames.
+            ipr.link("add", ifname=node.port, kind="veth", address=node.port_mac, gso_max_segs=1,
+                     peer={"ifname": node.ifname, "address": node.mac, "net_ns_fd": node.netns,
+                           "gso_max_segs": 1})
             port = ipr.link_lookup(ifname=node.port)[0]
             nsops.set_sysctl(f"/proc/sys/net/ipv6/conf/{node.port}/disable_ipv6", "1")
             ipr.link("set", index=port, master=br, state="up")

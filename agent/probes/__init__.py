@@ -7,6 +7,9 @@ import importlib
 REGISTRY: dict[str, str] = {
     "tcp_retransmit": "agent.probes.tcp_retransmit:TcpRetransmitProbe",
     "markers": "agent.sources.markers:MarkersSource",
+    "nccl": "agent.probes.nccl:NcclProbe",
+    "nccl_log": "agent.sources.nccl_log:NcclLogSource",
+    "nic": "agent.probes.nic:NicProbe",
 }
 
 

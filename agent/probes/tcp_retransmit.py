@@ -2,8 +2,9 @@
 
 Hooks tcp/tcp_retransmit_skb (+ tcp/tcp_retransmit_synack) and TC egress on the
 interfaces holding the node's addresses; see bpf/tcp_retransmit.bpf.c for why
-both. Exports `tcp_retransmit` (sent, with segs) and `tcp_retransmit_failed`
-(err != 0), see fabricscope/measurements/tcp.py.
+both. Exports `tcp_retransmit` (what TcpRetransSegs counts: sum(segs) equals it)
+and `tcp_retransmit_skipped` (attempts abandoned before the count), see
+fabricscope/measurements/tcp.py.
 
 Cost: the tracepoints fire only on retransmits (rare); the TC program runs per
 egress packet (GSO skb, not wire segment): one hash lookup on the address set
@@ -66,8 +67,26 @@ def addr_text(raw: bytes) -> str:
     return str(ip.ipv4_mapped or ip)
 
 
+# Errors __tcp_retransmit_skb returns before it adds to TcpRetransSegs (it retries
+# later). Any other error comes from the transmit itself, after the count: a
+# positive NET_XMIT_DROP from the qdisc, -ENOBUFS, -EPERM (netfilter), ...
+# (EHOSTUNREACH is also what ip_queue_xmit returns without a route; that case is
+# counted by the kernel but filed here as skipped: both are rare, the first usual.)
+SKIPPED_ERRNOS = frozenset({errno.EBUSY, errno.ENOMEM, errno.EAGAIN, errno.EHOSTUNREACH})
+NET_XMIT = {1: "NET_XMIT_DROP", 2: "NET_XMIT_CN"}
+
+
+def err_name(err: int) -> str:
+    if err > 0:
+        return NET_XMIT.get(err, f"NET_XMIT_{err}")
+    return errno.errorcode.get(-err, str(err))
+
+
 def decode(raw: bytes, to_wall) -> Record:
-    """One ring buffer event (bytes of struct fs_retransmit_event) -> Record."""
+    """One ring buffer event (bytes of struct fs_retransmit_event) -> Record.
+
+    tcp_retransmit: what the kernel counts in TcpRetransSegs (sent, or failed in the
+    transmit itself); tcp_retransmit_skipped: attempts given up before that."""
     if len(raw) < ctypes.sizeof(RetransmitEvent):
         raise ValueError(f"event of {len(raw)} bytes, expected {ctypes.sizeof(RetransmitEvent)}")
     ev = RetransmitEvent.from_buffer_copy(raw[:ctypes.sizeof(RetransmitEvent)])
@@ -75,10 +94,11 @@ def decode(raw: bytes, to_wall) -> Record:
             "sport": str(ev.flow.sport), "dport": str(ev.flow.dport),
             "state": TCP_STATES.get(ev.state, str(ev.state))}
     time_ns = to_wall(ev.ts_ns)
-    if ev.err != 0:
-        tags["reason"] = errno.errorcode.get(-ev.err, str(ev.err))
-        return Record("tcp_retransmit_failed", time_ns, tags, {"err": int(ev.err)})
-    return Record("tcp_retransmit", time_ns, tags, {"segs": max(1, int(ev.segs))})
+    if ev.err < 0 and -ev.err in SKIPPED_ERRNOS:
+        tags["reason"] = err_name(ev.err)
+        return Record("tcp_retransmit_skipped", time_ns, tags, {"err": int(ev.err)})
+    return Record("tcp_retransmit", time_ns, tags,
+                  {"segs": max(1, int(ev.segs)), "err": int(ev.err)})
 
 
 class TcpRetransmitProbe(Probe):
@@ -109,13 +129,13 @@ class TcpRetransmitProbe(Probe):
             raise ProbeUnavailable("no node addresses to attribute retransmits to")
         self._bpf = bpf.compile_program(FAMILY, self._cflags())
         try:
-            bpf.check_layout(RetransmitEvent, self._bpf["event_layout"].Leaf)
-            own = self._bpf["own_addrs"]
+            bpf.check_layout(RetransmitEvent, self._bpf[b"event_layout"].Leaf)
+            own = self._bpf[b"own_addrs"]
             for text in sorted(self.ctx.addresses):
                 key = own.Key()
                 ctypes.memmove(ctypes.addressof(key), addr_key(text), 16)
                 own[key] = ctypes.c_uint8(1)
-            self._bpf["events"].open_ring_buffer(self._on_event)
+            self._bpf[b"events"].open_ring_buffer(self._on_event)
             self._attach_tc()
         except BaseException:
             self.detach()
@@ -151,7 +171,7 @@ class TcpRetransmitProbe(Probe):
     def stats(self) -> dict[str, int]:
         if self._bpf is None:
             return {}
-        out = dict(zip(STATS, bpf.percpu_sums(self._bpf["stats"], len(STATS))))
+        out = dict(zip(STATS, bpf.percpu_sums(self._bpf[b"stats"], len(STATS))))
         out["decode_errors"] = self._decode_errors
         return out
 

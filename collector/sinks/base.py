@@ -41,8 +41,8 @@ def one_line(exc: BaseException) -> str:
 
 
 def unreachable(url: str, reason: str) -> UserError:
-    return UserError(f"cannot reach InfluxDB at {url}: {reason}",
-                     "start InfluxDB or point --influx-url (FABRICSCOPE_COLLECTOR_INFLUX_URL) at it")
+    return UserError(f"cannot reach InfluxDB at {url}: {reason}", "start InfluxDB or point "
+                     "--influx-url (FABRICSCOPE_COLLECTOR_INFLUX_URL) at it")
 
 
 class Sink(abc.ABC):

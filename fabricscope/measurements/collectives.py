@@ -126,10 +126,11 @@ MEASUREMENTS = [
     Measurement(
         name="nccl_topology",
         doc="A ring or channel connection NCCL set up (`Ring 00 : p -> r -> n`, "
-            "`Channel 00/0 : 0[0] -> 1[1] via NET/IB/0/GDRDMA`).",
+            "`Channel 00/02 :    0   1`, `Channel 00/0 : 0[0] -> 1[1] via NET/IB/0/GDRDMA`).",
         source=_LOG,
         tags={**_LOG_TAGS,
-              "kind": "ring or channel",
+              "kind": "ring (this rank's neighbours), ring_order (rank 0's view of a "
+                      "whole ring) or channel (one connection)",
               "transport": "channel transport: NET, P2P, SHM, ... (channel lines)",
               "direction": "send or receive for NET channel lines, else `-`"},
         optional_tags=frozenset({"transport", "direction"}),
@@ -144,6 +145,7 @@ MEASUREMENTS = [
             "prev": Field(int, "rank", "previous rank in the ring (ring lines)"),
             "rank": Field(int, "rank", "this rank (ring lines)"),
             "next": Field(int, "rank", "next rank in the ring (ring lines)"),
+            "order": Field(str, "", "ranks in ring order, space separated (ring_order)"),
         },
     ),
     Measurement(

@@ -13,11 +13,11 @@ _FLOW_TAGS = {
 MEASUREMENTS = [
     Measurement(
         name="tcp_retransmit",
-        doc="One TCP retransmission the kernel sent from this node (one per retransmitted "
-            "skb, from the tcp/tcp_retransmit_skb tracepoint with err 0, and one per "
-            "SYN-ACK retransmit from tcp/tcp_retransmit_synack). With TSO/GSO one skb "
-            "carries several segments: sum(segs) equals the kernel's TcpRetransSegs "
-            "(nstat), the number of records does not.",
+        doc="One TCP retransmission counted by the kernel in TcpRetransSegs, sent from "
+            "this node: one per retransmitted skb (tcp/tcp_retransmit_skb, err 0 or a "
+            "transmit error) and one per SYN-ACK retransmit (tcp/tcp_retransmit_synack). "
+            "With TSO/GSO one skb carries several segments: sum(segs) equals nstat's "
+            "TcpRetransSegs, the number of records does not.",
         source="agent probe tcp_retransmit (bpf/tcp_retransmit.bpf.c)",
         tags=dict(_FLOW_TAGS),
         fields={
@@ -25,16 +25,20 @@ MEASUREMENTS = [
                           "segments retransmitted (tcp_skb_pcount, read as gso_segs at TC "
                           "egress); 1 when TC egress did not see the packet (counted in "
                           "fabricscope_agent_probe_events_total{event=\"segs_unknown\"})"),
+            "err": Field(int, "code",
+                         "0: sent; > 0: the qdisc dropped it (1 NET_XMIT_DROP); < 0: -errno "
+                         "of the transmit (ENOBUFS, EPERM from netfilter); failures are also "
+                         "in TcpExtTCPRetransFail"),
         },
     ),
     Measurement(
-        name="tcp_retransmit_failed",
-        doc="A retransmission the kernel attempted but did not send (tcp_retransmit_skb "
-            "with err != 0). EBUSY: the original is still queued in the host, retried "
-            "later, counted nowhere by the kernel; other errors are counted in "
-            "TcpExtTCPRetransFail. None of these are in TcpRetransSegs.",
+        name="tcp_retransmit_skipped",
+        doc="A retransmission the kernel gave up before sending or counting it, and "
+            "retries later (tcp_retransmit_skb with EBUSY: the original still sits in a "
+            "host queue; ENOMEM; EAGAIN: outside the receive window; EHOSTUNREACH: no "
+            "route). Not in TcpRetransSegs.",
         source="agent probe tcp_retransmit (bpf/tcp_retransmit.bpf.c)",
-        tags={**_FLOW_TAGS, "reason": "errno name of err (EBUSY, ENOBUFS, ...)"},
-        fields={"err": Field(int, "errno", "negative errno returned by the transmit")},
+        tags={**_FLOW_TAGS, "reason": "errno name (EBUSY, ENOMEM, EAGAIN, EHOSTUNREACH)"},
+        fields={"err": Field(int, "errno", "negative errno")},
     ),
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import grpc
@@ -70,6 +71,14 @@ def wait_for(predicate, timeout_s: float = 20.0):
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached before the deadline"
         time.sleep(0.02)
+
+
+def http_post(url: str, body: bytes) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
 
 
 def count(influx, measurement: str, field: str) -> int:
@@ -259,3 +268,37 @@ def test_registries_are_per_instance(collector):
     stream(a.address, [make_batch(node="n", agent_id="x", seq=1, records=[retrans(0)])])
     assert metric(a, "fabricscope_collector_batches_received_total") == 1
     assert metric(b, "fabricscope_collector_batches_received_total") == 0
+
+
+def test_message_that_is_not_a_batch_gets_invalid_argument(collector):
+    c = collector()
+    with grpc.insecure_channel(c.address) as channel:
+        call = channel.stream_stream("/fabricscope.v1.Collector/Stream",
+                                     request_serializer=lambda raw: raw,
+                                     response_deserializer=pb.Ack.FromString)
+        with pytest.raises(grpc.RpcError) as err:
+            list(call(iter([b"\xff\xff\xff\xff"]), timeout=60))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("message is not a Batch: ")
+    assert metric(c, "fabricscope_collector_messages_undecodable_total") == 1
+
+
+def test_points_influxdb_refuses_are_rejected_and_counted(influx, collector):
+    c = collector()
+    # Someone wrote segs as a string first (same shard: type checks are per shard), so
+    # InfluxDB refuses integer segs for good.
+    influx.query(f'CREATE DATABASE "{DB}"')
+    line = f'tcp_retransmit,node=x segs="s" {T0 - 1}'.encode()
+    status, _ = http_post(f"{influx.url}/write?db={DB}", line)
+    assert status == 204
+    batch = make_batch(node="n1", agent_id="a", seq=1,
+                       records=[retrans(0), Record("train_step", T0, {"job": "j", "rank": "0"},
+                                                   {"step": 1, "seconds": 0.5})])
+    (ack,) = stream(c.address, [batch])
+    assert ack.status == REJECTED
+    assert ack.reason.startswith("1 of 2 records refused (1 written); first: InfluxDB refused "
+                                 "points: partial write: field type conflict")
+    assert metric(c, "fabricscope_collector_records_rejected_total", reason="sink_rejected") == 1
+    assert metric(c, "fabricscope_collector_sink_errors_total", kind="rejected") == 1
+    assert metric(c, "fabricscope_collector_records_written_total") == 1
+    assert count(influx, "train_step", "step") == 1

@@ -78,7 +78,8 @@ def test_collector_process_logs_its_address_serves_and_stops_on_sigterm():
                     iter([make_batch(node="n1", agent_id="a", seq=1, records=[record])]),
                     timeout=60))
             assert [(a.seq, a.status) for a in acks] == [(1, pb.Ack.OK)]
-            assert influx.query('SELECT count("step") FROM "train_step"', "cli_test")[0]["count"] == 1
+            rows = influx.query('SELECT count("step") FROM "train_step"', "cli_test")
+            assert rows[0]["count"] == 1
         finally:
             code = running.stop()
         assert code == 0
@@ -105,7 +106,3 @@ def test_unreachable_influxdb_is_a_one_line_error_at_startup():
     assert result.stderr.splitlines() == [
         f"fabricscope: error: cannot reach InfluxDB at {url}: Connection refused; fix: start "
         "InfluxDB or point --influx-url (FABRICSCOPE_COLLECTOR_INFLUX_URL) at it"]
-    assert (
-        f"fabricscope: error: cannot reach InfluxDB at {url}: Connection refused; fix: start "
-        "InfluxDB or point --influx-url (FABRICSCOPE_COLLECTOR_INFLUX_URL) at it")
-    assert "Traceback" not in result.stderr

@@ -32,7 +32,7 @@ def test_valid_records_become_lines_with_the_node_tag():
 
 def test_int_values_of_float_fields_are_written_as_float():
     out = check([Record("train_step", NOW, {"job": "j", "rank": "0"}, {"step": 3, "seconds": 2})])
-    assert out.lines == [f"train_step,job=j,node=n1,rank=0 step=3i,seconds=2.0 {NOW}"]
+    assert out.lines == [f"train_step,job=j,node=n1,rank=0 seconds=2.0,step=3i {NOW}"]
 
 
 @pytest.mark.parametrize("record,reason,detail", [

@@ -63,6 +63,7 @@ def test_encode_many_joins_lines_and_chunks_split():
     assert list(lineproto.chunks([], 5)) == []
 
 
-def test_tags_sorted_by_byte_order():
-    line = encode(Record("m", 1, {"b": "1", "B": "2", "a": "3", "é": "4"}, {"f": 1}))
-    assert line.startswith("m,B=2,a=3,b=1,é=4 ")
+def test_tags_and_fields_sorted_by_byte_order():
+    line = encode(Record("m", 1, {"b": "1", "B": "2", "a": "3", "é": "4"},
+                         {"z": 1, "Z": 2, "a": 3}))
+    assert line == "m,B=2,a=3,b=1,é=4 Z=2i,a=3i,z=1i 1"

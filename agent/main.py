@@ -1,0 +1,109 @@
+"""`fabricscope agent` at run time: prepare, attach, run the pipeline, stop cleanly.
+
+Order: kernel preparation (only when a BPF probe is enabled; before any
+`import bcc`), node addresses, /metrics + /readyz, probes attached one by one (an
+unavailable probe is one log line and probe_attached=0, not a failure), ready,
+pipeline until SIGTERM/SIGINT, then: last poll, detach probes, flush outputs
+(bounded by shutdown_timeout_s), exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from agent import addresses
+from agent.metrics import AgentMetrics
+from agent.outputs import JsonlOutput
+from agent.pipeline import run_pipeline
+from agent.probes import load_class
+from agent.probes.base import Clock, Probe, ProbeContext, ProbeUnavailable
+from fabricscope.selfmetrics import Readiness, SelfMetricsServer
+
+log = logging.getLogger("fabricscope.agent")
+
+
+def build_context(cfg) -> tuple[dict[str, type], ProbeContext]:
+    classes = {name: load_class(name) for name in cfg.probes}
+    needs_bpf = any(getattr(c, "needs_bpf", False) for c in classes.values())
+    if needs_bpf:
+        from agent import kernel
+        kernel.prepare(cfg.kernel_headers)
+        addrs = addresses.node_addresses(cfg.addresses)
+    else:
+        addrs = addresses.parse_addresses(cfg.addresses)
+    return classes, ProbeContext(cfg.node, addrs, Clock(), cfg)
+
+
+def attach_all(classes: dict[str, type], ctx: ProbeContext, metrics) -> list[Probe]:
+    attached = []
+    for name, cls in classes.items():
+        probe = cls(ctx)
+        try:
+            probe.attach()
+        except ProbeUnavailable as exc:
+            log.warning("probe %s unavailable: %s", name, exc)
+            probe.detach()
+            metrics.probe_attached.labels(name).set(0)
+            continue
+        except Exception as exc:   # a probe bug: report it, run on without that probe
+            log.warning("probe %s failed to attach: %s: %s", name, type(exc).__name__, exc,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
+            probe.detach()
+            metrics.probe_attached.labels(name).set(0)
+            continue
+        metrics.probe_attached.labels(name).set(1)
+        attached.append(probe)
+    return attached
+
+
+def detach_all(probes: list[Probe]) -> None:
+    for probe in probes:
+        try:
+            probe.detach()
+        except Exception as exc:
+            log.warning("probe %s: detach failed: %s", probe.name, exc)
+
+
+async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    probes = await asyncio.to_thread(attach_all, classes, ctx, metrics)
+    readiness.mark_ready()
+    log.info("agent %s running probes: %s", cfg.node,
+             ", ".join(p.name for p in probes) or "none")
+    outputs = []
+    if cfg.output == "jsonl":
+        outputs.append(JsonlOutput(metrics))
+    if cfg.collector:
+        from agent.shipper import BatchQueue, Shipper
+        outputs.append(Shipper(cfg.collector, cfg.node, metrics,
+                               BatchQueue(cfg.queue_max_records),
+                               flush_timeout_s=cfg.shutdown_timeout_s).start())
+    try:
+        await run_pipeline(probes, outputs, node=cfg.node, poll_interval_s=cfg.poll_interval_s,
+                           batch_max_records=cfg.batch_max_records,
+                           flush_interval_s=cfg.flush_interval_s, metrics=metrics, stop=stop,
+                           after_poll=lambda: detach_all(probes))
+    finally:
+        detach_all(probes)      # no-op after a normal stop; frees BPF on errors
+        readiness.mark_not_ready("stopped")
+    log.info("agent %s stopped", cfg.node)
+    return 0
+
+
+def run_agent(cfg) -> int:
+    classes, ctx = build_context(cfg)
+    metrics = AgentMetrics()
+    readiness = Readiness()
+    server = SelfMetricsServer(cfg.metrics_host, cfg.metrics_port, readiness,
+                               metrics.registry).start()
+    log.info("agent %s serving /metrics and /readyz on %s:%d", cfg.node, cfg.metrics_host,
+             server.port)
+    try:
+        return asyncio.run(_serve(cfg, classes, ctx, metrics, readiness))
+    finally:
+        server.stop()

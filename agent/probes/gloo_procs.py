@@ -1,0 +1,91 @@
+"""Which node a process belongs to, and which training job and rank it is.
+
+Uprobes on a library fire in every process on the kernel that maps it, and one
+kernel serves every lab node; a node's agent keeps only processes in its own
+network namespace (compared by the inode of /proc/PID/ns/net). Job and rank come
+from the process's environment (/proc/PID/environ, readable by root) with the
+same rules as the markers source (agent.sources.markers.tags_from_meta), so
+gloo records and train_step records of one process carry the same tags.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.sources.markers import tags_from_meta
+from fabricscope.markers import META_ENV
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    local: bool                # in the agent's network namespace
+    job: str
+    rank: str                  # RANK, '-' when unset
+    world_size: int | None     # WORLD_SIZE, None when unset or not a number
+
+
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """/proc/PID/environ content (NUL-separated KEY=VALUE) -> dict."""
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def describe(pid: int, env: dict[str, str], local: bool) -> ProcessInfo:
+    meta = {k.lower(): env[k] for k in META_ENV if k in env}
+    tags = tags_from_meta(meta, pid)
+    world = env.get("WORLD_SIZE", "")
+    return ProcessInfo(pid=pid, local=local, job=tags["job"], rank=tags["rank"],
+                       world_size=int(world) if world.isdigit() and int(world) > 0 else None)
+
+
+class ProcessTable:
+    """Cache of ProcessInfo per pid (a process's namespace and environment at start)."""
+
+    def __init__(self, proc: Path = Path("/proc"), own_netns: int | None = None):
+        self.proc = proc
+        self.own_netns = own_netns if own_netns is not None else _netns(proc / "self")
+        self._known: dict[int, ProcessInfo] = {}
+
+    def get(self, pid: int) -> ProcessInfo | None:
+        """The process's info; None when it is gone (or /proc refuses)."""
+        info = self._known.get(pid)
+        if info is not None:
+            return info
+        base = self.proc / str(pid)
+        netns = _netns(base)
+        if netns is None:
+            return None
+        local = netns == self.own_netns
+        env: dict[str, str] = {}
+        if local:
+            try:
+                env = parse_environ((base / "environ").read_bytes())
+            except OSError:
+                return None
+        info = describe(pid, env, local)
+        self._known[pid] = info
+        return info
+
+    def alive(self, pid: int) -> bool:
+        # a zombie has no namespaces any more: it counts as gone
+        return _netns(self.proc / str(pid)) is not None
+
+    def forget(self, pid: int) -> None:
+        self._known.pop(pid, None)
+
+    def pids(self) -> list[int]:
+        return list(self._known)
+
+
+def _netns(base: Path) -> int | None:
+    try:
+        return os.stat(base / "ns" / "net").st_ino
+    except OSError:
+        return None

@@ -1,0 +1,236 @@
+"""Training steps and phases inferred from one process's collectives (no markers needed).
+
+Facts about data-parallel training this relies on (PyTorch DDP, and any trainer
+that syncs gradients once per step):
+
+1. Every step allreduces the same gradient bytes G: each parameter's gradient is
+   in exactly one bucket. Bucket boundaries may change (DDP rebuilds its buckets
+   after step 0), the total does not.
+2. A step boundary lies where no collective is in flight: the backward pass waits
+   for all its buckets before the optimizer runs, then the next forward computes
+   without communicating.
+
+So AllReduce windows that overlap (or nearly touch) are merged into bursts, and G
+is the smallest total that cuts the burst sequence into consecutive groups of
+exactly G bytes. When several totals do (e.g. every bucket has the same size, and
+G, 2G, ... all cut), the larger one wins only if its cut points are clearly the
+longest gaps (boundary gaps at least twice every gap inside a group): the forward
+pass and optimizer separate steps, backward compute separates buckets.
+
+Phases: `param_broadcast` (the collectives before the first AllReduce: DDP's
+parameter broadcast and shape check), then per step `grad_sync` (time with an
+AllReduce in flight) and `compute` (the rest of the step: forward, backward not
+overlapped with communication, optimizer, data loading). Data loading and
+checkpoint writes are not told apart: collective windows do not show them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent.probes.gloo_layout import Collective
+
+MERGE_GAP_NS = 200_000        # windows closer than this belong to one burst
+MIN_GROUPS = 2                # complete groups needed before G is trusted
+SEPARATION = 2.0              # boundary gaps vs inner gaps for a larger G to win
+MAX_BURSTS = 64               # pending bursts kept (bounds the search for G)
+
+
+@dataclass
+class Burst:
+    start_ns: int
+    end_ns: int
+    bytes: int = 0
+    sent_bytes: int = 0
+    collectives: int = 0
+    busy_ns: int = 0          # union of the windows (time with an AllReduce in flight)
+    windows: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, c: Collective) -> None:
+        self.start_ns, self.end_ns = min(self.start_ns, c.start_ns), max(self.end_ns, c.end_ns)
+        self.bytes += c.bytes or 0
+        self.sent_bytes += c.sent_bytes
+        self.collectives += 1
+        self.windows.append((c.start_ns, c.end_ns))
+        self.busy_ns = _union(self.windows)
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int                 # 0 for the first step this tracker saw
+    start_ns: int              # start of its first AllReduce
+    seconds: float | None      # to the next step's start; None for the last one
+    sync_seconds: float        # time with an AllReduce in flight
+    buckets: int               # AllReduce calls
+    bytes: int                 # sum of their S
+    sent_bytes: int
+
+    @property
+    def compute_seconds(self) -> float | None:
+        return None if self.seconds is None else max(0.0, self.seconds - self.sync_seconds)
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str                  # param_broadcast, grad_sync, compute
+    start_ns: int
+    seconds: float
+    bytes: int
+    collectives: int
+    step: int                  # -1 for phases before the first step
+
+
+def _union(windows: list[tuple[int, int]]) -> int:
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(windows):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + (cur_e - cur_s if cur_e is not None else 0)
+
+
+def partition(sizes: list[int], total: int) -> list[int] | None:
+    """Indexes where groups of `total` start, if the sizes cut exactly; else None.
+
+    The last group may be incomplete (a step in progress)."""
+    starts, acc = [0], 0
+    for i, size in enumerate(sizes):
+        acc += size
+        if acc == total:
+            acc = 0
+            if i + 1 < len(sizes):
+                starts.append(i + 1)
+        elif acc > total:
+            return None
+    return starts
+
+
+def choose_step_bytes(bursts: list[Burst]) -> int | None:
+    """G for these bursts (see the module doc), or None when not yet decidable."""
+    sizes = [b.bytes for b in bursts]
+    candidates = []
+    acc = 0
+    for k in range(len(sizes)):
+        acc += sizes[k]
+        starts = partition(sizes, acc)
+        if starts is None:
+            continue
+        if sum(sizes) // acc >= MIN_GROUPS:     # complete groups
+            candidates.append((acc, starts))
+    if not candidates:
+        return None
+    chosen = candidates[0][0]
+    for total, starts in candidates[1:]:
+        gaps = [bursts[i].start_ns - bursts[i - 1].end_ns for i in range(1, len(bursts))]
+        cut = set(starts[1:])
+        boundary = [g for i, g in enumerate(gaps, start=1) if i in cut]
+        inner = [g for i, g in enumerate(gaps, start=1) if i not in cut]
+        if boundary and inner and min(boundary) >= SEPARATION * max(max(inner), 1):
+            chosen = total
+    return chosen
+
+
+class StepTracker:
+    """Feed one process's collectives (any order); collect Steps and Phases."""
+
+    def __init__(self, merge_gap_ns: int = MERGE_GAP_NS):
+        self.merge_gap_ns = merge_gap_ns
+        self.bursts: list[Burst] = []       # not yet part of an emitted step
+        self.step_bytes: int | None = None  # G once known
+        self.next_index = 0
+        self.frozen_ns = 0                  # emitted steps end here
+        self.init: Burst | None = None      # collectives before the first AllReduce
+        self.init_done = False
+        self.late = 0                       # windows that arrived after their step left
+        self.resyncs = 0                    # G stopped cutting and was searched again
+
+    def add(self, c: Collective) -> tuple[list[Step], list[Phase]]:
+        if c.op != "AllReduce":
+            if not self.init_done:
+                self.init = self.init or Burst(c.start_ns, c.end_ns)
+                self.init.add(c)
+            return [], []
+        phases = self._close_init() if not self.init_done else []
+        if not c.bytes:
+            return [], phases
+        self._insert(c)
+        steps, more = self._emit(final=False)
+        return steps, phases + more
+
+    def flush(self) -> tuple[list[Step], list[Phase]]:
+        """The process ended: emit what is left (the last step has no duration)."""
+        phases = self._close_init() if not self.init_done else []
+        steps, more = self._emit(final=True)
+        return steps, phases + more
+
+    def _close_init(self) -> list[Phase]:
+        self.init_done = True
+        b, self.init = self.init, None
+        if b is None:
+            return []
+        return [Phase("param_broadcast", b.start_ns, (b.end_ns - b.start_ns) / 1e9, b.bytes,
+                      b.collectives, -1)]
+
+    def _insert(self, c: Collective) -> None:
+        if c.start_ns < self.frozen_ns:
+            self.late += 1          # its step was emitted already: count it in the next
+        lo, hi = c.start_ns - self.merge_gap_ns, c.end_ns + self.merge_gap_ns
+        merged = Burst(c.start_ns, c.end_ns)
+        merged.add(c)
+        keep = []
+        for b in self.bursts:
+            if b.end_ns >= lo and b.start_ns <= hi:
+                merged.start_ns, merged.end_ns = min(merged.start_ns, b.start_ns), \
+                    max(merged.end_ns, b.end_ns)
+                merged.bytes += b.bytes
+                merged.sent_bytes += b.sent_bytes
+                merged.collectives += b.collectives
+                merged.windows += b.windows
+            else:
+                keep.append(b)
+        merged.busy_ns = _union(merged.windows)
+        keep.append(merged)
+        self.bursts = sorted(keep, key=lambda b: b.start_ns)[-MAX_BURSTS:]
+
+    def _emit(self, final: bool) -> tuple[list[Step], list[Phase]]:
+        sizes = [b.bytes for b in self.bursts]
+        if self.step_bytes is not None and partition(sizes, self.step_bytes) is None:
+            self.step_bytes = None
+            self.resyncs += 1
+        if self.step_bytes is None:
+            self.step_bytes = choose_step_bytes(self.bursts)
+            if self.step_bytes is None:
+                return [], []
+        starts = partition(sizes, self.step_bytes)
+        groups = [self.bursts[a:b] for a, b in zip(starts, starts[1:] + [len(self.bursts)])]
+        complete = sum(b.bytes for b in groups[-1]) == self.step_bytes
+        # a step's duration needs the next step's start: keep the last complete group
+        # unless the process ended
+        ready = len(groups) - 1 if not (final and complete) else len(groups)
+        steps, phases = [], []
+        for i in range(ready):
+            nxt = groups[i + 1][0].start_ns if i + 1 < len(groups) else None
+            step, sync_phase = self._step(groups[i], nxt)
+            steps.append(step)
+            phases.append(sync_phase)
+            if step.seconds is not None:
+                phases.append(Phase("compute", step.start_ns, step.compute_seconds, 0, 0,
+                                    step.index))
+        if ready:
+            self.bursts = [b for g in groups[ready:] for b in g]
+            self.frozen_ns = self.bursts[0].start_ns if self.bursts else groups[ready - 1][-1].end_ns
+        return steps, phases
+
+    def _step(self, group: list[Burst], next_start: int | None) -> tuple[Step, Phase]:
+        start = group[0].start_ns
+        sync = sum(b.busy_ns for b in group) / 1e9
+        step = Step(index=self.next_index, start_ns=start,
+                    seconds=None if next_start is None else (next_start - start) / 1e9,
+                    sync_seconds=sync, buckets=sum(b.collectives for b in group),
+                    bytes=sum(b.bytes for b in group),
+                    sent_bytes=sum(b.sent_bytes for b in group))
+        self.next_index += 1
+        return step, Phase("grad_sync", start, sync, step.bytes, step.buckets, step.index)

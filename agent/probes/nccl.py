@@ -1,0 +1,243 @@
+"""Probe "nccl": every NCCL API call of every process on the node, from uprobes on libnccl.
+
+What it hooks: uprobes (entry) and uretprobes on the exported NCCL functions
+(collectives and their *Config variants, Send/Recv, GroupStart/End, communicator
+init/split/shrink/grow/destroy/abort/finalize) of each libnccl.so file in use;
+see bpf/nccl.bpf.c. Which files: those in `nccl_paths` (attached at start, so
+every call of a process started later is seen from its first one) and those
+found mapped in running processes (/proc/PID/maps, also inside containers),
+rescanned every `rescan_s`; a discovered file is detached once no process maps
+it any more. Calls a process makes before its library is discovered are missed.
+
+What it exports: nccl_call (one record per call, exact) and nccl_comm
+(fabricscope/measurements/collectives.py). Times are enqueue times.
+
+What it costs: a uprobe is a trap into the kernel; each probed call pays it
+twice (entry and return). `fabricscope bench uprobe-cost` measures it (see the
+report in bench/uprobe_cost.py). Per-call records are meant for the rates of
+real training (tens to thousands of calls per second per process); events
+beyond what the ring buffer holds between polls are counted as `lost`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+import time
+from pathlib import Path
+
+from agent.probes import nccl_procs
+from agent.probes.base import Probe, ProbeContext, ProbeUnavailable
+from agent.probes.nccl_layout import APIS, EVENT_SIZE, STAT_NAMES, DecodeError, decode
+from agent.probes.nccl_records import CommTable, observe, to_record
+from fabricscope.errors import UserError
+from fabricscope.records import Record
+
+log = logging.getLogger("fabricscope.agent.nccl")
+
+BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+RETURN_FN = "nccl_return"
+_SYMBOLS_RE = "^(" + "|".join(a.symbol for a in APIS) + ")$"
+
+
+class NcclProbe(Probe):
+    name = "nccl"
+
+    def __init__(self, ctx: ProbeContext, *, pids: set[int] | None = None,
+                 rescan_s: float = 2.0, entry_only: bool = False, ringbuf_pages: int = 64,
+                 proc: Path = Path("/proc")):
+        """pids: record only these processes (None: all). entry_only: no uretprobes
+        (no return code or duration; for the overhead benchmark)."""
+        super().__init__(ctx)
+        self.paths = list(getattr(ctx.config, "nccl_paths", []) or [])
+        self.pid_filter = set(pids) if pids is not None else None
+        self.rescan_s = rescan_s
+        self.entry_only = entry_only
+        self.ringbuf_pages = ringbuf_pages
+        self.proc = proc
+        self._bpf = None
+        self._files: dict[tuple[int, int], nccl_procs.Sighting] = {}
+        self._attached: dict[tuple[int, int], list[str]] = {}
+        self._configured: set[tuple[int, int]] = set()
+        self._comms = CommTable()
+        self._pending: list[Record] = []
+        self._last_scan = float("-inf")
+        self._name_re = nccl_procs.DEFAULT_NAME
+        self._counters = {"decode_errors": 0, "attach_errors": 0, "scans": 0,
+                          "scan_unreadable": 0, "paths_missing": 0, "records": 0}
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def attach(self) -> None:
+        try:
+            from bcc import BPF
+        except ImportError as exc:
+            raise ProbeUnavailable(f"BCC is not importable: {exc}") from None
+        cflags = [f"-I{BPF_DIR}", f"-DRINGBUF_PAGES={self.ringbuf_pages}", *self.ctx.cflags]
+        if self.entry_only:
+            cflags.append("-DFS_NCCL_ENTRY_ONLY")
+        if self.pid_filter is not None:
+            cflags.append("-DFS_NCCL_FILTER_PIDS")
+        try:
+            self._bpf = BPF(src_file=str(BPF_DIR / "nccl.bpf.c").encode(), cflags=cflags)
+        except Exception as exc:   # BCC raises bare Exception on compile errors
+            raise ProbeUnavailable(f"cannot compile bpf/nccl.bpf.c: {exc}") from None
+        size = ctypes.sizeof(self._bpf["event_layout"].Leaf)
+        if size != EVENT_SIZE:
+            self.detach()
+            raise ProbeUnavailable(f"event layout mismatch: BPF {size} bytes, Python "
+                                   f"{EVENT_SIZE}; bpf/nccl.h and nccl_layout.py disagree")
+        if self.pid_filter is not None:
+            table = self._bpf["pids"]
+            for pid in self.pid_filter:
+                table[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        self._bpf["events"].open_ring_buffer(self._on_event)
+        self._attach_configured()
+        self._rescan()
+
+    def detach(self) -> None:
+        for key in list(self._attached):
+            self._detach_file(key)
+        for s in self._files.values():
+            _close(s.fd)
+        self._files.clear()
+        self._configured.clear()
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+
+    def poll(self) -> list[Record]:
+        if self._bpf is None:
+            return []
+        # Drain first: events of a process that just exited still find its comms.
+        self._bpf.ring_buffer_consume()
+        if time.monotonic() - self._last_scan >= self.rescan_s:
+            self._rescan()
+        out, self._pending = self._pending, []
+        self._counters["records"] += len(out)
+        return out
+
+    def stats(self) -> dict[str, int]:
+        out = dict(self._counters)
+        out["libraries_attached"] = len(self._attached)
+        out["processes"] = len({p for s in self._files.values() for p in s.pids})
+        out["comms_known"] = len(self._comms)
+        out["comms_evicted"] = self._comms.evicted
+        if self._bpf is not None:
+            table = self._bpf["stats"]
+            for i, name in enumerate(STAT_NAMES):
+                out[name] = int(table.sum(ctypes.c_int(i)).value)
+        return out
+
+    def libraries(self) -> list[tuple[str, frozenset[int], tuple[str, ...]]]:
+        """(path as first seen, pids mapping it, symbols probed) per attached file."""
+        return [(self._files[k].shown_path, frozenset(self._files[k].pids), tuple(syms))
+                for k, syms in self._attached.items()]
+
+    # --- events ------------------------------------------------------------------------
+
+    def _on_event(self, _ctx, data, size) -> int:
+        # Called from ring_buffer_consume(); an exception here would be lost in ctypes.
+        try:
+            ev = decode(ctypes.string_at(data, size))
+        except DecodeError as exc:
+            self._counters["decode_errors"] += 1
+            log.debug("undecodable nccl event: %s", exc)
+            return 0
+        self._pending.append(to_record(ev, self._comms, self.ctx.clock))
+        observe(ev, self._comms)
+        return 0
+
+    # --- library files -----------------------------------------------------------------
+
+    def _attach_configured(self) -> None:
+        names = []
+        for path in self.paths:
+            try:
+                sighting = nccl_procs.open_path(path)
+            except OSError as exc:
+                self._counters["paths_missing"] += 1
+                log.warning("nccl_paths: cannot open %s: %s (skipped)", path, exc.strerror)
+                continue
+            names.append(re.escape(os.path.basename(path)))
+            if sighting.key in self._files:
+                _close(sighting.fd)
+                continue
+            self._files[sighting.key] = sighting
+            self._configured.add(sighting.key)
+            if not self._attach_file(sighting):
+                raise UserError(f"nccl_paths: {path} exports none of the NCCL functions",
+                                "point nccl_paths at a libnccl.so (check with nm -D)")
+        if names:
+            self._name_re = re.compile(f"{nccl_procs.DEFAULT_NAME.pattern}|^({'|'.join(names)})$")
+
+    def _rescan(self) -> None:
+        self._last_scan = time.monotonic()
+        result = nccl_procs.scan(self.proc, self._name_re, self._files,
+                                 skip_pids=frozenset({os.getpid()}))
+        self._counters["scans"] += 1
+        self._counters["scan_unreadable"] += result.unreadable
+        for key, s in result.files.items():
+            if key not in self._files:
+                self._files[key] = s
+                log.info("nccl: %s mapped by pid %s", s.shown_path, min(s.pids))
+                self._attach_file(s)
+        for key in [k for k, s in self._files.items()
+                    if not s.pids and k not in self._configured]:
+            log.info("nccl: no process maps %s any more; detaching", self._files[key].shown_path)
+            self._detach_file(key)
+            _close(self._files.pop(key).fd)
+        alive = {p for s in self._files.values() for p in s.pids}
+        self._comms.drop_pids(alive)
+
+    def _attach_file(self, s: nccl_procs.Sighting) -> list[str]:
+        from bcc import BPF
+        path = f"/proc/self/fd/{s.fd}"   # stays valid while we hold the fd
+        try:
+            present = {name.decode() for name, _ in
+                       BPF.get_user_functions_and_addresses(path, _SYMBOLS_RE)}
+        except Exception as exc:
+            self._counters["attach_errors"] += 1
+            log.warning("nccl: cannot read symbols of %s: %s", s.shown_path, exc)
+            return []
+        done: list[str] = []
+        self._attached[s.key] = done
+        for api in APIS:
+            if api.symbol not in present:
+                continue
+            try:
+                self._bpf.attach_uprobe(name=path, sym=api.symbol, fn_name=api.entry_fn)
+                if not self.entry_only:
+                    self._bpf.attach_uretprobe(name=path, sym=api.symbol, fn_name=RETURN_FN)
+            except Exception as exc:
+                self._counters["attach_errors"] += 1
+                log.warning("nccl: cannot probe %s in %s: %s", api.symbol, s.shown_path, exc)
+                continue
+            done.append(api.symbol)
+        log.info("nccl: probing %d functions in %s", len(done), s.shown_path)
+        return done
+
+    def _detach_file(self, key: tuple[int, int]) -> None:
+        symbols = self._attached.pop(key, [])
+        s = self._files.get(key)
+        if s is None or self._bpf is None:
+            return
+        path = f"/proc/self/fd/{s.fd}"
+        for sym in symbols:
+            for detach in (self._bpf.detach_uprobe,
+                           None if self.entry_only else self._bpf.detach_uretprobe):
+                if detach is None:
+                    continue
+                try:
+                    detach(name=path, sym=sym)
+                except Exception as exc:   # already gone: nothing left to release
+                    log.debug("nccl: detach %s in %s: %s", sym, s.shown_path, exc)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass

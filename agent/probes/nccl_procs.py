@@ -1,0 +1,142 @@
+"""Find the NCCL libraries that running processes map (/proc/PID/maps).
+
+Uprobes are per file (inode), not per process: one attachment to a libnccl.so
+file covers every process that maps it, now or later. So discovery answers
+"which library files are in use, by which pids", and the probe attaches once
+per file. A process in a container maps a path of its own mount namespace; the
+file is opened through /proc/PID/map_files/<range> (the very mapped file, even
+when deleted or in another mount namespace; needs CAP_SYS_ADMIN) or, failing
+that, /proc/PID/root/<path>. Files are identified by (st_dev, st_ino) of the
+opened file, so the same library seen through different paths is one file.
+
+parse_maps() is pure (unit-tested); scan() reads a /proc tree (a fake one in tests).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: basenames treated as NCCL: libnccl.so, libnccl.so.2, libnccl.so.2.32.3
+DEFAULT_NAME = re.compile(r"^libnccl\.so(\.\d+)*$")
+
+_MAPS_LINE = re.compile(
+    r"^(?P<start>[0-9a-f]+)-(?P<end>[0-9a-f]+)\s+\S+\s+[0-9a-f]+\s+"
+    r"(?P<dev>[0-9a-f]+:[0-9a-f]+)\s+(?P<inode>\d+)\s+(?P<path>/.*?)(?P<deleted> \(deleted\))?$")
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """One file-backed mapping of a matching library in a process."""
+
+    start: int
+    end: int
+    dev: str           # major:minor as /proc/PID/maps shows it
+    inode: int
+    path: str          # in the process's mount namespace
+    deleted: bool
+
+    @property
+    def ident(self) -> tuple[str, int]:
+        return (self.dev, self.inode)
+
+
+def parse_maps(text: str, name: re.Pattern = DEFAULT_NAME) -> list[Mapping]:
+    """Mappings of files whose basename matches `name`, one per distinct inode."""
+    seen: dict[tuple[str, int], Mapping] = {}
+    for line in text.splitlines():
+        m = _MAPS_LINE.match(line)
+        if not m or m.group("inode") == "0":
+            continue
+        path = m.group("path")
+        if not name.match(os.path.basename(path)):
+            continue
+        found = Mapping(int(m.group("start"), 16), int(m.group("end"), 16), m.group("dev"),
+                        int(m.group("inode")), path, bool(m.group("deleted")))
+        seen.setdefault(found.ident, found)
+    return list(seen.values())
+
+
+@dataclass
+class Sighting:
+    """A library file in use: an open descriptor on it and the pids that map it."""
+
+    key: tuple[int, int]              # (st_dev, st_ino)
+    fd: int
+    shown_path: str                   # the path as the first process saw it
+    pids: set[int] = field(default_factory=set)
+    #: (dev, inode) as processes' maps show the file (may differ from st_dev, st_ino)
+    idents: set[tuple[str, int]] = field(default_factory=set)
+
+
+@dataclass
+class ScanResult:
+    files: dict[tuple[int, int], Sighting]
+    scanned: int = 0                  # processes whose maps were read
+    unreadable: int = 0               # processes that vanished or refused
+
+
+def _open_mapping(proc: Path, pid: int, m: Mapping) -> int | None:
+    candidates = [proc / str(pid) / "map_files" / f"{m.start:x}-{m.end:x}"]
+    if not m.deleted:
+        candidates.append(proc / str(pid) / "root" / m.path.lstrip("/"))
+    for path in candidates:
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+    return None
+
+
+def scan(proc: Path = Path("/proc"), name: re.Pattern = DEFAULT_NAME,
+         known: dict[tuple[int, int], Sighting] | None = None,
+         skip_pids: frozenset[int] = frozenset()) -> ScanResult:
+    """Read every process's maps; returns the library files in use, with fds open.
+
+    Files already in `known` are not opened again: their pids are refreshed in place
+    (in the returned objects, which are the `known` ones). The caller owns the new fds.
+    """
+    known = known or {}
+    for s in known.values():
+        s.pids.clear()
+    files: dict[tuple[int, int], Sighting] = dict(known)
+    by_ident = {ident: s.key for s in known.values() for ident in s.idents}
+    result = ScanResult(files)
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit() or int(entry.name) in skip_pids:
+            continue
+        pid = int(entry.name)
+        try:
+            text = Path(entry.path, "maps").read_text(errors="replace")
+        except OSError:
+            result.unreadable += 1
+            continue
+        result.scanned += 1
+        for m in parse_maps(text, name):
+            key = by_ident.get(m.ident)
+            if key is not None:
+                files[key].pids.add(pid)
+                continue
+            fd = _open_mapping(proc, pid, m)
+            if fd is None:
+                result.unreadable += 1
+                continue
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            if key in files:
+                os.close(fd)
+            else:
+                files[key] = Sighting(key, fd, m.path)
+            files[key].idents.add(m.ident)
+            by_ident[m.ident] = key
+            files[key].pids.add(pid)
+    return result
+
+
+def open_path(path: str) -> Sighting:
+    """A configured library path, opened (raises OSError when it cannot be)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    return Sighting((st.st_dev, st.st_ino), fd, path)

@@ -1,0 +1,121 @@
+"""Batched BPF map reads (BPF_MAP_LOOKUP_BATCH) through the bpf() syscall.
+
+BCC reads a per-CPU array one key per syscall; the NIC rings hold thousands of
+bins per drain, so the probe reads a whole key range in one call (kernel 5.6+)
+and decodes the bytes with numpy. Layout of the syscall's attribute (uapi
+linux/bpf.h, `union bpf_attr`, the `batch` member):
+
+    u64 in_batch   u64 out_batch   u64 keys   u64 values
+    u32 count      u32 map_fd      u64 elem_flags   u64 flags
+
+For arrays the batch token is the previous key (a u32 index); for hash maps an
+opaque u32 bucket cursor. A per-CPU map returns, per key, one value per possible
+CPU, each rounded up to 8 bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+from pathlib import Path
+
+_SYS_BPF = {"x86_64": 321, "aarch64": 280}
+BPF_MAP_LOOKUP_BATCH = 24
+
+
+class _BatchAttr(ctypes.Structure):
+    _fields_ = [("in_batch", ctypes.c_uint64), ("out_batch", ctypes.c_uint64),
+                ("keys", ctypes.c_uint64), ("values", ctypes.c_uint64),
+                ("count", ctypes.c_uint32), ("map_fd", ctypes.c_uint32),
+                ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+
+
+class BatchUnsupported(OSError):
+    """The kernel has no batch lookup for this map type (before 5.6)."""
+
+
+def possible_cpus(path: Path = Path("/sys/devices/system/cpu/possible")) -> int:
+    """Number of possible CPUs: how many values a per-CPU map returns per key."""
+    count = 0
+    for part in path.read_text().strip().split(","):
+        lo, _, hi = part.partition("-")
+        count += int(hi or lo) - int(lo) + 1
+    return count
+
+
+def percpu_stride(value_size: int) -> int:
+    return (value_size + 7) & ~7
+
+
+def _syscall(attr: _BatchAttr) -> int:
+    """Returns 0, or the errno (ENOENT: the map was read to its end)."""
+    nr = _SYS_BPF.get(platform.machine())
+    if nr is None:
+        raise BatchUnsupported(errno.ENOSYS, f"bpf() syscall number unknown on {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    rc = libc.syscall(nr, BPF_MAP_LOOKUP_BATCH, ctypes.byref(attr), ctypes.sizeof(attr))
+    return 0 if rc == 0 else ctypes.get_errno()
+
+
+def read_array_range(map_fd: int, start: int, count: int, value_bytes: int) -> bytearray:
+    """Values of array keys [start, start + count) as one buffer of count * value_bytes.
+
+    value_bytes: the value size as the syscall writes it (per-CPU: stride * CPUs)."""
+    keys = (ctypes.c_uint32 * max(count, 1))()
+    values = bytearray(count * value_bytes)
+    vbuf = (ctypes.c_char * len(values)).from_buffer(values)
+    token_in = ctypes.c_uint32(start - 1)
+    token_out = ctypes.c_uint32(0)
+    done = 0
+    while done < count:
+        attr = _BatchAttr(in_batch=ctypes.addressof(token_in) if start + done > 0 else 0,
+                          out_batch=ctypes.addressof(token_out),
+                          keys=ctypes.addressof(keys) + done * 4,
+                          values=ctypes.addressof(vbuf) + done * value_bytes,
+                          count=count - done, map_fd=map_fd)
+        err = _syscall(attr)
+        done += attr.count
+        if err in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP) and attr.count == 0:
+            raise BatchUnsupported(err, "BPF_MAP_LOOKUP_BATCH: " + os.strerror(err))
+        if err and err != errno.ENOENT:
+            raise OSError(err, "BPF_MAP_LOOKUP_BATCH: " + os.strerror(err))
+        if err == errno.ENOENT or attr.count == 0:
+            break
+        token_in.value = token_out.value
+    if done != count:
+        raise OSError(errno.ERANGE, f"array read of {count} keys from {start} returned {done}")
+    return values
+
+
+def read_hash(map_fd: int, key_size: int, value_bytes: int, max_entries: int
+              ) -> tuple[bytearray, bytearray, int]:
+    """Every entry of a hash map: (keys buffer, values buffer, number of entries).
+
+    One pass; entries added or deleted meanwhile may be missed or seen once more
+    (the kernel walks buckets), which the flow deltas tolerate."""
+    cap = max(max_entries, 1)
+    keys = bytearray(cap * key_size)
+    values = bytearray(cap * value_bytes)
+    kbuf = (ctypes.c_char * len(keys)).from_buffer(keys)
+    vbuf = (ctypes.c_char * len(values)).from_buffer(values)
+    token_in, token_out = ctypes.c_uint64(0), ctypes.c_uint64(0)
+    first, done = True, 0
+    while done < cap:
+        attr = _BatchAttr(in_batch=0 if first else ctypes.addressof(token_in),
+                          out_batch=ctypes.addressof(token_out),
+                          keys=ctypes.addressof(kbuf) + done * key_size,
+                          values=ctypes.addressof(vbuf) + done * value_bytes,
+                          count=cap - done, map_fd=map_fd)
+        err = _syscall(attr)
+        done += attr.count
+        if err == errno.ENOENT:
+            break
+        if err in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP) and first:
+            raise BatchUnsupported(err, "BPF_MAP_LOOKUP_BATCH: " + os.strerror(err))
+        if err:
+            raise OSError(err, "BPF_MAP_LOOKUP_BATCH: " + os.strerror(err))
+        first = False
+        token_in.value = token_out.value
+    return keys, values, done

@@ -1,0 +1,123 @@
+"""Decode the NIC bin rings (pure logic: unit-tested with synthetic per-CPU arrays).
+
+Layout (bpf/nic.h): one per-CPU array `fs_nic_ring` holding R rings of S slots
+(S a power of two); bin b of ring r lives at slot r * S + (b & (S - 1)) on every
+CPU, as struct fs_nic_bin {u32 epoch, bytes, packets, first_off, last_off, pad}
+where epoch = b mod 2**32.
+
+Draining ring r up to bin `upto` (exclusive) consumes bins (last, upto), where
+`last` is the last bin consumed before. A slot is taken only when its epoch is
+exactly the bin expected there, so:
+- a bin still being written (>= upto) is never read: the next drain takes it;
+- a bin consumed before is never read twice: `last` moved past it;
+- a slot that already holds a newer bin (the ring wrapped before the drain) loses
+  the older one; bins older than upto - S are gone for the same reason. Both are
+  counted in `lost` (bins, whether they had traffic or not: nobody can know).
+All CPUs of a ring are drained up to the same bin in one read, so one `last` per
+ring stands for the per-CPU watermarks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+BIN_DTYPE = np.dtype([("epoch", "<u4"), ("bytes", "<u4"), ("packets", "<u4"),
+                      ("first_off", "<u4"), ("last_off", "<u4"), ("pad", "<u4")])
+_EPOCH_MOD = 1 << 32
+
+#: read(first_slot, count) -> array of shape (count, cpus) with dtype BIN_DTYPE
+SlotReader = Callable[[int, int], np.ndarray]
+
+
+@dataclass
+class Bins:
+    """Complete, non-empty bins of one ring, summed over CPUs, in bin order."""
+
+    index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    packets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    first_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # monotonic
+    last_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def select(self, mask_or_slice) -> "Bins":
+        return Bins(self.index[mask_or_slice], self.bytes[mask_or_slice],
+                    self.packets[mask_or_slice], self.first_ns[mask_or_slice],
+                    self.last_ns[mask_or_slice])
+
+
+@dataclass
+class Drained:
+    bins: Bins
+    lost: int           # bins lost to wrap in this drain
+    slots_read: int     # non-empty (bin, CPU) slots consumed: what reached user space
+
+
+def slot_ranges(lo: int, hi: int, slots: int) -> list[tuple[int, int]]:
+    """Slot ranges (first, count) holding bins [lo, hi), hi - lo <= slots, in bin order."""
+    n = hi - lo
+    if n <= 0:
+        return []
+    first = lo & (slots - 1)
+    if first + n <= slots:
+        return [(first, n)]
+    return [(first, slots - first), (0, n - (slots - first))]
+
+
+def merge(rows: np.ndarray, expected: np.ndarray, bin_ns: int, slots: int) -> tuple[Bins, int, int]:
+    """rows[i, cpu] should hold bin expected[i]. Returns (bins, lost, slots_read)."""
+    want = (expected % _EPOCH_MOD).astype(np.uint32)[:, None]
+    valid = (rows["epoch"] == want) & (rows["packets"] > 0)
+    ahead = ((rows["epoch"].astype(np.int64) - want.astype(np.int64)) % _EPOCH_MOD)
+    newer = (ahead > 0) & (ahead < _EPOCH_MOD // 2) & (ahead % slots == 0)
+    lost = int(np.count_nonzero(newer.any(axis=1)))
+    nbytes = np.where(valid, rows["bytes"], 0).astype(np.int64).sum(axis=1)
+    npkts = np.where(valid, rows["packets"], 0).astype(np.int64).sum(axis=1)
+    big = np.iinfo(np.int64).max
+    first = np.where(valid, rows["first_off"].astype(np.int64), big).min(axis=1)
+    last = np.where(valid, rows["last_off"].astype(np.int64), -1).max(axis=1)
+    keep = npkts > 0
+    base = expected[keep] * bin_ns
+    bins = Bins(expected[keep].astype(np.int64), nbytes[keep], npkts[keep],
+                base + first[keep], base + last[keep])
+    return bins, lost, int(np.count_nonzero(valid))
+
+
+@dataclass
+class Ring:
+    """Consumption state of one ring (one interface and direction)."""
+
+    ring_id: int
+    last: int           # last bin consumed
+
+
+class RingSet:
+    """Every ring of the per-CPU array, drained through one SlotReader."""
+
+    def __init__(self, n_rings: int, slots: int, bin_ns: int, read: SlotReader, start_bin: int):
+        if slots & (slots - 1):
+            raise ValueError(f"ring slots {slots} is not a power of two")
+        self.slots, self.bin_ns, self.read = slots, bin_ns, read
+        self.rings = [Ring(r, start_bin) for r in range(n_rings)]
+
+    def drain(self, upto: int) -> list[Drained]:
+        """Consume bins < upto of every ring; one Drained per ring, in ring order."""
+        return [self._drain(ring, upto) for ring in self.rings]
+
+    def _drain(self, ring: Ring, upto: int) -> Drained:
+        lo = max(ring.last + 1, upto - self.slots)
+        lost = max(0, lo - (ring.last + 1))
+        if lo >= upto:
+            return Drained(Bins(), lost, 0)
+        parts = [self.read(ring.ring_id * self.slots + first, count)
+                 for first, count in slot_ranges(lo, upto, self.slots)]
+        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        bins, wrapped, read = merge(rows, np.arange(lo, upto, dtype=np.int64), self.bin_ns,
+                                    self.slots)
+        ring.last = upto - 1
+        return Drained(bins, lost + wrapped, read)

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: Apache-2.0
+/* gloo: one event per gloo collective executed by a process (PyTorch's CPU backend).
+ *
+ * Hooks (uprobes on libtorch_cpu.so, which links gloo in; no kernel struct is read):
+ *   gloo::<op>(<Op>Options&) entry      start time; message size from the options
+ *   gloo::<op>(<Op>Options&) return     end time; the event goes to the ring buffer
+ *   gloo::transport::tcp::UnboundBuffer::send / recv (entry)
+ *                                       bytes this thread hands to the transport
+ *
+ * ProcessGroupGloo runs each collective synchronously on one of its worker threads,
+ * so entry and return pair up per thread id, and the send/recv calls made by that
+ * thread in between belong to the collective (gloo issues them from the calling
+ * thread; its device thread only completes them).
+ *
+ * Reading the options objects: they are C++ classes, not an ABI. Their offsets come
+ * from the loader (agent/probes/gloo_layout.py, one table for C and Python) as
+ * -DFS_LAYOUT_<OP>=elements,elementSize,out_kind,out,in (-1: absent), and the
+ * loader checks every event against independent facts (elements x elementSize ==
+ * the output buffer's own size; 0 <= rank < size == WORLD_SIZE) before it trusts
+ * them; on mismatch it falls back to the bytes seen in send/recv.
+ *
+ * Attribution: uprobes fire in every process that maps the library, whatever its
+ * network namespace; user space puts processes of other nodes into `deny`.
+ *
+ * Options (cflags): the layout macros above, -DFS_UB_SIZE_OFF, -DFS_CTX_RANK_OFF,
+ * -DFS_CTX_SIZE_OFF, -DMAX_THREADS=n -DMAX_DENY=n -DRINGBUF_PAGES=n.
+ */
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/ptrace.h>
+#include "gloo.h"
+
+#ifndef MAX_THREADS
+#define MAX_THREADS 4096
+#endif
+#ifndef MAX_DENY
+#define MAX_DENY 4096
+#endif
+#ifndef RINGBUF_PAGES
+#define RINGBUF_PAGES 16
+#endif
+#if !defined(FS_UB_SIZE_OFF) || !defined(FS_CTX_RANK_OFF) || !defined(FS_CTX_SIZE_OFF)
+#error "the loader passes the gloo layout (agent/probes/gloo_layout.py)"
+#endif
+
+BPF_HASH(active, __u64, struct fs_gloo_event, MAX_THREADS);
+BPF_HASH(deny, __u32, __u8, MAX_DENY);
+BPF_PERCPU_ARRAY(stats, __u64, FS_GS_NSTATS);
+BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+/* Never written: exposes the event layout to the loader's size check. */
+BPF_ARRAY(event_layout, struct fs_gloo_event, 1);
+
+static __always_inline void stat_add(int idx, __u64 n)
+{
+	__u64 *v = stats.lookup(&idx);
+	if (v)
+		*v += n;
+}
+
+/* Size of the UnboundBuffer a unique_ptr (or a vector's first unique_ptr) at `field`
+ * points to. A null pointer is a valid "no buffer" (size 0). Returns 0 when read. */
+static __always_inline int buffer_size(const char *field, int kind, __u64 *size)
+{
+	const char *p = 0;
+
+	*size = 0;
+	if (bpf_probe_read_user(&p, sizeof(p), field))
+		return -1;
+	if (kind == FS_OUT_VEC && p && bpf_probe_read_user(&p, sizeof(p), p))
+		return -1;
+	if (!p)
+		return 0;
+	return bpf_probe_read_user(size, sizeof(*size), p + FS_UB_SIZE_OFF) ? -1 : 0;
+}
+
+static __always_inline int on_entry(struct pt_regs *ctx, __u32 op, long elements_off,
+				    long elemsize_off, int out_kind, long out_off, long in_off)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	const char *opts = (const char *)PT_REGS_PARM1(ctx);
+	const char *context = 0;
+	struct fs_gloo_event ev = {};
+
+	if (deny.lookup(&tgid)) {
+		stat_add(FS_GS_FILTERED, 1);
+		return 0;
+	}
+	ev.pid = tgid;
+	ev.tid = (__u32)id;
+	ev.op = op;
+	ev.ctx_rank = -1;
+	ev.ctx_size = -1;
+	/* options.context is a std::shared_ptr: its first word is the Context* */
+	if (bpf_probe_read_user(&context, sizeof(context), opts) || !context ||
+	    bpf_probe_read_user(&ev.ctx_rank, 4, context + FS_CTX_RANK_OFF) ||
+	    bpf_probe_read_user(&ev.ctx_size, 4, context + FS_CTX_SIZE_OFF))
+		ev.flags |= FS_F_NO_CONTEXT;
+	if (elements_off >= 0 && bpf_probe_read_user(&ev.elements, 8, opts + elements_off))
+		ev.flags |= FS_F_NO_COUNT;
+	if (elemsize_off >= 0 && bpf_probe_read_user(&ev.elem_size, 8, opts + elemsize_off))
+		ev.flags |= FS_F_NO_COUNT;
+	if (out_kind != FS_OUT_NONE && buffer_size(opts + out_off, out_kind, &ev.out_size))
+		ev.flags |= FS_F_NO_OUT;
+	if (in_off >= 0 && buffer_size(opts + in_off, FS_OUT_PTR, &ev.in_size))
+		ev.flags |= FS_F_NO_IN;
+	if (active.lookup(&id))
+		stat_add(FS_GS_UNFINISHED, 1);
+	ev.start_ns = bpf_ktime_get_ns();
+	if (active.update(&id, &ev))
+		stat_add(FS_GS_ACTIVE_FULL, 1);
+	else
+		stat_add(FS_GS_ENTRIES, 1);
+	return 0;
+}
+
+#define FS_ENTRY(name, op, layout) \
+	int name##_entry(struct pt_regs *ctx) { return on_entry(ctx, op, layout); }
+
+FS_ENTRY(allreduce, FS_GLOO_ALLREDUCE, FS_LAYOUT_ALLREDUCE)
+FS_ENTRY(broadcast, FS_GLOO_BROADCAST, FS_LAYOUT_BROADCAST)
+FS_ENTRY(allgather, FS_GLOO_ALLGATHER, FS_LAYOUT_ALLGATHER)
+FS_ENTRY(allgatherv, FS_GLOO_ALLGATHERV, FS_LAYOUT_ALLGATHERV)
+FS_ENTRY(reduce, FS_GLOO_REDUCE, FS_LAYOUT_REDUCE)
+FS_ENTRY(gather, FS_GLOO_GATHER, FS_LAYOUT_GATHER)
+FS_ENTRY(scatter, FS_GLOO_SCATTER, FS_LAYOUT_SCATTER)
+FS_ENTRY(alltoall, FS_GLOO_ALLTOALL, FS_LAYOUT_ALLTOALL)
+FS_ENTRY(alltoallv, FS_GLOO_ALLTOALLV, FS_LAYOUT_ALLTOALLV)
+FS_ENTRY(barrier, FS_GLOO_BARRIER, FS_LAYOUT_BARRIER)
+
+/* Attached as the uretprobe of every collective above. */
+int collective_return(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	struct fs_gloo_event *ev = active.lookup(&id);
+
+	if (!ev) {
+		if (!deny.lookup(&tgid))
+			stat_add(FS_GS_ORPHAN_RET, 1);
+		return 0;
+	}
+	ev->end_ns = bpf_ktime_get_ns();
+	if (events.ringbuf_output(ev, sizeof(*ev), 0) == 0)
+		stat_add(FS_GS_EMITTED, 1);
+	else
+		stat_add(FS_GS_LOST, 1);
+	active.delete(&id);
+	return 0;
+}
+
+/* UnboundBuffer::send(int rank, u64 slot, size_t offset, size_t nbytes) and the two
+ * recv overloads (int or std::vector<int> by invisible reference: same registers).
+ * nbytes == SIZE_MAX means "the rest of the buffer from offset". */
+static __always_inline __u64 transfer_bytes(struct pt_regs *ctx)
+{
+	__u64 nbytes = PT_REGS_PARM5(ctx);
+	__u64 size = 0;
+
+	if (nbytes != ~0ULL)
+		return nbytes;
+	if (bpf_probe_read_user(&size, sizeof(size),
+				(const char *)PT_REGS_PARM1(ctx) + FS_UB_SIZE_OFF))
+		return 0;
+	return size - PT_REGS_PARM4(ctx);
+}
+
+int buffer_send(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	struct fs_gloo_event *ev = active.lookup(&id);
+
+	if (!ev) {
+		if (!deny.lookup(&tgid))
+			stat_add(FS_GS_SENDS_OUTSIDE, 1);
+		return 0;
+	}
+	ev->sent_bytes += transfer_bytes(ctx);
+	ev->sends += 1;
+	return 0;
+}
+
+int buffer_recv(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	struct fs_gloo_event *ev = active.lookup(&id);
+
+	if (!ev) {
+		if (!deny.lookup(&tgid))
+			stat_add(FS_GS_RECVS_OUTSIDE, 1);
+		return 0;
+	}
+	ev->recv_bytes += transfer_bytes(ctx);
+	ev->recvs += 1;
+	return 0;
+}

@@ -1,0 +1,188 @@
+"""The job's traffic model: sync period T, burst bandwidth B, duty cycle D.
+
+Data-parallel training traffic is a square wave: compute silence, then a
+synchronised burst of gradient exchange, once per step. Three numbers describe it:
+
+* T, the sync period: the lag of the first strong peak of the autocorrelation of
+  a bandwidth series (bytes per bin), refined to below one bin by fitting a
+  parabola through the peak and averaging over the peaks at 2T, 3T, ... (the
+  error of a peak's position is spread over m periods).
+* B, the burst bandwidth: the mean rate of the bins "in a burst", i.e. at or above
+  half of the series' robust peak (its 99th percentile), in bytes per second.
+* D, the duty cycle: the fraction of bins in a burst (= comm time / T). D > 0.5
+  means the network, not compute, bounds the step.
+
+B and D need bursts of at least a few bins (the bins at a burst's edges are only
+partly filled): pick bin_s below a third of the shortest burst.
+
+Pure functions over numpy arrays; the agent (gloo probe, from collective windows)
+and the collector (from stored bandwidth series) both use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Iterable
+
+import numpy as np
+
+BURST_LEVEL = 0.5          # a bin is "in a burst" at >= this x the robust peak
+PEAK_PERCENTILE = 99.0     # robust peak: ignores a few outlier bins
+MIN_ACF_PEAK = 0.2         # below this the series is not periodic enough to name T
+MAX_HARMONICS = 8          # peaks at m x T used to refine T
+
+
+@dataclass(frozen=True)
+class TrafficModel:
+    period_s: float | None     # T; None when the series shows no periodicity
+    acf_peak: float            # autocorrelation at T (0..1): how regular the wave is
+    burst_bytes_per_s: float   # B
+    duty_cycle: float          # D
+    mean_bytes_per_s: float
+    window_s: float            # length of the series
+
+    @property
+    def network_bound(self) -> bool:
+        return self.duty_cycle > 0.5
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "network_bound": self.network_bound}
+
+
+def series_from_windows(windows: Iterable[tuple[float, float, float]], t0: float, t1: float,
+                        bin_s: float) -> np.ndarray:
+    """Bytes per bin over [t0, t1) from (start_s, end_s, bytes) windows.
+
+    Each window's bytes are spread evenly over its duration (a zero-length window
+    puts all into its bin); the parts outside [t0, t1) are cut off."""
+    if bin_s <= 0 or t1 <= t0:
+        raise ValueError("need bin_s > 0 and t1 > t0")
+    n = int(np.ceil((t1 - t0) / bin_s - 1e-9))
+    out = np.zeros(n)
+    for start, end, nbytes in windows:
+        if nbytes <= 0 or end < t0 or start >= t1:
+            continue
+        if end <= start:
+            out[min(n - 1, max(0, int((start - t0) / bin_s)))] += nbytes
+            continue
+        rate = nbytes / (end - start)
+        a, b = max(start, t0), min(end, t1)
+        first, last = int((a - t0) / bin_s), min(n - 1, int((b - t0) / bin_s))
+        for i in range(first, last + 1):
+            lo, hi = max(a, t0 + i * bin_s), min(b, t0 + (i + 1) * bin_s)
+            if hi > lo:
+                out[i] += rate * (hi - lo)
+    return out
+
+
+def autocorrelation(series: np.ndarray) -> np.ndarray:
+    """Normalised autocorrelation r[k], k = 0..n-1 (r[0] = 1), via FFT."""
+    x = np.asarray(series, dtype=float)
+    x = x - x.mean()
+    n = len(x)
+    if n == 0 or not np.any(x):
+        return np.zeros(max(n, 1))
+    size = 1 << (2 * n - 1).bit_length()
+    spec = np.fft.rfft(x, size)
+    acf = np.fft.irfft(spec * np.conj(spec), size)[:n]
+    # unbiased: each lag is averaged over the n-k pairs it has
+    acf = acf / np.arange(n, 0, -1)
+    return acf / acf[0]
+
+
+def _refine(acf: np.ndarray, k: int) -> float:
+    """Sub-bin position of the peak at lag k (parabola through k-1, k, k+1)."""
+    if k <= 0 or k >= len(acf) - 1:
+        return float(k)
+    a, b, c = acf[k - 1], acf[k], acf[k + 1]
+    denom = a - 2 * b + c
+    if denom >= 0:
+        return float(k)
+    return k + 0.5 * (a - c) / denom
+
+
+def _local_peak(acf: np.ndarray, lo: int, hi: int) -> int | None:
+    lo, hi = max(1, lo), min(len(acf) - 2, hi)
+    if hi < lo:
+        return None
+    return lo + int(np.argmax(acf[lo:hi + 1]))
+
+
+def sync_period(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
+                max_period_s: float | None = None) -> tuple[float, float] | None:
+    """(T in seconds, acf at T), or None when the series is not periodic.
+
+    The candidate lags start after the zero-lag lobe (where r first drops below
+    zero) and end at half the series (two periods must fit). T is the first local
+    maximum reaching 90 % of the highest one, so a harmonic at 2T never wins."""
+    acf = autocorrelation(series)
+    n = len(acf)
+    below = np.nonzero(acf[1:] < 0)[0]
+    if len(below) == 0:
+        return None
+    lo = max(int(below[0]) + 1, int(np.ceil(min_period_s / bin_s)), 1)
+    hi = n // 2
+    if max_period_s is not None:
+        hi = min(hi, int(max_period_s / bin_s))
+    if hi - lo < 2:
+        return None
+    window = acf[lo:hi + 1]
+    best = float(window.max())
+    if best < MIN_ACF_PEAK:
+        return None
+    peaks = [lo + i for i in range(1, len(window) - 1)
+             if window[i] >= window[i - 1] and window[i] >= window[i + 1]
+             and window[i] >= 0.9 * best]
+    k = peaks[0] if peaks else lo + int(np.argmax(window))
+    lag = _refine(acf, k)
+    estimates = [lag]
+    for m in range(2, MAX_HARMONICS + 1):
+        centre = int(round(m * lag))
+        half = max(1, int(lag / 4))
+        if centre + half >= n - 1 or centre > (n * 3) // 4:
+            break
+        km = _local_peak(acf, centre - half, centre + half)
+        if km is None or acf[km] < 0.5 * acf[k]:
+            break
+        estimates.append(_refine(acf, km) / m)
+    return float(estimates[-1] * bin_s), float(acf[k])
+
+
+def burst_level(series: np.ndarray) -> float:
+    """Rate threshold (bytes per bin) above which a bin counts as in a burst."""
+    x = np.asarray(series, dtype=float)
+    if len(x) == 0:
+        return 0.0
+    return BURST_LEVEL * float(np.percentile(x, PEAK_PERCENTILE))
+
+
+def burst_bandwidth(series: np.ndarray, bin_s: float) -> float:
+    """B: mean bytes per second over the bins in a burst (0 for a silent series)."""
+    x = np.asarray(series, dtype=float)
+    level = burst_level(x)
+    if level <= 0:
+        return 0.0
+    return float(x[x >= level].mean() / bin_s)
+
+
+def duty_cycle(series: np.ndarray) -> float:
+    """D: fraction of bins in a burst."""
+    x = np.asarray(series, dtype=float)
+    level = burst_level(x)
+    if level <= 0:
+        return 0.0
+    return float(np.count_nonzero(x >= level) / len(x))
+
+
+def fit(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
+        max_period_s: float | None = None) -> TrafficModel:
+    """T, B and D of one bandwidth series (bytes per bin of bin_s seconds)."""
+    x = np.asarray(series, dtype=float)
+    found = sync_period(x, bin_s, min_period_s, max_period_s)
+    return TrafficModel(
+        period_s=found[0] if found else None,
+        acf_peak=found[1] if found else 0.0,
+        burst_bytes_per_s=burst_bandwidth(x, bin_s),
+        duty_cycle=duty_cycle(x),
+        mean_bytes_per_s=float(x.mean() / bin_s) if len(x) else 0.0,
+        window_s=len(x) * bin_s)

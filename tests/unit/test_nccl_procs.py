@@ -1,0 +1,84 @@
+"""Discovery of NCCL libraries in process maps: parsing and a fake /proc tree (no root)."""
+
+import os
+import re
+
+from agent.probes import nccl_procs
+
+MAPS = """\
+55d0c7a00000-55d0c7a21000 r--p 00000000 fd:01 1311 /usr/bin/python3.11
+7f2a10000000-7f2a10200000 r--p 00000000 fd:01 4242 /opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2
+7f2a10200000-7f2a20000000 r-xp 00200000 fd:01 4242 /opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2
+7f2a30000000-7f2a30001000 r--p 00000000 00:2a 77 /usr/lib/x86_64-linux-gnu/libnccl.so.2.18.3 (deleted)
+7f2a40000000-7f2a40001000 r--p 00000000 fd:01 88 /usr/lib/libnccl-net.so
+7f2a50000000-7f2a50001000 rw-p 00000000 00:00 0 [heap]
+7f2a60000000-7f2a60001000 r--p 00000000 fd:01 99 /data/my libnccl.so.2 copy/libnccl.so
+"""
+
+
+def test_parse_maps_finds_each_nccl_file_once():
+    found = nccl_procs.parse_maps(MAPS)
+    assert [(m.dev, m.inode, m.path, m.deleted) for m in found] == [
+        ("fd:01", 4242, "/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2",
+         False),
+        ("00:2a", 77, "/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.3", True),
+        ("fd:01", 99, "/data/my libnccl.so.2 copy/libnccl.so", False),
+    ]
+    assert found[0].start == 0x7F2A10000000 and found[0].end == 0x7F2A10200000
+
+
+def test_parse_maps_with_a_configured_name():
+    found = nccl_procs.parse_maps(MAPS, re.compile(r"^libnccl-net\.so$"))
+    assert [m.inode for m in found] == [88]
+
+
+def make_proc(tmp_path, pid, lib_path, inode="4242", real=None):
+    """A fake /proc/PID with maps and root/; `real` is the file the path resolves to."""
+    d = tmp_path / "proc" / str(pid)
+    (d / "root").mkdir(parents=True)
+    (d / "maps").write_text(f"7f0000000000-7f0000001000 r-xp 00000000 fd:01 {inode} {lib_path}\n")
+    target = d / "root" / lib_path.lstrip("/")
+    target.parent.mkdir(parents=True)
+    if real is None:
+        target.write_bytes(b"\x7fELF fake")
+    else:
+        os.link(real, target)
+    return target
+
+
+def test_scan_groups_pids_by_file_and_keeps_known_files(tmp_path):
+    lib = make_proc(tmp_path, 100, "/lib/libnccl.so.2")
+    make_proc(tmp_path, 101, "/container/path/libnccl.so.2", real=lib)   # same inode
+    make_proc(tmp_path, 102, "/other/libnccl.so.2", inode="5")            # another file
+    (tmp_path / "proc" / "self").mkdir()                                  # not a pid
+    proc = tmp_path / "proc"
+    first = nccl_procs.scan(proc)
+    try:
+        assert first.scanned == 3
+        groups = sorted(sorted(s.pids) for s in first.files.values())
+        assert groups == [[100, 101], [102]]
+        key = next(k for k, s in first.files.items() if 100 in s.pids)
+        assert key == (os.stat(lib).st_dev, os.stat(lib).st_ino)
+        # pid 101 exits; a rescan reuses the open file and only updates pids
+        (proc / "101" / "maps").write_text("")
+        again = nccl_procs.scan(proc, known=first.files)
+        assert again.files[key] is first.files[key] and again.files[key].pids == {100}
+        assert len(again.files) == 2
+    finally:
+        for s in first.files.values():
+            os.close(s.fd)
+
+
+def test_scan_counts_unopenable_mappings(tmp_path):
+    d = tmp_path / "proc" / "7"
+    d.mkdir(parents=True)
+    (d / "maps").write_text(
+        "7f0000000000-7f0000001000 r-xp 00000000 fd:01 1 /gone/libnccl.so.2 (deleted)\n")
+    result = nccl_procs.scan(tmp_path / "proc")
+    assert result.files == {} and result.unreadable == 1
+
+
+def test_skip_pids(tmp_path):
+    make_proc(tmp_path, 100, "/lib/libnccl.so.2")
+    result = nccl_procs.scan(tmp_path / "proc", skip_pids=frozenset({100}))
+    assert result.files == {} and result.scanned == 0

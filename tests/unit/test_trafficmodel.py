@@ -1,0 +1,107 @@
+"""fabricscope.trafficmodel on synthetic square waves (known T, B, D)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from fabricscope import trafficmodel as tm
+
+
+def square_wave(period_bins: float, duty: float, amplitude: float, periods: int,
+                jitter: float = 0.0, seed: int = 0) -> np.ndarray:
+    """Bytes per bin of a square wave (fractional period via exact window spreading)."""
+    rng = np.random.default_rng(seed)
+    windows, t = [], 0.0
+    for _ in range(periods):
+        p = period_bins * (1 + jitter * rng.uniform(-1, 1))
+        windows.append((t, t + duty * p, amplitude * duty * p))
+        t += p
+    return tm.series_from_windows(windows, 0.0, t, 1.0)
+
+
+def test_series_from_windows_spreads_bytes_evenly():
+    s = tm.series_from_windows([(0.5, 2.5, 400.0)], 0.0, 4.0, 1.0)
+    assert s.tolist() == [100.0, 200.0, 100.0, 0.0]
+    assert s.sum() == 400.0
+
+
+def test_series_from_windows_cuts_outside_and_handles_points():
+    s = tm.series_from_windows([(-1.0, 1.0, 200.0), (3.0, 3.0, 7.0), (9.0, 10.0, 5.0)],
+                               0.0, 4.0, 1.0)
+    assert s.tolist() == [100.0, 0.0, 0.0, 7.0]
+
+
+def test_series_from_windows_rejects_bad_bins():
+    with pytest.raises(ValueError):
+        tm.series_from_windows([], 0.0, 1.0, 0.0)
+
+
+def test_autocorrelation_is_one_at_zero_and_periodic():
+    r = tm.autocorrelation(square_wave(20, 0.3, 1.0, 30))
+    assert r[0] == pytest.approx(1.0)
+    assert r[20] > 0.9 and r[10] < 0
+
+
+def test_fit_square_wave_exact():
+    bin_s = 0.001
+    model = tm.fit(square_wave(50, 0.3, 1000.0, 40), bin_s)
+    assert model.period_s == pytest.approx(0.050, rel=1e-3)
+    assert model.duty_cycle == pytest.approx(0.3, abs=0.01)
+    assert model.burst_bytes_per_s == pytest.approx(1000.0 / bin_s, rel=1e-6)
+    assert model.acf_peak > 0.95
+    assert model.network_bound is False
+    assert model.window_s == pytest.approx(2.0)
+
+
+def test_fit_refines_a_fractional_period_below_one_bin():
+    model = tm.fit(square_wave(37.4, 0.6, 5.0, 50), 1.0)
+    assert model.period_s == pytest.approx(37.4, rel=0.005)
+    assert model.network_bound is True
+
+
+def test_fit_with_jitter_stays_within_five_percent():
+    s = square_wave(40, 0.4, 1.0, 60, jitter=0.1, seed=3)
+    model = tm.fit(s, 1.0)
+    assert model.period_s == pytest.approx(40, rel=0.05)
+
+
+def test_harmonic_does_not_win():
+    # a wave whose every second burst is weaker: T is still the burst spacing
+    s = square_wave(30, 0.3, 1.0, 40)
+    s[np.arange(len(s)) % 60 < 30] *= 0.8
+    model = tm.fit(s, 1.0)
+    assert model.period_s == pytest.approx(30, rel=0.02)
+
+
+def test_silence_and_noise_have_no_period():
+    assert tm.fit(np.zeros(500), 0.001).period_s is None
+    assert tm.fit(np.zeros(500), 0.001).duty_cycle == 0.0
+    noise = np.random.default_rng(1).exponential(1.0, 2000)
+    assert tm.fit(noise, 0.001).period_s is None
+
+
+def test_period_bounds_are_respected():
+    s = square_wave(20, 0.3, 1.0, 50)
+    assert tm.sync_period(s, 1.0, min_period_s=25, max_period_s=30) is None
+    assert tm.sync_period(s, 1.0, max_period_s=25)[0] == pytest.approx(20, rel=0.01)
+
+
+def test_to_dict_has_every_figure():
+    d = tm.fit(square_wave(10, 0.5, 2.0, 20), 1.0).to_dict()
+    assert set(d) == {"period_s", "acf_peak", "burst_bytes_per_s", "duty_cycle",
+                      "mean_bytes_per_s", "window_s", "network_bound"}
+
+
+@settings(max_examples=40, deadline=None)
+@given(period=st.floats(8, 80), duty=st.floats(0.1, 0.8), amplitude=st.floats(1, 1e6))
+def test_fit_recovers_any_clean_square_wave(period, duty, amplitude):
+    burst_bins = duty * period
+    assume(burst_bins >= 3)          # B needs bursts of a few bins (see the module doc)
+    model = tm.fit(square_wave(period, duty, amplitude, 30), 1.0)
+    assert model.period_s == pytest.approx(period, rel=0.01)
+    assert model.duty_cycle == pytest.approx(duty, abs=1.5 / period + 0.01)
+    # edge bins are partly filled: at most one bin's worth of error per burst
+    assert model.burst_bytes_per_s == pytest.approx(amplitude, rel=1 / burst_bins + 0.01)
