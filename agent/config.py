@@ -33,6 +33,16 @@ class AgentConfig:
         "/usr/lib/x86_64-linux-gnu/libnccl.so.2), so every call of a process started later "
         "is seen from its first one; libraries that running processes map are found "
         "without this (rescanned every 2 s)"))
+    # --- probe gloo (agent/probes/gloo.py) ---
+    gloo_paths: list[str] = field(default_factory=list, metadata=doc(
+        "libtorch_cpu.so files (gloo is linked into it) the gloo probe attaches to at start, "
+        "so a process started later is seen from its first collective; the torch of the "
+        "agent's own Python is always attached, and files that running processes map are "
+        "found without this (rescanned every 2 s)"))
+    gloo_model_window_s: float = field(default=10.0, metadata=doc(
+        "seconds of collective traffic each traffic_model record (T, B, D) is fitted to"))
+    gloo_model_interval_s: float = field(default=5.0, metadata=doc(
+        "how often the gloo probe writes a traffic_model record per training process"))
     kernel_headers: str = field(default="", metadata=doc(
         "kernel headers directory for BCC; empty: the running kernel's, else the "
         "distribution's linux-headers package"))
@@ -46,6 +56,40 @@ class AgentConfig:
         "oldest batches are dropped and counted"))
     shutdown_timeout_s: float = field(default=5.0, metadata=doc(
         "on SIGTERM/SIGINT, longest wait for queued batches to be acknowledged"))
+    # --- transport to the collector (agent/shipper.py, agent/spool.py) ---
+    spool_dir: str = field(default="/var/lib/fabricscope/spool/{node}", metadata=doc(
+        "directory where batches wait, fsynced, until the collector acknowledges them, so "
+        "that a collector outage or an agent restart loses nothing ({node} is replaced by "
+        "the node name); one directory per agent (it is locked); empty: memory only "
+        "(queue_max_records)"))
+    spool_max_bytes: int = field(default=512 * 1024 * 1024, metadata=doc(
+        "cap of the spool on disk; when full the oldest batches are dropped, counted "
+        "(records_dropped_total{reason=\"spool_full\"}) and reported as agent_loss"))
+    batch_max_bytes: int = field(default=4 * 1024 * 1024, metadata=doc(
+        "largest serialized batch; bigger ones are split (keep it below the collector's "
+        "max_message_bytes)"))
+    compression: str = field(default="gzip", metadata=doc(
+        "gRPC message compression of batches: gzip or none", choices=["gzip", "none"]))
+    token: str = field(default="", metadata=doc(
+        "bearer token presented to the collector (never logged; prefer token_file or the "
+        "environment: flags are visible in the process list)"))
+    token_file: str = field(default="", metadata=doc("file holding the bearer token"))
+    tls: bool = field(default=False, metadata=doc(
+        "connect with TLS (implied by tls_ca and tls_cert); without tls_ca the system's "
+        "trusted roots verify the collector"))
+    tls_ca: str = field(default="", metadata=doc("PEM CA bundle that signed the collector's "
+                                                 "certificate"))
+    tls_cert: str = field(default="", metadata=doc(
+        "PEM client certificate for mutual TLS (with tls_key)"))
+    tls_key: str = field(default="", metadata=doc("PEM private key of tls_cert (never logged)"))
+    tls_server_name: str = field(default="", metadata=doc(
+        "name to verify in the collector's certificate when it differs from the host in "
+        "`collector` (e.g. connecting by IP address)"))
+    # --- source synthetic (agent/sources/synthetic.py): a load generator ---
+    synthetic_rate: float = field(default=1000.0, metadata=doc(
+        "synthetic source: records per second"))
+    synthetic_count: int = field(default=0, metadata=doc(
+        "synthetic source: stop after this many records (0: never)"))
     metrics_host: str = field(default="0.0.0.0", metadata=doc("address for /metrics and /readyz"))
     metrics_port: int = field(default=9471, metadata=doc("port for /metrics and /readyz; 0 picks one"))
     # --- probe nic (agent/probes/nic.py) ---
@@ -83,6 +127,7 @@ class AgentConfig:
                             "raise --queue-max-records or lower --batch-max-records")
         if self.shutdown_timeout_s < 0:
             raise UserError("shutdown_timeout_s must not be negative", "use 0 or more")
+        self.check_transport()
         if not 0 <= self.metrics_port <= 65535:
             raise UserError(f"metrics port {self.metrics_port} is out of range",
                             "use 1-65535, or 0 to pick a free one")
@@ -94,3 +139,30 @@ class AgentConfig:
                             f"choose from {', '.join(sorted(REGISTRY))}")
         from agent.addresses import parse_addresses
         parse_addresses(self.addresses)
+
+    def check_transport(self) -> None:
+        if self.compression not in ("gzip", "none"):
+            raise UserError(f"compression must be gzip or none, not {self.compression!r}",
+                            "use --compression gzip")
+        if self.token and self.token_file:
+            raise UserError("both token and token_file are set", "keep one of them")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise UserError("tls_cert and tls_key must be given together",
+                            "set both --tls-cert and --tls-key, or neither")
+        if self.batch_max_bytes < 1024:
+            raise UserError(f"batch_max_bytes {self.batch_max_bytes} is too small",
+                            "use at least 1024 (default 4 MiB)")
+        if self.spool_dir and self.spool_max_bytes < 2 * self.batch_max_bytes:
+            raise UserError(f"spool_max_bytes {self.spool_max_bytes} holds less than two "
+                            f"batches of batch_max_bytes {self.batch_max_bytes}",
+                            "raise --spool-max-bytes or lower --batch-max-bytes")
+        if self.synthetic_rate <= 0 or self.synthetic_count < 0:
+            raise UserError("synthetic_rate must be positive and synthetic_count not negative",
+                            "e.g. --synthetic-rate 1000 --synthetic-count 0")
+
+    def spool_path(self) -> str:
+        """spool_dir with {node} replaced; empty: memory only."""
+        return self.spool_dir.replace("{node}", self.node.replace("/", "_"))
+
+    def uses_tls(self) -> bool:
+        return bool(self.tls or self.tls_ca or self.tls_cert)

@@ -71,6 +71,10 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    shipper = None
+    if cfg.collector:   # before the probes: an unusable spool or credential fails fast
+        from agent.shipper import build_shipper
+        shipper = build_shipper(cfg, metrics)
     probes = await asyncio.to_thread(attach_all, classes, ctx, metrics)
     readiness.mark_ready()
     log.info("agent %s running probes: %s", cfg.node,
@@ -78,11 +82,10 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
     outputs = []
     if cfg.output == "jsonl":
         outputs.append(JsonlOutput(metrics))
-    if cfg.collector:
-        from agent.shipper import BatchQueue, Shipper
-        outputs.append(Shipper(cfg.collector, cfg.node, metrics,
-                               BatchQueue(cfg.queue_max_records),
-                               flush_timeout_s=cfg.shutdown_timeout_s).start())
+    if shipper is not None:
+        # Sources that can replay (synthetic) learn which records are safely spooled.
+        shipper.on_durable += [p.durable for p in probes if hasattr(p, "durable")]
+        outputs.append(shipper.start())
     try:
         await run_pipeline(probes, outputs, node=cfg.node, poll_interval_s=cfg.poll_interval_s,
                            batch_max_records=cfg.batch_max_records,

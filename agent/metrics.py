@@ -63,6 +63,21 @@ class AgentMetrics:
                                        ["reason"], registry=r)
         self.queue_records = Gauge(P + "queue_records", "records waiting for an Ack OK",
                                    registry=r)
+        self.bytes_sent = Counter(P + "sent_bytes", "serialized batch bytes written to the "
+                                  "collector stream, resends included (before gRPC gzip)",
+                                  registry=r)
+        self.records_spooled = Counter(P + "records_spooled", "records admitted to the spool "
+                                       "(fsynced when spool_dir is set)", registry=r)
+        self.spool_bytes = Gauge(P + "spool_bytes", "bytes of batches awaiting an Ack OK (on "
+                                 "disk with spool_dir, else in memory)", registry=r)
+        self.spool_batches = Gauge(P + "spool_batches", "batches awaiting an Ack OK",
+                                   registry=r)
+        self.oldest_pending_age = Gauge(P + "oldest_pending_age_seconds", "age of the oldest "
+                                        "batch awaiting an Ack OK: the shipping lag",
+                                        registry=r)
+        self.collector_throttled = Counter(P + "collector_throttled", "RETRY acks with "
+                                           "retry_after_ms: the collector asked to slow down",
+                                           registry=r)
         self.collector_connected = Gauge(P + "collector_connected",
                                          "1 while the collector stream is up", registry=r)
         self.poll_errors = Counter(P + "poll_errors", "probe poll() calls that raised",
@@ -75,5 +90,6 @@ class AgentMetrics:
         r.register(self.probe_stats)
         for status in ("ok", "retry", "rejected"):
             self.batches_acked.labels(status)
-        for reason in ("queue_full", "rejected", "shutdown"):
+        for reason in ("queue_full", "spool_full", "oversized", "spool_corrupt", "rejected",
+                       "shutdown"):
             self.records_dropped.labels(reason)

@@ -32,6 +32,30 @@ class CollectorConfig:
         "records timestamped further ahead of the collector's clock are rejected"))
     max_age_s: float = field(default=7 * 86400.0, metadata=doc(
         "records older than this are rejected"))
+    spool_dir: str = field(default="", metadata=doc(
+        "directory of the disk spool: while InfluxDB fails, accepted batches are fsynced "
+        "here, acknowledged, and replayed when it is back (durable at-least-once); one "
+        "directory per replica, on a persistent volume; empty: no spool, batches are "
+        "answered RETRY and stay in the agents' spools"))
+    spool_max_bytes: int = field(default=1024 * 1024 * 1024, metadata=doc(
+        "cap of the spool (gzipped line protocol); when full, agents are told to slow down "
+        "(RETRY with retry_after_ms)"))
+    retry_after_s: float = field(default=2.0, metadata=doc(
+        "how long an agent told to slow down (RETRY) waits before sending again"))
+    tokens_file: str = field(default="", metadata=doc(
+        "YAML file mapping agent bearer tokens to node names (token: node); set: every "
+        "stream must present a known token (else UNAUTHENTICATED) and send only its node's "
+        "batches (else PERMISSION_DENIED); empty: no authentication (logged at start)"))
+    tls_cert: str = field(default="", metadata=doc(
+        "PEM server certificate; set with tls_key: the gRPC port speaks TLS"))
+    tls_key: str = field(default="", metadata=doc("PEM private key of tls_cert (never logged)"))
+    tls_client_ca: str = field(default="", metadata=doc(
+        "PEM CA bundle; set: mutual TLS, agents must present a certificate it signed"))
+    max_streams: int = field(default=20000, metadata=doc(
+        "most concurrent agent streams; beyond, new streams get RESOURCE_EXHAUSTED"))
+    max_connection_age_s: float = field(default=1800.0, metadata=doc(
+        "gRPC closes a connection after this long (agents reconnect, resending unacknowledged "
+        "batches), so long-lived streams rebalance across replicas; 0: never"))
     metrics_host: str = field(default="0.0.0.0", metadata=doc("address for /metrics and /readyz"))
     metrics_port: int = field(default=9472, metadata=doc("port for /metrics and /readyz; 0 picks one"))
 
@@ -48,11 +72,21 @@ class CollectorConfig:
         positive = {"influx_timeout_s": self.influx_timeout_s,
                     "influx_batch_lines": self.influx_batch_lines,
                     "max_message_bytes": self.max_message_bytes,
-                    "max_future_s": self.max_future_s, "max_age_s": self.max_age_s}
+                    "max_future_s": self.max_future_s, "max_age_s": self.max_age_s,
+                    "spool_max_bytes": self.spool_max_bytes, "retry_after_s": self.retry_after_s,
+                    "max_streams": self.max_streams}
         for name, value in positive.items():
             if value <= 0:
                 raise UserError(f"{name} must be positive, not {value!r}",
                                 f"set --{name.replace('_', '-')} to a positive number")
+        if self.max_connection_age_s < 0:
+            raise UserError("max_connection_age_s must not be negative", "use 0 to disable")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise UserError("tls_cert and tls_key must be given together",
+                            "set both --tls-cert and --tls-key, or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            raise UserError("tls_client_ca needs tls_cert and tls_key (mutual TLS is TLS)",
+                            "set --tls-cert and --tls-key too")
         if not 0 <= self.metrics_port <= 65535:
             raise UserError(f"metrics_port {self.metrics_port} is not a port",
                             "use 0..65535 (0 picks a free one)")

@@ -8,17 +8,27 @@
 or, from synchronous code (tests, demo, benches), `with CollectorThread(config) as c:`.
 
 Many agents stream at once, one long-lived stream each, handled by
-collector.stream.StreamSession (ack semantics are documented there). Nothing
-needed for correctness lives in one replica: duplicates are harmless because
-InfluxDB overwrites identical points, so agents may reconnect to any replica.
+collector.stream.StreamSession (ack semantics are documented there) and
+collector.delivery.Delivery (sink, spool, slow-down). Nothing needed for
+correctness lives in one replica: duplicates are harmless because InfluxDB
+overwrites identical points, so agents may reconnect to any replica. gRPC
+binds with SO_REUSEPORT, so several replicas on one host may share one port
+(the kernel spreads connections); max_connection_age_s makes long-lived
+streams move between replicas over time (docs/SCALING.md).
+
+Security (collector/auth.py, fabricscope/tls.py): with tls_cert/tls_key the
+port speaks TLS, with tls_client_ca mutual TLS (a client without a certificate
+from that CA fails the handshake); with tokens_file each stream needs a bearer
+token, and a token only writes its own node's batches.
 
 Message size: gRPC receives messages up to twice `max_message_bytes`; the
-collector measures each one and ends the stream with RESOURCE_EXHAUSTED (naming
-both sizes) when it exceeds `max_message_bytes`, counted in
-messages_oversized_total. Messages beyond twice the limit are refused by gRPC
-itself with the same status code before they reach Python, which cannot be
-observed from the server and so are not counted: the factor bounds memory per
-message while keeping every plausible overshoot counted.
+collector measures each one and refuses one over `max_message_bytes` with an
+Ack REJECTED, code RESOURCE_EXHAUSTED (naming both sizes), counted in
+messages_oversized_total; the stream goes on. Messages beyond twice the limit
+are refused by gRPC itself (the stream ends RESOURCE_EXHAUSTED) before they
+reach Python, which cannot be observed from the server and so are not counted:
+the factor bounds memory per message while keeping every plausible overshoot
+counted. A message that is not a Batch ends the stream INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -30,12 +40,16 @@ from dataclasses import dataclass
 
 import grpc
 
+from collector.auth import TokenTable
+from collector.delivery import Delivery
 from collector.metrics import CollectorMetrics
 from collector.sinks import make_sink
-from collector.stream import StreamSession
+from collector.stream import Oversized, StreamSession
 from collector.validate import Limits
+from fabricscope import tls
 from fabricscope.errors import UserError
 from fabricscope.selfmetrics import Readiness, SelfMetricsServer
+from fabricscope.spool import DirSpool
 from fabricscope.wire import pb
 
 log = logging.getLogger("collector")
@@ -53,6 +67,19 @@ class _Refused:
     details: str
 
 
+def server_options(config) -> list[tuple[str, int]]:
+    options = [("grpc.max_receive_message_length", config.max_message_bytes * HARD_LIMIT_FACTOR),
+               # Agents ping every 30 s to notice dead peers behind NAT/load balancers.
+               ("grpc.keepalive_time_ms", 60_000), ("grpc.keepalive_timeout_ms", 20_000),
+               ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+               ("grpc.keepalive_permit_without_calls", 1)]
+    if config.max_connection_age_s > 0:
+        options += [("grpc.max_connection_age_ms", int(config.max_connection_age_s * 1000)),
+                    # In-flight batches get this long to be acked before the cut.
+                    ("grpc.max_connection_age_grace_ms", 30_000)]
+    return options
+
+
 class Collector:
     def __init__(self, config, sink=None):
         self.config = config
@@ -60,6 +87,8 @@ class Collector:
         self.readiness = Readiness()
         self.sink = sink
         self.limits = Limits.from_config(config)
+        self.tokens: TokenTable | None = None
+        self.delivery: Delivery | None = None
         self._server: grpc.aio.Server | None = None
         self._http: SelfMetricsServer | None = None
         self.port = 0
@@ -82,28 +111,52 @@ class Collector:
             await self.stop()
             raise
         self.readiness.mark_ready()
-        log.info("collector listening on %s", self.address)
+        if self.tokens is None:
+            log.warning("no tokens_file: any client that reaches the port may send data")
+        log.info("collector listening on %s%s", self.address,
+                 " (mutual TLS)" if self.config.tls_client_ca
+                 else " (TLS)" if self.config.tls_cert else "")
         log.info("collector metrics on http://%s:%d/metrics", self.config.metrics_host,
                  self.metrics_port)
 
     async def _start(self) -> None:
+        cfg = self.config
+        if cfg.tokens_file:
+            self.tokens = TokenTable(cfg.tokens_file)
+        creds = tls.server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca) \
+            if cfg.tls_cert else None
         if self.sink is None:
-            self.sink = make_sink(self.config)
-        await self.sink.start()
-        self._http = SelfMetricsServer(self.config.metrics_host, self.config.metrics_port,
+            self.sink = make_sink(cfg)
+        spool = DirSpool(cfg.spool_dir, cfg.spool_max_bytes) if cfg.spool_dir else None
+        self.delivery = Delivery(self.sink, spool, self.metrics, self.readiness,
+                                 cfg.retry_after_s)
+        await self.delivery.start()
+        await self._start_sink(spool is not None)
+        self._http = SelfMetricsServer(cfg.metrics_host, cfg.metrics_port,
                                        self.readiness, self.metrics.registry).start()
-        limit = self.config.max_message_bytes * HARD_LIMIT_FACTOR
-        self._server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit)])
+        self._server = grpc.aio.server(options=server_options(cfg),
+                                       maximum_concurrent_rpcs=cfg.max_streams)
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
             "Stream": grpc.stream_stream_rpc_method_handler(
                 self._stream, request_deserializer=self._deserialize,
                 response_serializer=pb.Ack.SerializeToString)}),))
         try:
-            self.port = self._server.add_insecure_port(self.config.listen)
+            self.port = self._server.add_secure_port(cfg.listen, creds) if creds \
+                else self._server.add_insecure_port(cfg.listen)
         except RuntimeError as exc:
-            raise UserError(f"cannot listen on {self.config.listen}: {exc}",
+            raise UserError(f"cannot listen on {cfg.listen}: {exc}",
                             "pick a free address with --listen (port 0 picks one)") from None
         await self._server.start()
+
+    async def _start_sink(self, spooling: bool) -> None:
+        try:
+            await self.sink.start()
+        except UserError as exc:
+            if not spooling:
+                raise
+            # With a spool the collector can take batches now and write them later.
+            log.warning("%s; spooling until it answers", exc.cause)
+            self.delivery.healthy = False
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop accepting, let streams finish for grace_s, then close. Safe to call twice."""
@@ -114,36 +167,60 @@ class Collector:
         http, self._http = self._http, None
         if http is not None:
             http.stop()
-        if self.sink is not None:
-            await self.sink.close()
+        delivery, self.delivery = self.delivery, None
+        if delivery is not None:
+            await delivery.close()
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            await sink.close()
 
     def _deserialize(self, data: bytes):
         # Runs before the handler sees the message: the one place that knows its size.
-        if len(data) > self.config.max_message_bytes:
-            return _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            f"message of {len(data)} bytes exceeds the collector's "
-                            f"max_message_bytes {self.config.max_message_bytes}; fix: send "
-                            "smaller batches (agent batch_max_records)")
+        self.metrics.bytes_received.inc(len(data))
         try:
-            return pb.Batch.FromString(data)
+            batch = pb.Batch.FromString(data)
         except Exception as exc:  # protobuf raises DecodeError, or others on garbage
             return _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"message is not a Batch: {exc}")
+        if len(data) > self.config.max_message_bytes:
+            return Oversized(batch, len(data), self.config.max_message_bytes)
+        return batch
 
     async def _stream(self, requests, context):
-        session = StreamSession(self.sink, self.metrics, self.readiness, self.limits)
+        node = await self._authenticate(context)
+        session = StreamSession(self.delivery, self.metrics, self.limits)
         self.metrics.agents_connected.inc()
         try:
-            async for batch in requests:
-                if isinstance(batch, _Refused):
-                    counter = (self.metrics.messages_oversized
-                               if batch.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-                               else self.metrics.messages_undecodable)
-                    counter.inc()
-                    log.warning("ending stream from %s: %s", context.peer(), batch.details)
-                    await context.abort(batch.code, batch.details)
-                yield await session.handle(batch)
+            async for item in requests:
+                if isinstance(item, _Refused):
+                    self.metrics.messages_undecodable.inc()
+                    log.warning("ending stream from %s: %s", context.peer(), item.details)
+                    await context.abort(item.code, item.details)
+                if isinstance(item, Oversized):
+                    self.metrics.messages_oversized.inc()
+                batch = item.batch if isinstance(item, Oversized) else item
+                if node is not None and batch.node != node:
+                    await self._refuse(context, "node_mismatch", grpc.StatusCode.PERMISSION_DENIED,
+                                       f"this token may send for node {node!r} only, not "
+                                       f"{batch.node!r}")
+                yield await session.handle(item)
         finally:
             self.metrics.agents_connected.dec()
+
+    async def _authenticate(self, context) -> str | None:
+        """The token's node; None when authentication is off. Aborts the call when refused."""
+        if self.tokens is None:
+            return None
+        verdict = self.tokens.check(context.invocation_metadata())
+        if not verdict.ok:
+            text = "no bearer token (metadata authorization: Bearer <token>)" \
+                if verdict.reason == "no_token" else "unknown bearer token"
+            await self._refuse(context, verdict.reason, grpc.StatusCode.UNAUTHENTICATED, text)
+        return verdict.node
+
+    async def _refuse(self, context, reason: str, code: grpc.StatusCode, text: str) -> None:
+        self.metrics.auth_failures.labels(reason).inc()
+        log.warning("refusing stream from %s: %s", context.peer(), text)
+        await context.abort(code, text)
 
 
 class CollectorThread:

@@ -1,17 +1,25 @@
-"""One agent stream: each Batch in, validated, written, answered by one Ack, in order.
+"""One agent stream: each Batch in, validated, delivered, answered by one Ack, in order.
 
 Ack semantics (what the agent may rely on):
-- OK: every record of the batch is in the sink (at-least-once: the ack is sent
-  only after the sink accepted the write).
-- RETRY: the sink failed temporarily; nothing is counted as written or refused;
-  the agent resends the same batch later.
+- OK: every valid record of the batch is durable: in the sink, or fsynced to the
+  collector's spool and replayed from there (collector/delivery.py).
+  At-least-once: the ack is sent only after that.
+- RETRY (+ retry_after_ms): nothing was stored; the sink is failing and there is
+  no room in the spool (or no spool). The agent sends nothing for retry_after_ms
+  and then resends the same batch: this is the slow-down signal. Nothing is
+  counted as written or refused.
 - REJECTED: do not resend. Either the whole batch was refused (wrong
-  schema_version, no node, seq 0: nothing written), or some records were
-  invalid: the valid ones ARE written, each invalid one is counted in
-  records_rejected_total{reason}, and the reason says
+  schema_version, no node, seq 0, message over max_message_bytes: nothing
+  written), or some records were invalid: the valid ones ARE written, each
+  invalid one is counted in records_rejected_total{reason}, and the reason says
   "<k> of <n> records refused (<n-k> written); first: <problem>". Resending
   would only refuse the same records again, and one bad record never holds
   back the valid ones.
+Every Ack carries `code`, the gRPC status code that names the outcome: OK;
+FAILED_PRECONDITION (schema version); INVALID_ARGUMENT (malformed batch or
+records, refused by InfluxDB); OUT_OF_RANGE (first refused record's timestamp
+outside the window); RESOURCE_EXHAUSTED (oversized message; spool full);
+UNAVAILABLE (sink down, no spool).
 
 Duplicates: the stream remembers the highest acknowledged seq per agent_id. A
 batch at or below it (the agent resent after a lost ack or a reconnect) is
@@ -30,8 +38,10 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
-from collector.sinks.base import SinkError, SinkRejected
+import grpc
+
 from collector.validate import Checked, Limits, check_batch
 from fabricscope import lineproto
 from fabricscope.records import Record
@@ -41,70 +51,73 @@ log = logging.getLogger("collector")
 
 OK, REJECTED, RETRY = pb.Ack.OK, pb.Ack.REJECTED, pb.Ack.RETRY
 STATUS_NAMES = {OK: "ok", REJECTED: "rejected", RETRY: "retry"}
+_CODES = {"schema_version": grpc.StatusCode.FAILED_PRECONDITION,
+          "oversized": grpc.StatusCode.RESOURCE_EXHAUSTED,
+          "time_future": grpc.StatusCode.OUT_OF_RANGE,
+          "time_past": grpc.StatusCode.OUT_OF_RANGE}
+
+
+def code_number(code: grpc.StatusCode) -> int:
+    return code.value[0]
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """A decodable message over max_message_bytes: refused, but the stream goes on."""
+
+    batch: object           # pb.Batch, for seq, node and the record count
+    size: int
+    limit: int
 
 
 class StreamSession:
-    def __init__(self, sink, metrics, readiness, limits: Limits):
-        self.sink = sink
+    def __init__(self, delivery, metrics, limits: Limits):
+        self.delivery = delivery
         self.m = metrics
-        self.readiness = readiness
         self.limits = limits
         self.acked: dict[str, int] = {}          # agent_id -> highest seq acked here
         self.loss_written: dict[str, int] = {}   # agent_id -> dropped_before last written
 
-    async def handle(self, batch) -> pb.Ack:
+    async def handle(self, item) -> pb.Ack:
+        batch = item.batch if isinstance(item, Oversized) else item
         self.m.batches_received.inc()
         self.m.records_received.inc(len(batch.records))
+        if isinstance(item, Oversized):
+            checked = Checked()
+            checked.refuse("oversized", f"message of {item.size} bytes exceeds the collector's "
+                           f"max_message_bytes {item.limit}; fix: send smaller batches (agent "
+                           "batch_max_records)", max(1, len(batch.records)))
+            return self._ack(batch, REJECTED, checked.first_problem, checked)
         checked = check_batch(batch, time.time_ns(), self.limits)
         if checked.batch_error:
             return self._ack(batch, REJECTED, checked.batch_error, checked)
-        self.m.agent_last_seen.labels(batch.node).set(time.time())
+        now = time.time()
+        self.m.agent_last_seen.labels(batch.node).set(now)
         self.m.agent_dropped.labels(batch.node).set(batch.dropped_before)
+        if checked.max_time_ns:
+            self.m.agent_lag.labels(batch.node).set(max(0.0, now - checked.max_time_ns / 1e9))
         if batch.seq <= self.acked.get(batch.agent_id, 0):
             self.m.batches_duplicate.inc()
         lines = checked.lines
         loss = self._loss_line(batch, checked)
         if loss:
             lines = lines + [loss]
-        written, sink_problem = await self._write(lines)
-        if written is None:
-            return self._ack(batch, RETRY, sink_problem, None)
-        if sink_problem:
-            checked.rejected["sink_rejected"] += len(lines) - written
-            checked.first_problem = checked.first_problem or sink_problem
-        self.m.records_written.inc(written)
-        if loss and written == len(lines):
+        outcome = await self.delivery.deliver(lines)
+        if outcome.retry_after_s:
+            return self._ack(batch, RETRY, outcome.problem, None, outcome.code,
+                             outcome.retry_after_s)
+        if outcome.rejected:
+            checked.refuse("sink_rejected", outcome.problem, outcome.rejected)
+        self.m.records_written.inc(outcome.written)
+        if loss and not outcome.rejected:
             self.loss_written[batch.agent_id] = batch.dropped_before
         if checked.rejected:
             total = len(batch.records)
             bad = min(checked.rejected_count, total)
             return self._ack(batch, REJECTED, f"{bad} of {total} records refused "
                              f"({total - bad} written); first: {checked.first_problem}", checked)
+        self.m.records_acked.inc(len(batch.records))
         return self._ack(batch, OK, "", checked)
-
-    async def _write(self, lines: list[str]) -> tuple[int | None, str]:
-        """(lines written, problem); written None: temporary failure, answer RETRY."""
-        if not lines:
-            return 0, ""
-        started = time.perf_counter()
-        try:
-            await self.sink.write_lines(lines)
-        except SinkError as exc:
-            self.m.sink_errors.labels("temporary").inc()
-            if self.readiness.ready:   # log the transition, not every failed batch
-                log.warning("sink failing, answering RETRY: %s", exc)
-            self.readiness.mark_not_ready(f"sink failing: {exc}")
-            return None, f"sink unavailable: {exc}"
-        except SinkRejected as exc:
-            self.m.sink_errors.labels("rejected").inc()
-            log.warning("sink refused %d records: %s", exc.records, exc)
-            return max(0, len(lines) - exc.records), str(exc)
-        finally:
-            self.m.sink_write_seconds.observe(time.perf_counter() - started)
-        if not self.readiness.ready:
-            log.info("sink writes succeed again")
-            self.readiness.mark_ready()
-        return len(lines), ""
 
     def _loss_line(self, batch, checked: Checked) -> str:
         if batch.dropped_before == 0 \
@@ -117,15 +130,19 @@ class StreamSession:
         try:
             return lineproto.encode(record)
         except lineproto.LineProtocolError as exc:   # a node name line protocol cannot carry
-            checked.rejected["unencodable"] += 1
-            checked.first_problem = checked.first_problem or f"agent_loss: {exc}"
+            checked.refuse("unencodable", f"agent_loss: {exc}")
             return ""
 
-    def _ack(self, batch, status, reason: str, checked: Checked | None) -> pb.Ack:
+    def _ack(self, batch, status, reason: str, checked: Checked | None,
+             code: grpc.StatusCode | None = None, retry_after_s: float = 0.0) -> pb.Ack:
         self.m.batches_acked.labels(STATUS_NAMES[status]).inc()
         if checked is not None:
             for why, count in checked.rejected.items():
                 self.m.records_rejected.labels(why).inc(count)
+            if code is None and status == REJECTED:
+                code = _CODES.get(checked.first_reason, grpc.StatusCode.INVALID_ARGUMENT)
         if status != RETRY and batch.seq > self.acked.get(batch.agent_id, 0):
             self.acked[batch.agent_id] = batch.seq
-        return pb.Ack(seq=batch.seq, status=status, reason=reason)
+        return pb.Ack(seq=batch.seq, status=status, reason=reason,
+                      retry_after_ms=int(retry_after_s * 1000),
+                      code=code_number(code or grpc.StatusCode.OK))

@@ -39,6 +39,7 @@ REASONS = {
     "unencodable": "not representable in line protocol (see fabricscope.lineproto)",
     "schema": "other schema violation",
     "sink_rejected": "refused by InfluxDB itself (HTTP 400)",
+    "oversized": "batch message over max_message_bytes (whole batch refused)",
 }
 
 # SchemaError carries only a message; map it onto a reason (first match wins).
@@ -73,7 +74,13 @@ class Checked:
     max_time_ns: int = 0                                  # latest valid timestamp (0: none)
     rejected: collections.Counter = field(default_factory=collections.Counter)
     first_problem: str = ""                               # detail of the first refusal
+    first_reason: str = ""                                # its reason (a key of REASONS)
     batch_error: str = ""                                 # set: the whole batch is refused
+
+    def refuse(self, reason: str, detail: str, count: int = 1) -> None:
+        self.rejected[reason] += count
+        if not self.first_problem:
+            self.first_problem, self.first_reason = detail, reason
 
     @property
     def rejected_count(self) -> int:
@@ -92,19 +99,17 @@ def check_batch(batch, now_ns: int, limits: Limits) -> Checked:
         reason, out.batch_error = problem
         if batch.records:
             out.rejected[reason] = len(batch.records)
-        out.first_problem = out.batch_error
+        out.first_problem, out.first_reason = out.batch_error, reason
         return out
     for index, msg in enumerate(batch.records):
         try:
             record = check_record(msg, batch.node, now_ns, limits)
             out.lines.append(lineproto.encode(record))
         except lineproto.LineProtocolError as exc:
-            out.rejected["unencodable"] += 1
-            out.first_problem = out.first_problem or f"record {index}: {exc}"
+            out.refuse("unencodable", f"record {index}: {exc}")
             continue
         except Invalid as exc:
-            out.rejected[exc.reason] += 1
-            out.first_problem = out.first_problem or f"record {index}: {exc.detail}"
+            out.refuse(exc.reason, f"record {index}: {exc.detail}")
             continue
         out.max_time_ns = max(out.max_time_ns, record.time_ns)
     return out

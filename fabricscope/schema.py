@@ -42,7 +42,8 @@ class Measurement:
 
 #: One module per probe family under fabricscope/measurements/, each with a
 #: MEASUREMENTS list. Adding a probe family adds one module and one name here.
-MEASUREMENT_MODULES = ["tcp", "training", "agent", "collectives", "nic"]
+MEASUREMENT_MODULES = ["tcp", "training", "agent", "collectives", "nic", "gloo",
+                       "synthetic"]
 
 
 def _collect() -> list[Measurement]:

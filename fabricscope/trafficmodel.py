@@ -3,10 +3,14 @@
 Data-parallel training traffic is a square wave: compute silence, then a
 synchronised burst of gradient exchange, once per step. Three numbers describe it:
 
-* T, the sync period: the lag of the first strong peak of the autocorrelation of
-  a bandwidth series (bytes per bin), refined to below one bin by fitting a
-  parabola through the peak and averaging over the peaks at 2T, 3T, ... (the
-  error of a peak's position is spread over m periods).
+* T, the sync period. First coarsely: the lag of the first strong peak of the
+  autocorrelation of a bandwidth series (bytes per bin), refined below one bin
+  with a parabola through the peak and the peaks at 2T, 3T, ... Then, because
+  step times jitter and drift on a shared machine (the autocorrelation peak then
+  smears), T is the median interval between burst onsets: rising edges out of
+  silence (through ONSET_LEVEL x the robust peak, at sub-bin precision), where
+  onsets closer than half the coarse T belong to one burst. With fewer than
+  MIN_ONSETS clean onsets the coarse T stands.
 * B, the burst bandwidth: the mean rate of the bins "in a burst", i.e. at or above
   half of the series' robust peak (its 99th percentile), in bytes per second.
 * D, the duty cycle: the fraction of bins in a burst (= comm time / T). D > 0.5
@@ -30,6 +34,8 @@ BURST_LEVEL = 0.5          # a bin is "in a burst" at >= this x the robust peak
 PEAK_PERCENTILE = 99.0     # robust peak: ignores a few outlier bins
 MIN_ACF_PEAK = 0.2         # below this the series is not periodic enough to name T
 MAX_HARMONICS = 8          # peaks at m x T used to refine T
+ONSET_LEVEL = 0.1          # a burst starts where the rate rises through this x the peak
+MIN_ONSETS = 5             # onsets needed before their median interval is T
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,33 @@ def sync_period(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
     return float(estimates[-1] * bin_s), float(acf[k])
 
 
+def burst_onsets(series: np.ndarray, min_gap_bins: float) -> list[float]:
+    """Sub-bin positions where the rate rises through ONSET_LEVEL x the robust peak,
+    keeping only the first of onsets closer than min_gap_bins."""
+    x = np.asarray(series, dtype=float)
+    if len(x) < 2:
+        return []
+    level = ONSET_LEVEL * float(np.percentile(x, PEAK_PERCENTILE))
+    if level <= 0:
+        return []
+    rising = np.nonzero((x[:-1] < level) & (x[1:] >= level))[0]
+    out: list[float] = []
+    for i in rising:
+        pos = i + (level - x[i]) / (x[i + 1] - x[i])     # where the line crosses the level
+        if not out or pos - out[-1] >= min_gap_bins:
+            out.append(float(pos))
+    return out
+
+
+def onset_period(series: np.ndarray, bin_s: float, coarse_s: float) -> float | None:
+    """Median interval between burst onsets (seconds), guided by the coarse T."""
+    onsets = burst_onsets(series, 0.5 * coarse_s / bin_s)
+    if len(onsets) < MIN_ONSETS:
+        return None
+    period = float(np.median(np.diff(onsets))) * bin_s
+    return period if 0.5 * coarse_s <= period <= 1.5 * coarse_s else None
+
+
 def burst_level(series: np.ndarray) -> float:
     """Rate threshold (bytes per bin) above which a bin counts as in a burst."""
     x = np.asarray(series, dtype=float)
@@ -179,6 +212,8 @@ def fit(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
     """T, B and D of one bandwidth series (bytes per bin of bin_s seconds)."""
     x = np.asarray(series, dtype=float)
     found = sync_period(x, bin_s, min_period_s, max_period_s)
+    if found is not None:
+        found = (onset_period(x, bin_s, found[0]) or found[0], found[1])
     return TrafficModel(
         period_s=found[0] if found else None,
         acf_peak=found[1] if found else 0.0,

@@ -12,10 +12,12 @@ Python API (stable; other components import it)
 -----------------------------------------------
 
     from lab.topology import Lab, LabNode, up, down, load
-        up(name, nodes, link_rate=None, shape_links=True) -> Lab
+        up(name, nodes, link_rate=None, shape_links=True, wire_frames=False) -> Lab
             Builds the lab (first clearing a stale lab of the same name). link_rate:
             '1gbit' or bit/s; recorded as link_rate_bps and, with shape_links,
             applied as TBF on both ends of every link. Default: no shaping.
+            wire_frames: one segment per skb on every veth (gso_max_segs 1), so loss
+            and TBF act per wire frame; default GSO skbs (loss drops GSO bursts).
         down(name) -> bool        idempotent; also ends processes left in its netns
         load(name) -> Lab         from the state file; UserError if there is none
         list_labs() -> [Lab]; down_all() -> [name]
@@ -36,22 +38,23 @@ Python API (stable; other components import it)
             line, when a rank failed); .terminate(); .poll(); .records; .log_paths;
             `with start_training(...) as run:` ends every rank on exit.
     from lab.testing import running_lab
-        with running_lab(nodes=2, name=None, link_rate=None) as lab: ...
+        with running_lab(name=None, nodes=2, link_rate=None, shape_links=True,
+                         wire_frames=False) as lab: ...   (name=None: a fresh unique name)
             up() then always down(), also on exceptions, KeyboardInterrupt, SIGTERM.
     lab.exec_argv(node, argv) -> ["ip", "netns", "exec", node.netns, *argv]
     lab.exec_env(lab, node, base=None) -> env for commands run on a node (see below)
 
 Lab fields: name, bridge, gateway (bridge IP), subnet ("198.18.K.0/24"),
 prefixlen, link_rate_bps (int or None), nodes, nft_table, dir, link_shaped,
-faults ({node index: {"loss": {...}, "shape": {...}}}), created.
-LabNode fields: index, name ("<lab>-node<I>", for agents/collector), netns,
+wire_frames, faults ({node index: {"loss": {...}, "shape": {...}}}), created.
+LabNode fields: index, name ("node<I>", for agents/collector), netns,
 ifname (node-side NIC, inside netns), port (bridge-side veth, root netns),
 address (no prefix), mac, port_mac, dir, markers_dir
 ($FABRICSCOPE_LAB_DIR/<lab>/node<I>/markers, default dir /run/fabricscope/labs).
 
 `lab up --json` prints Lab.to_dict(): {name, bridge, gateway, subnet, prefixlen,
 link_rate_bps, nodes: [{index, name, netns, ifname, port, address, mac, port_mac,
-dir, markers_dir}], nft_table, dir, link_shaped, faults, created}.
+dir, markers_dir}], nft_table, dir, link_shaped, wire_frames, faults, created}.
 
 `lab exec` runs a command in a node's netns with, unless already set,
 FABRICSCOPE_MARKERS_DIR and FABRICSCOPE_AGENT_MARKERS_DIR = the node's markers

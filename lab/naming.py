@@ -77,8 +77,9 @@ def netns_name(name: str, index: int) -> str:
 
 
 def node_name(name: str, index: int) -> str:
-    """The node's name for the agent and the collector: '<lab>-node<I>'."""
-    return f"{name}-node{index}"
+    """The node's name for the agent and the collector: 'node<I>' (unique within a lab;
+    run one collector per lab, or give agents --node yourself)."""
+    return f"node{index}"
 
 
 def nft_table(name: str) -> str:
@@ -93,6 +94,18 @@ def mac(name: str, index: int, side: str) -> str:
     side_byte = {"node": 0x00, "port": 0x01, "bridge": 0xFE}[side]
     last = 0 if side == "bridge" else index
     return f"02:{h[0:2]}:{h[2:4]}:{h[4:6]}:{side_byte:02x}:{last:02x}"
+
+
+def cpu_mask(ncpus: int) -> str:
+    """sysfs cpumask for CPUs 0..ncpus-1: 32-bit hex groups, comma separated ('3', 'ff,ffffffff')."""
+    value = (1 << max(1, ncpus)) - 1
+    groups = []
+    while True:
+        groups.append(value & 0xFFFFFFFF)
+        value >>= 32
+        if not value:
+            break
+    return ",".join([f"{groups[-1]:x}"] + [f"{g:08x}" for g in reversed(groups[:-1])])
 
 
 def all_subnets() -> list[ipaddress.IPv4Network]:

@@ -1,7 +1,7 @@
 """Test helper: a lab that is always torn down.
 
     from lab.testing import running_lab
-    with running_lab(nodes=3) as lab:
+    with running_lab(nodes=3) as lab:          # or running_lab("name", 3)
         ...
 
 up() on entry; down() on exit, also when the body raises, on KeyboardInterrupt,
@@ -30,7 +30,9 @@ def _sigterm(signum, frame):
 
 
 @contextlib.contextmanager
-def running_lab(nodes: int = 2, name: str | None = None, link_rate=None, shape_links: bool = True):
+def running_lab(name: str | None = None, nodes: int = 2, link_rate=None, shape_links: bool = True,
+                wire_frames: bool = False):
+    """up(name or a fresh unique name, nodes, ...) for the block; down() always."""
     name = name or unique_name()
     swapped = False
     previous = None
@@ -40,7 +42,8 @@ def running_lab(nodes: int = 2, name: str | None = None, link_rate=None, shape_l
         swapped = True
     try:
         try:
-            lab = up(name, nodes, link_rate=link_rate, shape_links=shape_links)
+            lab = up(name, nodes, link_rate=link_rate, shape_links=shape_links,
+                     wire_frames=wire_frames)
             yield lab
         finally:
             down(name)

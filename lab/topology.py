@@ -8,8 +8,12 @@ as soon as they are up, like edge ports); its address is the gateway, so the roo
 namespace (collector, InfluxDB) and every node reach each other. Nodes get no
 default route: lab traffic cannot leave the subnet. The lab is IPv4 only: IPv6
 is disabled on the bridge, the ports and in the nodes, so no DAD/MLD chatter
-shows up in the agents' counters. Every veth carries one TCP segment per skb
-(gso_max_segs 1): the switch sees wire-sized frames, as behind a NIC doing TSO.
+shows up in the agents' counters. RPS on every veth keeps each flow in order.
+
+By default the veths pass GSO skbs (up to 64 KB) as a host hands them to a NIC
+doing TSO, so a loss rule drops whole GSO bursts: 2 % loss is 2 % of skbs, about
+2 % of bytes, but in bursts. `wire_frames` limits every veth to one segment per
+skb: loss and TBF then act per wire frame, as on a real switch, at ~10x the CPU.
 
 State lives in $FABRICSCOPE_LAB_DIR/<name>.json (default /run/fabricscope/labs);
 every change holds an exclusive flock on $FABRICSCOPE_LAB_DIR/.lock, so
@@ -44,7 +48,7 @@ class LabNode:
     """One node: a network namespace with one NIC plugged into the lab's bridge."""
 
     index: int
-    name: str            # node name for agents and the collector: "<lab>-node<I>"
+    name: str            # node name for agents and the collector: "node<I>"
     netns: str           # network namespace name (`ip netns exec <netns> ...`)
     ifname: str          # the node's NIC, inside the netns
     port: str            # its switch port: the bridge-side veth, in the root namespace
@@ -72,6 +76,7 @@ class Lab:
     nft_table: str = ""
     dir: str = ""
     link_shaped: bool = False          # link rate applied as TBF (else recorded only)
+    wire_frames: bool = False          # gso_max_segs 1 on every veth (see up())
     faults: dict[int, dict] = field(default_factory=dict)   # node index -> {"loss":..,"shape":..}
     created: float = 0.0
 
@@ -183,12 +188,15 @@ def _host_networks(ipr) -> list[str]:
     return nets
 
 
-def up(name: str, nodes: int, link_rate=None, shape_links: bool = True) -> Lab:
+def up(name: str, nodes: int, link_rate=None, shape_links: bool = True,
+       wire_frames: bool = False) -> Lab:
     """Create lab `name` with `nodes` nodes (clearing a stale lab of that name first).
 
     link_rate: '1gbit', bit/s as int, or None. It is recorded as the nodes' link
     speed and, with shape_links (default), applied as TBF on both ends of every
-    link (switch port egress and node NIC egress). Returns the Lab."""
+    link (switch port egress and node NIC egress). wire_frames: one TCP segment
+    per skb on every veth (gso_max_segs 1), so loss and shaping act per wire frame
+    as on a real switch; costs about 10x the CPU per byte. Returns the Lab."""
     from pyroute2 import IPRoute, NetlinkError
 
     naming.check_name(name)
@@ -206,6 +214,7 @@ def up(name: str, nodes: int, link_rate=None, shape_links: bool = True) -> Lab:
             used = [lab.subnet for lab in list_labs()] + _host_networks(ipr)
         lab = plan(name, nodes, naming.allocate_subnet(used), rate)
         lab.link_shaped = link_tbf is not None
+        lab.wire_frames = bool(wire_frames)
         lab.created = time.time()
         lab.save()                  # first, so a failed `up` is torn down like any lab
         try:
@@ -221,7 +230,7 @@ def up(name: str, nodes: int, link_rate=None, shape_links: bool = True) -> Lab:
 
 
 def _build(lab: Lab, link_tbf: dict | None) -> None:
-    from pyroute2 import IPRoute, netns
+    from pyroute2 import IPRoute
 
     for node in lab.nodes:
         os.makedirs(node.markers_dir, exist_ok=True)
@@ -233,27 +242,40 @@ def _build(lab: Lab, link_tbf: dict | None) -> None:
         ipr.addr("add", index=br, address=lab.gateway, prefixlen=lab.prefixlen)
         ipr.link("set", index=br, state="up")
         for node in lab.nodes:
-            netns.create(node.netns)
-            nsops.ns_sysctl(node.netns, NO_IPV6)   # before the NIC arrives: it inherits "default"
-            # gso_max_segs=1: the kernel hands the veths wire-sized frames (as a NIC
-            # doing TSO puts on the wire), so nft loss and TBF act per frame, not per
-            # 64 KB GSO burst: 2 % loss drops 2 % of frames.
-            ipr.link("add", ifname=node.port, kind="veth", address=node.port_mac, gso_max_segs=1,
-                     peer={"ifname": node.ifname, "address": node.mac, "net_ns_fd": node.netns,
-                           "gso_max_segs": 1})
-            port = ipr.link_lookup(ifname=node.port)[0]
-            nsops.set_sysctl(f"/proc/sys/net/ipv6/conf/{node.port}/disable_ipv6", "1")
-            ipr.link("set", index=port, master=br, state="up")
-            if link_tbf:
-                tc.set_tbf(ipr, port, link_tbf)
-            with IPRoute(netns=node.netns) as ns:
-                nic = ns.link_lookup(ifname=node.ifname)[0]
-                ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
-                ns.addr("add", index=nic, address=node.address, prefixlen=lab.prefixlen)
-                ns.link("set", index=nic, state="up")
-                if link_tbf:
-                    tc.set_tbf(ns, nic, link_tbf)
+            _add_node(ipr, lab, node, br, link_tbf)
     nft.run(nft.create_table_script(lab.nft_table, [n.port for n in lab.nodes]))
+
+
+def _add_node(ipr, lab: Lab, node: LabNode, bridge_index: int, link_tbf: dict | None) -> None:
+    from pyroute2 import IPRoute, netns
+
+    netns.create(node.netns)
+    nsops.ns_sysctl(node.netns, NO_IPV6)      # before the NIC arrives: it inherits "default"
+    # wire_frames: gso_max_segs 1 hands the veths one wire-sized frame per skb, so nft
+    # loss and TBF act per frame instead of per GSO burst of up to 64 KB.
+    gso = {"gso_max_segs": 1} if lab.wire_frames else {}
+    ipr.link("add", ifname=node.port, kind="veth", address=node.port_mac,
+             peer={"ifname": node.ifname, "address": node.mac, **gso}, **gso)
+    port, nic = ipr.link_lookup(ifname=node.port)[0], ipr.link_lookup(ifname=node.ifname)[0]
+    # RPS keeps each flow on one CPU's backlog: veth hands frames to the backlog of
+    # whichever CPU the sender runs on, and a sender migrating between CPUs would
+    # reorder its own flow (hundreds of spurious fast retransmits per DDP step).
+    # Set while both ends are in the root namespace's sysfs; it survives the move.
+    mask = naming.cpu_mask(os.cpu_count() or 1)
+    for dev in (node.port, node.ifname):
+        nsops.set_sysctl(f"/sys/class/net/{dev}/queues/rx-0/rps_cpus", mask)
+    nsops.set_sysctl(f"/proc/sys/net/ipv6/conf/{node.port}/disable_ipv6", "1")
+    ipr.link("set", index=nic, net_ns_fd=node.netns)
+    ipr.link("set", index=port, master=bridge_index, state="up")
+    if link_tbf:
+        tc.set_tbf(ipr, port, link_tbf)
+    with IPRoute(netns=node.netns) as ns:
+        nic = ns.link_lookup(ifname=node.ifname)[0]
+        ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+        ns.addr("add", index=nic, address=node.address, prefixlen=lab.prefixlen)
+        ns.link("set", index=nic, state="up")
+        if link_tbf:
+            tc.set_tbf(ns, nic, link_tbf)
 
 
 def down(name: str) -> bool:

@@ -24,6 +24,14 @@ if ! mkdir -p "$CACHE" 2>/dev/null; then
   echo "fetch-nccl: cannot create $CACHE; fix: run as root or set FABRICSCOPE_NCCL_CACHE" >&2
   exit 2
 fi
+# One fetch at a time (tests and benchmarks may run this concurrently).
+exec 9>"$CACHE/.lock"
+flock 9
+if [ -f "$CACHE/libnccl.so.2" ] && [ -f "$CACHE/nccl.h" ] && \
+   [ "$(cat "$stamp" 2>/dev/null)" = "$VERSION" ]; then
+  echo "$CACHE"
+  exit 0
+fi
 wheel_dir="$CACHE/wheel"
 mkdir -p "$wheel_dir"
 wheel=$(ls "$wheel_dir"/nvidia_nccl_cu12-"$VERSION"-*.whl 2>/dev/null | head -n1 || true)

@@ -10,6 +10,8 @@ REGISTRY: dict[str, str] = {
     "nccl": "agent.probes.nccl:NcclProbe",
     "nccl_log": "agent.sources.nccl_log:NcclLogSource",
     "nic": "agent.probes.nic:NicProbe",
+    "synthetic": "agent.sources.synthetic:SyntheticSource",   # load generator (tests, benches)
+    "gloo": "agent.probes.gloo:GlooProbe",
 }
 
 

@@ -10,12 +10,18 @@ that syncs gradients once per step):
    for all its buckets before the optimizer runs, then the next forward computes
    without communicating.
 
-So AllReduce windows that overlap (or nearly touch) are merged into bursts, and G
-is the smallest total that cuts the burst sequence into consecutive groups of
-exactly G bytes. When several totals do (e.g. every bucket has the same size, and
-G, 2G, ... all cut), the larger one wins only if its cut points are clearly the
-longest gaps (boundary gaps at least twice every gap inside a group): the forward
-pass and optimizer separate steps, backward compute separates buckets.
+So AllReduce windows that overlap (or nearly touch) are merged into bursts, and a
+step is a run of consecutive bursts carrying exactly G bytes. G is chosen, in order:
+(a) the parameter bytes DDP broadcast at construction, when the bursts cut into
+groups of that total (models without buffers: gradient bytes == parameter bytes);
+(b) the only total that cuts the bursts into >= 2 complete groups, when sizes
+alone decide; (c) when several totals cut (e.g. equal buckets: G, 2G, ... all do),
+the smallest one whose cuts fall on the long gaps (boundary gaps at least twice
+every gap inside a group, over >= 3 groups; for one burst per step: no gap twice
+another): the forward pass and optimizer separate steps, backward compute
+separates buckets; (d) after FALLBACK_BURSTS undecided bursts, the smallest. A
+total that stops cutting (the model changed) is searched again, dropping up to
+MAX_SKIP leftover bursts.
 
 Phases: `param_broadcast` (the collectives before the first AllReduce: DDP's
 parameter broadcast and shape check), then per step `grad_sync` (time with an
@@ -32,6 +38,10 @@ from agent.probes.gloo_layout import Collective
 
 MERGE_GAP_NS = 200_000        # windows closer than this belong to one burst
 MIN_GROUPS = 2                # complete groups needed before G is trusted
+MIN_GAPS = 3                  # gaps needed before their pattern decides G
+FALLBACK_BURSTS = 16          # undecided this long: take the smallest G
+MAX_SKIP = 8                  # bursts dropped at most to find a G again after a change
+HINT_MIN_BYTES = 4096         # init broadcasts below this are control data, not parameters
 SEPARATION = 2.0              # boundary gaps vs inner gaps for a larger G to win
 MAX_BURSTS = 64               # pending bursts kept (bounds the search for G)
 
@@ -108,29 +118,65 @@ def partition(sizes: list[int], total: int) -> list[int] | None:
     return starts
 
 
-def choose_step_bytes(bursts: list[Burst]) -> int | None:
-    """G for these bursts (see the module doc), or None when not yet decidable."""
-    sizes = [b.bytes for b in bursts]
-    candidates = []
-    acc = 0
-    for k in range(len(sizes)):
-        acc += sizes[k]
-        starts = partition(sizes, acc)
-        if starts is None:
+@dataclass(frozen=True)
+class Candidate:
+    total: int                 # G
+    starts: list[int]          # indexes of the bursts that open a group
+    complete: int              # complete groups
+
+    def single(self) -> bool:
+        """Every group is one burst."""
+        return len(self.starts) >= self.complete and \
+            all(b - a == 1 for a, b in zip(self.starts, self.starts[1:]))
+
+
+def candidates(sizes: list[int]) -> list[Candidate]:
+    """Every prefix total that cuts the sizes into >= MIN_GROUPS complete groups."""
+    out, acc, whole = [], 0, sum(sizes)
+    for size in sizes:
+        acc += size
+        if acc == 0 or whole // acc < MIN_GROUPS:
             continue
-        if sum(sizes) // acc >= MIN_GROUPS:     # complete groups
-            candidates.append((acc, starts))
-    if not candidates:
+        starts = partition(sizes, acc)
+        if starts is not None:
+            out.append(Candidate(acc, starts, whole // acc))
+    return out
+
+
+def _clean(c: Candidate, gaps: list[int]) -> bool:
+    """Do c's cuts fall on the long gaps? (gaps[i-1] precedes burst i)"""
+    cut = set(c.starts[1:])
+    boundary = [g for i, g in enumerate(gaps, start=1) if i in cut]
+    inner = [g for i, g in enumerate(gaps, start=1) if i not in cut]
+    if not boundary:
+        return False
+    if not inner:        # one burst per group: no hidden grouping in the gaps
+        return max(boundary) < SEPARATION * max(min(boundary), 1)
+    return c.complete >= 3 and min(boundary) >= SEPARATION * max(max(inner), 1)
+
+
+def choose_step_bytes(bursts: list[Burst], hints: frozenset[int] = frozenset()) -> int | None:
+    """G for these bursts (see the module doc), or None when not yet decidable.
+
+    In order: a total DDP announced by broadcasting the parameters at construction
+    (hints); the only total when sizes alone decide; the smallest total whose cuts
+    fall on the long gaps; after FALLBACK_BURSTS bursts, the smallest total."""
+    sizes = [b.bytes for b in bursts]
+    for hint in sorted(hints):
+        starts = partition(sizes, hint)
+        if starts is not None and sum(sizes) >= hint:
+            return hint
+    found = candidates(sizes)
+    if not found:
         return None
-    chosen = candidates[0][0]
-    for total, starts in candidates[1:]:
-        gaps = [bursts[i].start_ns - bursts[i - 1].end_ns for i in range(1, len(bursts))]
-        cut = set(starts[1:])
-        boundary = [g for i, g in enumerate(gaps, start=1) if i in cut]
-        inner = [g for i, g in enumerate(gaps, start=1) if i not in cut]
-        if boundary and inner and min(boundary) >= SEPARATION * max(max(inner), 1):
-            chosen = total
-    return chosen
+    if len(found) == 1 and not found[0].single():
+        return found[0].total
+    gaps = [bursts[i].start_ns - bursts[i - 1].end_ns for i in range(1, len(bursts))]
+    if len(gaps) >= MIN_GAPS:
+        for c in found:
+            if _clean(c, gaps):
+                return c.total
+    return found[0].total if len(bursts) >= FALLBACK_BURSTS else None
 
 
 class StepTracker:
@@ -144,14 +190,23 @@ class StepTracker:
         self.frozen_ns = 0                  # emitted steps end here
         self.init: Burst | None = None      # collectives before the first AllReduce
         self.init_done = False
+        self.hints: set[int] = set()        # parameter bytes DDP broadcast at construction
+        self.hints_seen: list[int] = []
         self.late = 0                       # windows that arrived after their step left
         self.resyncs = 0                    # G stopped cutting and was searched again
+        self.skipped = 0                    # bursts left out of any step after a change
 
     def add(self, c: Collective) -> tuple[list[Step], list[Phase]]:
         if c.op != "AllReduce":
             if not self.init_done:
                 self.init = self.init or Burst(c.start_ns, c.end_ns)
                 self.init.add(c)
+                if c.op == "Broadcast" and (c.bytes or 0) >= HINT_MIN_BYTES:
+                    # DDP broadcasts the parameters (coalesced, <= 250 MB a call): each
+                    # call and their sum may equal the gradient bytes of a step
+                    big = sum(self.hints_seen) + c.bytes if self.hints_seen else c.bytes
+                    self.hints_seen.append(c.bytes)
+                    self.hints.update({c.bytes, big})
             return [], []
         phases = self._close_init() if not self.init_done else []
         if not c.bytes:
@@ -200,10 +255,9 @@ class StepTracker:
         if self.step_bytes is not None and partition(sizes, self.step_bytes) is None:
             self.step_bytes = None
             self.resyncs += 1
-        if self.step_bytes is None:
-            self.step_bytes = choose_step_bytes(self.bursts)
-            if self.step_bytes is None:
-                return [], []
+        if self.step_bytes is None and not self._resync():
+            return [], []
+        sizes = [b.bytes for b in self.bursts]
         starts = partition(sizes, self.step_bytes)
         groups = [self.bursts[a:b] for a, b in zip(starts, starts[1:] + [len(self.bursts)])]
         complete = sum(b.bytes for b in groups[-1]) == self.step_bytes
@@ -223,6 +277,18 @@ class StepTracker:
             self.bursts = [b for g in groups[ready:] for b in g]
             self.frozen_ns = self.bursts[0].start_ns if self.bursts else groups[ready - 1][-1].end_ns
         return steps, phases
+
+    def _resync(self) -> bool:
+        """Find G; after a change, dropping up to MAX_SKIP leading bursts left over."""
+        most = min(MAX_SKIP, len(self.bursts)) if self.resyncs else 0
+        for skip in range(most + 1):
+            total = choose_step_bytes(self.bursts[skip:], frozenset(self.hints))
+            if total is not None:
+                self.step_bytes = total
+                self.skipped += skip
+                self.bursts = self.bursts[skip:]
+                return True
+        return False
 
     def _step(self, group: list[Burst], next_start: int | None) -> tuple[Step, Phase]:
         start = group[0].start_ns

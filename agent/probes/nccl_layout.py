@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,9 +88,11 @@ class NcclEventC(ctypes.Structure):
 
 
 EVENT_SIZE = ctypes.sizeof(NcclEventC)
+#: the same layout for decoding: struct.unpack is several times faster than ctypes here
+_EVENT = struct.Struct("<9Q 2I 2H 8i I")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class NcclEvent:
     """One decoded call. Times are kernel monotonic ns; ret_ts_ns 0 without a return."""
 
@@ -125,17 +128,15 @@ class DecodeError(ValueError):
 def decode(raw: bytes) -> NcclEvent:
     if len(raw) < EVENT_SIZE:
         raise DecodeError(f"nccl event of {len(raw)} bytes, expected {EVENT_SIZE}")
-    c = NcclEventC.from_buffer_copy(raw[:EVENT_SIZE])
-    api = API_BY_ID.get(c.api)
+    (ts, ret_ts, seq, count, comm, stream, _aux, parent, id_hash, pid, tid, api_id, flags,
+     ret, datatype, redop, peer, nranks, rank, color, key, _pad) = _EVENT.unpack_from(raw)
+    api = API_BY_ID.get(api_id)
     if api is None:
-        raise DecodeError(f"nccl event with unknown api id {c.api}")
-    returned = bool(c.flags & F_RETURNED)
-    return NcclEvent(
-        api=api, ts_ns=c.ts_ns, ret_ts_ns=c.ret_ts_ns if returned else 0, seq=c.seq,
-        pid=c.pid, tid=c.tid, count=c.count, comm=c.comm, stream=c.stream, parent=c.parent,
-        id_hash=c.id_hash if c.flags & F_ID else None, ret=c.ret if returned else None,
-        datatype=c.datatype, redop=c.redop, peer=c.peer, nranks=c.nranks, rank=c.rank,
-        color=c.color, key=c.key)
+        raise DecodeError(f"nccl event with unknown api id {api_id}")
+    returned = flags & F_RETURNED
+    return NcclEvent(api, ts, ret_ts if returned else 0, seq, pid, tid, count, comm, stream,
+                     parent, id_hash if flags & F_ID else None, ret if returned else None,
+                     datatype, redop, peer, nranks, rank, color, key)
 
 
 def header_api_ids(text: str | None = None) -> dict[str, int]:

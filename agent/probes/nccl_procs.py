@@ -1,4 +1,7 @@
-"""Find the NCCL libraries that running processes map (/proc/PID/maps).
+"""Find the libraries of interest that running processes map (/proc/PID/maps).
+
+Written for libnccl (agent/probes/nccl.py); the gloo probe uses it for
+libtorch_cpu.so with its own name pattern, so nothing here is NCCL-specific.
 
 Uprobes are per file (inode), not per process: one attachment to a libnccl.so
 file covers every process that maps it, now or later. So discovery answers
@@ -92,8 +95,13 @@ def _open_mapping(proc: Path, pid: int, m: Mapping) -> int | None:
 
 def scan(proc: Path = Path("/proc"), name: re.Pattern = DEFAULT_NAME,
          known: dict[tuple[int, int], Sighting] | None = None,
-         skip_pids: frozenset[int] = frozenset()) -> ScanResult:
+         skip_pids: frozenset[int] = frozenset(),
+         needles: tuple[str, ...] | None = None) -> ScanResult:
     """Read every process's maps; returns the library files in use, with fds open.
+
+    `needles`: substrings one of which every matching path contains (e.g. "libnccl");
+    maps without any are skipped before the line parsing, which is most of the cost
+    (about 100 -> 30 us per process here). None: parse every process's maps.
 
     Files already in `known` are not opened again: their pids are refreshed in place
     (in the returned objects, which are the `known` ones). The caller owns the new fds.
@@ -114,6 +122,8 @@ def scan(proc: Path = Path("/proc"), name: re.Pattern = DEFAULT_NAME,
             result.unreadable += 1
             continue
         result.scanned += 1
+        if needles is not None and not any(n in text for n in needles):
+            continue
         for m in parse_maps(text, name):
             key = by_ident.get(m.ident)
             if key is not None:

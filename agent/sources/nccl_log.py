@@ -49,6 +49,7 @@ class NcclLogSource(Probe):
         self._last_scan = float("-inf")
         self._counts = {f"lines_{o}": 0 for o in OUTCOMES}
         self._closed = {"rotations": 0, "truncations": 0, "overlong": 0}
+        self._followed = 0
 
     def attach(self) -> None:
         if not self.patterns:
@@ -83,11 +84,16 @@ class NcclLogSource(Probe):
         return out
 
     def stats(self) -> dict[str, int]:
+        """Counters (exported as fabricscope_agent_probe_events_total)."""
         out = dict(self._counts)
         for key in self._closed:
             out[key] = self._closed[key] + sum(getattr(t.stats, key) for t in self._tails.values())
-        out["files"] = sum(1 for name in self._tails if name != STDIN)
+        out["files_followed"] = self._followed
         return out
+
+    def following(self) -> list[str]:
+        """Paths followed now ("-" for stdin)."""
+        return list(self._tails)
 
     def _rescan(self) -> None:
         self._last_scan = time.monotonic()
@@ -100,6 +106,7 @@ class NcclLogSource(Probe):
         for path in sorted(present - self._tails.keys()):
             log.info("nccl_log: following %s", path)
             self._tails[path] = FileTail(path)
+            self._followed += 1
         for path in [p for p in self._tails if p != STDIN and p not in present]:
             tail = self._tails[path]
             if isinstance(tail, FileTail) and not tail.finished():

@@ -161,27 +161,30 @@ def test_wrong_schema_version_is_rejected_and_nothing_written(influx, collector)
     assert metric(c, "fabricscope_collector_records_rejected_total", reason="bad_batch") == 1
 
 
-def test_oversized_message_gets_resource_exhausted_and_server_keeps_serving(influx, collector):
+def test_oversized_message_is_rejected_resource_exhausted_and_the_stream_goes_on(influx,
+                                                                                 collector):
     c = collector(max_message_bytes=4096)
     big = make_batch(node="n1", agent_id="a", seq=1,
                      records=[retrans(i, state="X" * 100) for i in range(25)])
     assert 4096 < big.ByteSize() <= 2 * 4096
-    with pytest.raises(grpc.RpcError) as err:
-        stream(c.address, [big])
-    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert f"message of {big.ByteSize()} bytes exceeds the collector's max_message_bytes 4096" \
-        in err.value.details()
+    after = make_batch(node="n1", agent_id="a", seq=2, records=[retrans(0)])
+    acks = stream(c.address, [big, after])
+    assert [(a.seq, a.status, a.code) for a in acks] == [
+        (1, REJECTED, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]), (2, OK, 0)]
+    assert acks[0].reason.startswith(f"message of {big.ByteSize()} bytes exceeds the "
+                                     "collector's max_message_bytes 4096")
     assert metric(c, "fabricscope_collector_messages_oversized_total") == 1
-    # Beyond twice the limit gRPC refuses it itself, with the same status code.
+    assert metric(c, "fabricscope_collector_records_rejected_total", reason="oversized") == 25
+    # Beyond twice the limit gRPC refuses it itself, ending the stream with the same code.
     huge = make_batch(node="n1", agent_id="a", seq=1,
                       records=[retrans(i, state="X" * 100) for i in range(100)])
     with pytest.raises(grpc.RpcError) as err:
         stream(c.address, [huge])
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     # Another agent is still served.
-    small = make_batch(node="n2", agent_id="b", seq=1, records=[retrans(0)])
+    small = make_batch(node="n2", agent_id="b", seq=1, records=[retrans(1)])
     assert [a.status for a in stream(c.address, [small])] == [OK]
-    assert count(influx, "tcp_retransmit", "segs") == 1
+    assert count(influx, "tcp_retransmit", "segs") == 2
 
 
 def test_influxd_down_answers_retry_then_the_resent_batch_lands(influx, collector):
@@ -191,6 +194,7 @@ def test_influxd_down_answers_retry_then_the_resent_batch_lands(influx, collecto
     influx.stop_process()
     (ack,) = stream(c.address, [batch])
     assert (ack.status, ack.reason) == (RETRY, "sink unavailable: Connection refused")
+    assert (ack.code, ack.retry_after_ms) == (grpc.StatusCode.UNAVAILABLE.value[0], 2000)
     assert metric(c, "fabricscope_collector_sink_errors_total", kind="temporary") == 1
     assert metric(c, "fabricscope_collector_batches_acked_total", status="retry") == 1
     assert metric(c, "fabricscope_collector_records_written_total") == 0

@@ -120,9 +120,10 @@ def test_source_follows_glob_matches_and_counts_outcomes(tmp_path):
         append(first, COLL.format(n=3))
         assert sorted(r.fields["op_count"] for r in src.poll()) == [2, 3]
         stats = src.stats()
-        assert (stats["lines_record"], stats["lines_foreign"], stats["files"]) == (3, 1, 2)
+        assert (stats["lines_record"], stats["lines_foreign"], stats["files_followed"]) == \
+            (3, 1, 2)
         second.unlink()                 # read to its end already: retired
-        assert src.poll() == [] and src.stats()["files"] == 1
+        assert src.poll() == [] and src.following() == [str(first)]
     finally:
         src.detach()
 

@@ -82,3 +82,15 @@ def test_skip_pids(tmp_path):
     make_proc(tmp_path, 100, "/lib/libnccl.so.2")
     result = nccl_procs.scan(tmp_path / "proc", skip_pids=frozenset({100}))
     assert result.files == {} and result.scanned == 0
+
+
+def test_needles_skip_maps_without_them(tmp_path):
+    make_proc(tmp_path, 100, "/lib/libnccl.so.2")
+    proc = tmp_path / "proc"
+    assert nccl_procs.scan(proc, needles=("libtorch_cpu",)).files == {}
+    found = nccl_procs.scan(proc, needles=("libnccl",))
+    try:
+        assert [s.pids for s in found.files.values()] == [{100}]
+    finally:
+        for s in found.files.values():
+            os.close(s.fd)

@@ -68,6 +68,27 @@ def test_fit_with_jitter_stays_within_five_percent():
     assert model.period_s == pytest.approx(40, rel=0.05)
 
 
+def test_period_is_the_median_when_steps_drift_and_skew():
+    # step times drift slowly and have a long tail (a loaded machine): the median
+    # interval, not the smeared autocorrelation peak, is what T reports
+    rng = np.random.default_rng(7)
+    periods = np.concatenate([np.linspace(40, 70, 30), np.linspace(70, 35, 30)])
+    periods = periods * (1 + rng.exponential(0.05, len(periods)))
+    windows, t = [], 0.0
+    for p in periods:
+        windows.append((t, t + 0.8 * p, 0.8 * p))
+        t += p
+    model = tm.fit(tm.series_from_windows(windows, 0.0, t, 1.0), 1.0)
+    assert model.period_s == pytest.approx(float(np.median(periods)), rel=0.03)
+
+
+def test_burst_onsets_are_sub_bin_and_merge_close_edges():
+    s = np.array([0, 0, 5, 10, 10, 0, 10, 10, 0, 0, 0, 10, 10, 0], dtype=float)
+    # edges at 1->2 (level 1 of peak 10: crosses at 1 + 1/5), 5->6, 10->11
+    onsets = tm.burst_onsets(s, min_gap_bins=6)
+    assert onsets == pytest.approx([1.2, 10.1])
+
+
 def test_harmonic_does_not_win():
     # a wave whose every second burst is weaker: T is still the burst spacing
     s = square_wave(30, 0.3, 1.0, 40)

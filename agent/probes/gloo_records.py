@@ -1,0 +1,122 @@
+"""Records of the gloo probe: per collective, per inferred step and phase, and the
+traffic model, for one training process at a time (ProcessState). Pure: times in
+monotonic ns go through `to_wall`; the wall clock for the model window is given.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+from agent.probes.gloo_layout import Collective
+from agent.probes.gloo_procs import ProcessInfo
+from agent.probes.gloo_steps import Phase, Step, StepTracker
+from fabricscope import busbw, trafficmodel
+from fabricscope.records import Record
+
+MODEL_BIN_S = 0.001         # 1 ms: well below a gradient burst on any real link
+MIN_MODEL_WINDOWS = 6       # collectives needed in the window before fitting
+
+
+def _tags(info: ProcessInfo) -> dict[str, str]:
+    return {"job": info.job, "rank": info.rank}
+
+
+def collective_record(c: Collective, info: ProcessInfo, to_wall: Callable[[int], int]) -> Record:
+    fields: dict = {"seconds": c.seconds, "bytes_source": c.bytes_source,
+                    "sent_bytes": c.sent_bytes, "recv_bytes": c.recv_bytes, "sends": c.sends,
+                    "pid": c.pid, "tid": c.tid}
+    if c.bytes is not None:
+        fields["bytes"] = c.bytes
+    if c.nranks is not None:
+        fields["nranks"] = c.nranks
+    if c.rank is not None:
+        fields["comm_rank"] = c.rank
+    if c.model and c.bytes and c.nranks:
+        if c.seconds > 0:
+            fields["algbw_gbs"] = busbw.algbw_gbs(c.bytes, c.seconds)
+            fields["busbw_gbs"] = busbw.busbw_gbs(c.model, c.bytes, c.seconds, c.nranks)
+        ring = round(busbw.ring_bytes_per_rank(c.model, c.bytes, c.nranks))
+        fields["ring_bytes"] = ring
+        if c.sent_bytes:
+            fields["wire_efficiency"] = ring / c.sent_bytes
+    return Record("gloo_collective", to_wall(c.start_ns), {**_tags(info), "op": c.op}, fields)
+
+
+def step_record(s: Step, info: ProcessInfo, nranks: int | None,
+                to_wall: Callable[[int], int]) -> Record:
+    fields: dict = {"step": s.index, "sync_seconds": s.sync_seconds, "buckets": s.buckets,
+                    "bytes": s.bytes, "sent_bytes": s.sent_bytes}
+    if s.seconds is not None:
+        fields["seconds"] = s.seconds
+        fields["compute_seconds"] = s.compute_seconds
+        if s.seconds > 0:
+            fields["comm_fraction"] = min(1.0, s.sync_seconds / s.seconds)
+    if nranks and nranks > 1:
+        if s.sync_seconds > 0:
+            fields["busbw_gbs"] = busbw.busbw_gbs("AllReduce", s.bytes, s.sync_seconds, nranks)
+        if s.sent_bytes:
+            fields["wire_efficiency"] = \
+                busbw.ring_bytes_per_rank("AllReduce", s.bytes, nranks) / s.sent_bytes
+    return Record("gloo_step", to_wall(s.start_ns), _tags(info), fields)
+
+
+def phase_record(p: Phase, info: ProcessInfo, to_wall: Callable[[int], int]) -> Record:
+    return Record("gloo_phase", to_wall(p.start_ns), {**_tags(info), "phase": p.name},
+                  {"seconds": p.seconds, "bytes": p.bytes, "collectives": p.collectives,
+                   "step": p.step})
+
+
+class ProcessState:
+    """Everything the probe keeps about one local training process."""
+
+    def __init__(self, info: ProcessInfo, model_window_s: float):
+        self.info = info
+        self.tracker = StepTracker()
+        self.model_window_ns = int(model_window_s * 1e9)
+        # (start_ns, end_ns, sent_bytes) of recent collectives, for the traffic model
+        self.windows: collections.deque = collections.deque()
+        self.nranks: int | None = info.world_size
+        self.last_end_ns = 0
+
+    def on_collective(self, c: Collective, to_wall: Callable[[int], int]) -> list[Record]:
+        if c.nranks and c.op == "AllReduce":
+            self.nranks = c.nranks           # the gradient communicator's size
+        out = [collective_record(c, self.info, to_wall)]
+        # the wave starts with the first gradient sync: the parameter broadcast before
+        # it would set the burst level and hide the steps
+        if c.sent_bytes and (c.op == "AllReduce" or self.tracker.init_done):
+            self.windows.append((c.start_ns, c.end_ns, c.sent_bytes))
+        self.last_end_ns = max(self.last_end_ns, c.end_ns)
+        steps, phases = self.tracker.add(c)
+        return out + self._records(steps, phases, to_wall)
+
+    def flush(self, to_wall: Callable[[int], int]) -> list[Record]:
+        steps, phases = self.tracker.flush()
+        return self._records(steps, phases, to_wall)
+
+    def _records(self, steps: list[Step], phases: list[Phase], to_wall) -> list[Record]:
+        return [step_record(s, self.info, self.nranks, to_wall) for s in steps] + \
+            [phase_record(p, self.info, to_wall) for p in phases]
+
+    def model_record(self, now_ns: int, to_wall: Callable[[int], int]) -> Record | None:
+        """The traffic model over the last window ending now (None: too little data)."""
+        start = now_ns - self.model_window_ns
+        while self.windows and self.windows[0][1] < start:
+            self.windows.popleft()
+        if len(self.windows) < MIN_MODEL_WINDOWS:
+            return None
+        # the series spans the traffic seen: no leading or trailing silence of a
+        # process that started or ended inside the window
+        t0 = max(start, self.windows[0][0])
+        t1 = max(e for _, e, _ in self.windows)
+        series = trafficmodel.series_from_windows(
+            ((s / 1e9, e / 1e9, b) for s, e, b in self.windows), t0 / 1e9, t1 / 1e9, MODEL_BIN_S)
+        model = trafficmodel.fit(series, MODEL_BIN_S)
+        fields: dict = {"acf_peak": model.acf_peak, "burst_bytes_per_s": model.burst_bytes_per_s,
+                        "duty_cycle": model.duty_cycle, "mean_bytes_per_s": model.mean_bytes_per_s,
+                        "window_s": model.window_s, "network_bound": model.network_bound}
+        if model.period_s is not None:
+            fields["period_s"] = model.period_s
+        return Record("traffic_model", to_wall(now_ns), {**_tags(self.info), "series": "gloo_sent"},
+                      fields)

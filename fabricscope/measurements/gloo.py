@@ -1,0 +1,102 @@
+"""Measurements of the gloo probe (agent/probes/gloo.py, bpf/gloo.bpf.c): PyTorch's
+CPU collectives, the training steps and phases inferred from them, and the job's
+traffic model (fabricscope/trafficmodel.py).
+
+Sizes and bandwidths follow fabricscope.busbw (nccl-tests conventions). Unlike
+NCCL's, gloo's times are EXECUTION windows: gloo::<op>() runs the whole
+collective on the calling (ProcessGroupGloo worker) thread and returns when done.
+"""
+
+from fabricscope.schema import Field, Measurement
+
+_SOURCE = "agent probe gloo (bpf/gloo.bpf.c, uprobes on libtorch_cpu.so)"
+_JOB_TAGS = {
+    "job": "job id (FABRICSCOPE_JOB, else MASTER_ADDR:MASTER_PORT, else pid), as train_step",
+    "rank": "training rank (RANK env; '-' when unset), as train_step",
+}
+
+MEASUREMENTS = [
+    Measurement(
+        name="gloo_collective",
+        doc="One gloo collective executed by one thread of a training process, from entry "
+            "to return of gloo::<op>() (time = entry).",
+        source=_SOURCE,
+        tags={**_JOB_TAGS,
+              "op": "AllReduce, Broadcast, AllGather, AllGatherv, Reduce, Gather, Scatter, "
+                    "AlltoAll, AlltoAllv or Barrier"},
+        fields={
+            "seconds": Field(float, "s", "execution time, entry to return"),
+            "bytes": Field(int, "B", "message size S (nccl-tests convention); when known"),
+            "bytes_source": Field(str, "", "where S comes from: `options` (the options "
+                                  "object, cross-checked), `transfers` (sent bytes / "
+                                  "bus factor) or `unknown`"),
+            "nranks": Field(int, "ranks", "ranks in the communicator; when known"),
+            "comm_rank": Field(int, "rank", "this process's rank in the communicator"),
+            "sent_bytes": Field(int, "B", "payload handed to gloo's transport "
+                                "(UnboundBuffer::send) by this collective"),
+            "recv_bytes": Field(int, "B", "payload posted for receipt (UnboundBuffer::recv)"),
+            "sends": Field(int, "", "send calls (segments) of this collective"),
+            "algbw_gbs": Field(float, "GB/s", "S / seconds (1e9 bytes)"),
+            "busbw_gbs": Field(float, "GB/s", "algbw x bus factor of the op"),
+            "ring_bytes": Field(int, "B", "bytes a rank sends in the ring model (S x bus "
+                                "factor; AllReduce 2S(n-1)/n)"),
+            "wire_efficiency": Field(float, "", "ring_bytes / sent_bytes: 1 when the rank "
+                                     "sent exactly the ring model, < 1 when it sent more"),
+            "pid": Field(int, "", "process id"),
+            "tid": Field(int, "", "thread id"),
+        },
+    ),
+    Measurement(
+        name="gloo_step",
+        doc="One training step inferred from the gradient AllReduce windows of a process "
+            "(no markers needed; see agent/probes/gloo_steps.py): the AllReduce calls "
+            "that together carry the gradient bytes once (time = first AllReduce entry).",
+        source=_SOURCE,
+        tags=dict(_JOB_TAGS),
+        fields={
+            "step": Field(int, "", "index among the steps this agent inferred (0 = first seen)"),
+            "seconds": Field(float, "s", "to the next step's first AllReduce (absent for "
+                             "the last step of a process)"),
+            "sync_seconds": Field(float, "s", "time with a gradient AllReduce in flight"),
+            "compute_seconds": Field(float, "s", "seconds - sync_seconds"),
+            "comm_fraction": Field(float, "", "sync_seconds / seconds"),
+            "buckets": Field(int, "", "AllReduce calls (DDP gradient buckets)"),
+            "bytes": Field(int, "B", "sum of their S: the gradient bytes"),
+            "sent_bytes": Field(int, "B", "payload this rank handed to the transport"),
+            "busbw_gbs": Field(float, "GB/s", "AllReduce bus bandwidth over sync_seconds"),
+            "wire_efficiency": Field(float, "", "ring-model bytes / sent_bytes"),
+        },
+    ),
+    Measurement(
+        name="gloo_phase",
+        doc="A training phase inferred from collective windows: param_broadcast (the "
+            "collectives before the first AllReduce: DDP's parameter broadcast and checks), "
+            "grad_sync (AllReduce in flight, per step), compute (the rest of a step).",
+        source=_SOURCE,
+        tags={**_JOB_TAGS, "phase": "param_broadcast, grad_sync or compute"},
+        fields={
+            "seconds": Field(float, "s", "duration (grad_sync: union of the windows)"),
+            "bytes": Field(int, "B", "message bytes of the phase's collectives"),
+            "collectives": Field(int, "", "collectives in the phase"),
+            "step": Field(int, "", "inferred step index; -1 before the first step"),
+        },
+    ),
+    Measurement(
+        name="traffic_model",
+        doc="The job's traffic as a square wave (fabricscope/trafficmodel.py), fitted to a "
+            "bandwidth series: here the bytes a process sent in its collectives, in 1 ms "
+            "bins, over the last window (time = end of the window).",
+        source=_SOURCE,
+        tags={**_JOB_TAGS, "series": "what the bandwidth series is (gloo_sent)"},
+        fields={
+            "period_s": Field(float, "s", "sync period T (autocorrelation); absent when "
+                              "the series is not periodic"),
+            "acf_peak": Field(float, "", "autocorrelation at T (0..1): regularity"),
+            "burst_bytes_per_s": Field(float, "B/s", "burst bandwidth B"),
+            "duty_cycle": Field(float, "", "D = time in bursts / time (comm time / T)"),
+            "mean_bytes_per_s": Field(float, "B/s", "mean over the window"),
+            "window_s": Field(float, "s", "length of the series"),
+            "network_bound": Field(bool, "", "D > 0.5: communication dominates the step"),
+        },
+    ),
+]

@@ -1,0 +1,232 @@
+"""The gloo probe in the lab: a real 3-rank DDP run over gloo, one agent on node 0.
+
+One lab and one training run for the module (they cost ~20 s of this 2-core box);
+each test asserts one property of what the agent of node 0 reported. The agent is
+the real `fabricscope agent --probes gloo --output jsonl`, started in node 0's
+network namespace, so the other two ranks (same kernel, same libtorch file, other
+namespaces) must not appear in its records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fabricscope import schema, trafficmodel
+from fabricscope.records import Record
+
+STEPS = 24
+MODEL_MB = 8
+NODES = 3
+
+
+@dataclass
+class Run:
+    records: list[Record]
+    step_lines: list[dict]
+    param_bytes: int
+    job: str
+    agent_stderr: str
+
+    def of(self, measurement: str, **tags) -> list[Record]:
+        return [r for r in self.records if r.measurement == measurement
+                and all(r.tags.get(k) == v for k, v in tags.items())]
+
+
+def _await(predicate, timeout_s: float, what: str, interval_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def _read_records(path: Path) -> list[Record]:
+    out = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            out.append(Record.from_json(line))
+    return out
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Run:
+    return collect(tmp_path_factory.mktemp("gloo"))
+
+
+def collect(tmp: Path, steps: int = STEPS, extra_agent_args: tuple = ()) -> Run:
+    """Lab up, agent on node 0, DDP for `steps` steps, agent stopped, lab down."""
+    from lab import exec_argv, exec_env
+    from lab.testing import running_lab
+    from lab.training import mlp_shape, param_bytes, start_training
+
+    out, err = tmp / "agent.jsonl", tmp / "agent.log"
+    with running_lab(nodes=NODES) as lab:
+        node = lab.nodes[0]
+        argv = exec_argv(node, [sys.executable, "-m", "fabricscope", "agent", "--probes", "gloo",
+                                "--output", "jsonl", "--metrics-port", "0",
+                                "--gloo-model-interval-s", "1", "--gloo-model-window-s", "60",
+                                *extra_agent_args])
+        with open(out, "wb") as fo, open(err, "wb") as fe:
+            agent = subprocess.Popen(argv, stdout=fo, stderr=fe, env=exec_env(lab, node),
+                                     cwd=str(Path(__file__).resolve().parents[2]))
+        try:
+            _await(lambda: "running probes: gloo" in err.read_text() or agent.poll() is not None,
+                   120, "the agent to attach")
+            assert agent.poll() is None, err.read_text()[-2000:]
+            job = f"{node.address}:{29400 + os.getpid() % 500}"
+            with start_training(lab, steps, model_mb=MODEL_MB,
+                                master_port=int(job.rsplit(":", 1)[1])) as training:
+                lines = list(training.steps())
+                assert training.wait() == 0, training.error
+            # the last step is flushed when the agent sees rank 0's process gone
+            _await(lambda: any(r.measurement == "gloo_step" and "seconds" not in r.fields
+                               for r in _read_records(out)), 60, "the last step")
+        finally:
+            _stop(agent)
+    width, layers = mlp_shape(MODEL_MB)
+    return Run(_read_records(out), lines, param_bytes(width, layers), job, err.read_text())
+
+
+def test_every_record_matches_the_schema(run):
+    assert run.records, run.agent_stderr[-2000:]
+    for r in run.records:
+        schema.validate(r)
+
+
+def test_only_the_local_rank_is_reported(run):
+    colls = run.of("gloo_collective")
+    assert {r.tags["rank"] for r in colls} == {"0"}
+    assert {r.tags["job"] for r in colls} == {run.job}
+    assert len({r.fields["pid"] for r in colls}) == 1
+    assert {r.fields["comm_rank"] for r in colls} == {0}
+    assert {r.fields["nranks"] for r in colls} == {NODES}
+
+
+def test_initial_parameter_broadcast(run):
+    (phase,) = run.of("gloo_phase", phase="param_broadcast")
+    assert phase.fields["step"] == -1
+    broadcasts = [r for r in run.of("gloo_collective", op="Broadcast")
+                  if r.time_ns <= phase.time_ns + int(phase.fields["seconds"] * 1e9)]
+    # DDP broadcasts all parameters from rank 0 at construction (one coalesced bucket)
+    assert run.param_bytes in [r.fields["bytes"] for r in broadcasts]
+    big = next(r for r in broadcasts if r.fields["bytes"] == run.param_bytes)
+    assert big.fields["bytes_source"] == "options"
+    # rank 0 is the root: it sends, in gloo's tree, the whole buffer to each child
+    assert big.fields["sent_bytes"] > 0 and big.fields["sent_bytes"] % run.param_bytes == 0
+
+
+def test_allreduce_sizes_come_from_the_options_and_match_the_ring(run):
+    allreduces = run.of("gloo_collective", op="AllReduce")
+    assert len(allreduces) >= STEPS
+    for r in allreduces:
+        assert r.fields["bytes_source"] == "options"
+        assert r.fields["bytes"] % 4 == 0                  # float32 gradients
+        assert r.fields["busbw_gbs"] == pytest.approx(
+            r.fields["algbw_gbs"] * 2 * (NODES - 1) / NODES)
+        # gloo's ring sends 2(n-1) chunks of S/n (rounded to segments): the ring model
+        assert r.fields["wire_efficiency"] == pytest.approx(1.0, rel=0.01)
+
+
+def ddp_buckets(param_bytes: list[int], caps: list[int]) -> list[int]:
+    """DDP's bucketing rule (reducer.cpp compute_bucket_assignment_by_size): parameters
+    in reverse order fill a bucket until it reaches its cap; the first bucket's cap is
+    caps[0], later ones the last cap."""
+    out, cur = [], 0
+    for size in reversed(param_bytes):
+        cur += size
+        if cur >= caps[min(len(out), len(caps) - 1)]:
+            out.append(cur)
+            cur = 0
+    return out + ([cur] if cur else [])
+
+
+def test_gradient_buckets_follow_ddp_bucketing(run):
+    from lab.training import mlp_shape
+    width, layers = mlp_shape(MODEL_MB)
+    params = [n for _ in range(layers) for n in (width * width * 4, width * 4)]  # W, b
+    # step 0: construction-time buckets (25 MiB cap); from step 1: rebuilt with the
+    # 1 MiB first bucket (torch.distributed _DEFAULT_FIRST_BUCKET_BYTES)
+    initial = ddp_buckets(params, [25 * 2**20])
+    rebuilt = ddp_buckets(params, [2**20, 25 * 2**20])
+    sizes = [r.fields["bytes"] for r in sorted(run.of("gloo_collective", op="AllReduce"),
+                                               key=lambda r: r.time_ns)]
+    assert sorted(sizes[:len(initial)]) == sorted(initial)
+    rest = sizes[len(initial):]
+    assert len(rest) == len(rebuilt) * (STEPS - 1)
+    assert sorted(set(rest)) == sorted(set(rebuilt))
+    steps = sorted(run.of("gloo_step"), key=lambda r: r.fields["step"])
+    assert steps[0].fields["buckets"] == len(initial)
+    assert {r.fields["buckets"] for r in steps[1:]} == {len(rebuilt)}
+
+
+def test_each_step_allreduces_the_gradient_bytes_once(run):
+    steps = sorted(run.of("gloo_step"), key=lambda r: r.fields["step"])
+    assert len(steps) >= STEPS - 1
+    assert [r.fields["step"] for r in steps] == list(range(len(steps)))
+    for r in steps:
+        assert r.fields["bytes"] == run.param_bytes      # every parameter has a gradient
+        assert 0 < r.fields["sync_seconds"]
+    allreduce_bytes = sum(r.fields["bytes"] for r in run.of("gloo_collective", op="AllReduce"))
+    assert allreduce_bytes == run.param_bytes * STEPS
+
+
+def test_grad_sync_and_compute_phases_split_each_step(run):
+    steps = {r.fields["step"]: r for r in run.of("gloo_step") if "seconds" in r.fields}
+    sync = {r.fields["step"]: r for r in run.of("gloo_phase", phase="grad_sync")}
+    compute = {r.fields["step"]: r for r in run.of("gloo_phase", phase="compute")}
+    assert steps and set(steps) <= set(sync) and set(steps) == set(compute)
+    for i, s in steps.items():
+        assert sync[i].fields["seconds"] + compute[i].fields["seconds"] == \
+            pytest.approx(s.fields["seconds"])
+
+
+def test_inferred_step_time_matches_the_trainer(run):
+    inferred = [r.fields["seconds"] for r in run.of("gloo_step") if "seconds" in r.fields][2:]
+    trainer = [line["seconds"] for line in run.step_lines][2:]
+    assert statistics.median(inferred) == pytest.approx(statistics.median(trainer), rel=0.15)
+
+
+def test_sync_period_from_traffic_agrees_with_median_step_time(run):
+    colls = run.of("gloo_collective")
+    windows = [(r.time_ns / 1e9, r.time_ns / 1e9 + r.fields["seconds"], r.fields["sent_bytes"])
+               for r in colls if r.fields["sent_bytes"]]
+    steps = sorted(run.of("gloo_step"), key=lambda r: r.time_ns)
+    t0 = steps[2].time_ns / 1e9                      # skip DDP's first steps (rebuild)
+    t1 = max(w[1] for w in windows)
+    series = trafficmodel.series_from_windows(windows, t0, t1, 0.001)
+    model = trafficmodel.fit(series, 0.001)
+    median_step = statistics.median(line["seconds"] for line in run.step_lines[2:])
+    assert model.period_s == pytest.approx(median_step, rel=0.05), (model, median_step)
+    assert 0 < model.duty_cycle < 1
+
+
+def test_traffic_model_records(run):
+    models = [r for r in run.of("traffic_model") if "period_s" in r.fields]
+    assert models, "no traffic_model record with a period"
+    last = models[-1]
+    median_step = statistics.median(line["seconds"] for line in run.step_lines[2:])
+    assert last.fields["period_s"] == pytest.approx(median_step, rel=0.10)
+    assert last.fields["burst_bytes_per_s"] > 0

@@ -1,0 +1,82 @@
+"""Acceptance: microbursts of known start and size, seen by the nic probe at 100 us bins.
+
+Ground truth comes from tests/kernel/burstgen.py in one namespace: the
+CLOCK_MONOTONIC time just before each burst's first send (bpf_ktime_get_ns reads
+the same clock) and the frames it sent, paced at 1 Gbit/s. The probe watches the
+receiving veth's ingress in the other namespace (link speed configured as
+1 Gbit/s, threshold 0.5). First a 10 s quiet baseline on the private link, in
+which no burst may be reported; then 1 ms and 200 us bursts.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from fabricscope.records import Record
+from fabricscope.schema import validate
+from tests.kernel.nic_lab import PYTHON, netns_pair, running, sh
+
+pytestmark = pytest.mark.root
+
+QUIET_S = 10
+BURSTS = ["1000", "200"] * 10
+START_TOL_NS = 200_000
+BYTES_TOL = 0.05
+
+
+def match(truth: dict, bursts: list[dict], offset_ns: int) -> dict | None:
+    for b in bursts:
+        start = b["time_ns"] - offset_ns
+        if abs(start - truth["start_ns"]) <= START_TOL_NS and \
+                abs(b["fields"]["bytes"] - truth["bytes"]) <= BYTES_TOL * truth["bytes"]:
+            return b
+    return None
+
+
+def test_microbursts_found_with_start_and_size():
+    with netns_pair() as pair, running(pair, pair.ns_b, "--interfaces", pair.if_b,
+                                       "--link-speed-bps", f"{pair.if_b}=1gbit") as probe:
+        ready = probe.ready()
+        offset = ready["clock_offset_ns"]
+        # quiet baseline: await QUIET_S complete 1 s windows on the idle link
+        probe.wait_for(lambda _x: len([w for w in probe.records("nic_window")
+                                       if w["tags"]["direction"] == "rx"]) >= QUIET_S + 1,
+                       timeout_s=QUIET_S + 60)
+        quiet_bursts = list(probe.records("nic_burst"))
+        quiet_rx = [w for w in probe.records("nic_window") if w["tags"]["direction"] == "rx"]
+
+        gen = sh(*pair.exec(pair.ns_a, PYTHON, "tests/kernel/burstgen.py", "--dst", pair.addr_b,
+                            "--rate", "1gbit", "--frame", "4042", "--bursts", ",".join(BURSTS),
+                            "--gap-ms", "20"))
+        truth = [json.loads(line) for line in gen.stdout.splitlines()]
+        last_end = max(t["end_ns"] for t in truth) + offset
+        # await the window after the last burst: every burst has been drained by then
+        probe.wait_for(lambda x: x.get("measurement") == "nic_window"
+                       and x["time_ns"] > last_end, timeout_s=60)
+        stats = probe.stop()
+
+    assert quiet_bursts == [], f"bursts on a quiet link: {quiet_bursts}"
+    assert all(w["fields"]["hot_bins"] == 0 for w in quiet_rx)
+    assert len(truth) == len(BURSTS) and all(t["packets"] for t in truth)
+    first_start = min(t["start_ns"] for t in truth) + offset
+    reported = [b for b in probe.records("nic_burst") if b["time_ns"] >= first_start - 10**6
+                and b["tags"] == {"interface": pair.if_b, "direction": "rx"}]
+    matched = {i: match(t, reported, offset) for i, t in enumerate(truth)}
+    found = [i for i, b in matched.items() if b is not None]
+    errors_us = [abs(matched[i]["time_ns"] - offset - truth[i]["start_ns"]) / 1000 for i in found]
+    detail = [(t["planned_us"], t["start_ns"], t["bytes"], t["max_late_ns"]) for t in truth]
+    print(f"bursts found {len(found)}/{len(truth)}, start error median "
+          f"{statistics.median(errors_us):.1f} us max {max(errors_us):.1f} us, "
+          f"reported {len(reported)}")
+    assert len(found) >= 0.95 * len(truth), f"missed: {detail} reported: {reported}"
+    used = {id(b) for b in matched.values() if b is not None}
+    extra = [b for b in reported if id(b) not in used]
+    assert len(extra) <= 0.05 * len(truth), f"bursts that were not sent: {extra}"
+    for record in probe.lines:
+        if "measurement" in record:
+            validate(Record(record["measurement"], record["time_ns"],
+                            {**record["tags"], "node": "n"}, record["fields"]))
+    assert stats["lost"] == 0 and stats["ring_miss"] == 0

@@ -1,0 +1,126 @@
+"""gloo probe records and process attribution (no root): schema, figures, tags."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.probes.gloo_layout import Collective
+from agent.probes.gloo_procs import ProcessTable, describe, parse_environ
+from agent.probes.gloo_records import ProcessState, collective_record
+from fabricscope import schema
+
+MS = 1_000_000
+INFO = describe(7, {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "198.18.0.1",
+                    "MASTER_PORT": "29500"}, True)
+
+
+def valid(r) -> None:
+    """Schema check as the collector does it (the agent's pipeline adds `node`)."""
+    schema.validate(type(r)(r.measurement, r.time_ns, {**r.tags, "node": "n0"}, r.fields))
+
+
+def to_wall(ns: int) -> int:
+    return ns + 1_700_000_000 * 10**9
+
+
+def allreduce(start_ms: float, end_ms: float, nbytes: int = 4_198_400,
+              sent: int = 5_597_872, op: str = "AllReduce") -> Collective:
+    return Collective(pid=7, tid=8, op=op, model=op, start_ns=int(start_ms * MS),
+                      end_ns=int(end_ms * MS), nranks=3, rank=1, bytes=nbytes,
+                      bytes_source="options", sent_bytes=sent, recv_bytes=sent, sends=8,
+                      recvs=8)
+
+
+def test_parse_environ_and_job_rules():
+    env = parse_environ(b"A=1\0RANK=2\0EMPTY=\0junk\0MASTER_PORT=29500\0MASTER_ADDR=10.0.0.1\0")
+    assert env == {"A": "1", "RANK": "2", "EMPTY": "", "MASTER_PORT": "29500",
+                   "MASTER_ADDR": "10.0.0.1"}
+    info = describe(9, env, True)
+    assert (info.job, info.rank, info.world_size) == ("10.0.0.1:29500", "2", None)
+    named = describe(9, {**env, "FABRICSCOPE_JOB": "llm-7", "WORLD_SIZE": "4"}, True)
+    assert (named.job, named.world_size) == ("llm-7", 4)
+    bare = describe(9, {}, False)
+    assert (bare.job, bare.rank, bare.local) == ("9", "-", False)
+
+
+def test_process_table_attributes_by_network_namespace(tmp_path: Path):
+    for pid, ns in ((10, "a"), (11, "b")):
+        base = tmp_path / str(pid)
+        (base / "ns").mkdir(parents=True)
+        (tmp_path / ns).touch()
+        os.symlink(tmp_path / ns, base / "ns" / "net")
+        (base / "environ").write_bytes(b"RANK=%d\0" % pid)
+    own = os.stat(tmp_path / "a").st_ino
+    table = ProcessTable(tmp_path, own_netns=own)
+    assert table.get(10).local and table.get(10).rank == "10"
+    assert not table.get(11).local and table.get(11).rank == "-"   # foreign: env unread
+    assert table.get(12) is None and not table.alive(12)
+    assert table.alive(10) and sorted(table.pids()) == [10, 11]
+    table.forget(10)
+    assert sorted(table.pids()) == [11]
+
+
+def test_collective_record_figures():
+    r = collective_record(allreduce(0, 20), INFO, to_wall)
+    valid(r)
+    assert r.tags == {"job": "198.18.0.1:29500", "rank": "1", "op": "AllReduce"}
+    assert r.time_ns == to_wall(0)
+    f = r.fields
+    assert f["seconds"] == pytest.approx(0.020)
+    assert f["algbw_gbs"] == pytest.approx(4_198_400 / 0.020 / 1e9)
+    assert f["busbw_gbs"] == pytest.approx(f["algbw_gbs"] * 4 / 3)
+    assert f["ring_bytes"] == round(4_198_400 * 4 / 3)
+    assert f["wire_efficiency"] == pytest.approx(f["ring_bytes"] / 5_597_872)
+    assert (f["nranks"], f["comm_rank"], f["bytes_source"]) == (3, 1, "options")
+
+
+def test_collective_record_without_size_or_model():
+    c = Collective(pid=7, tid=8, op="Barrier", model=None, start_ns=MS, end_ns=2 * MS,
+                   nranks=None, rank=None, bytes=None, bytes_source="unknown", sent_bytes=0,
+                   recv_bytes=0, sends=2, recvs=2)
+    r = collective_record(c, INFO, to_wall)
+    valid(r)
+    assert not {"bytes", "nranks", "busbw_gbs", "ring_bytes", "wire_efficiency"} & set(r.fields)
+
+
+def test_process_state_emits_steps_phases_and_a_model():
+    state = ProcessState(INFO, model_window_s=60)
+    records = state.on_collective(allreduce(0, 30, 8_396_800, 16_793_600, "Broadcast"), to_wall)
+    t = 100.0
+    for _ in range(30):
+        records += state.on_collective(allreduce(t, t + 20), to_wall)
+        records += state.on_collective(allreduce(t + 1, t + 21), to_wall)
+        t += 50
+    records += state.flush(to_wall)
+    for r in records:
+        valid(r)
+    steps = [r for r in records if r.measurement == "gloo_step"]
+    assert len(steps) == 30
+    assert {r.fields["bytes"] for r in steps} == {8_396_800}     # the broadcast's hint
+    assert {r.fields["buckets"] for r in steps} == {2}
+    full = [r for r in steps if "seconds" in r.fields]
+    assert {round(r.fields["seconds"], 6) for r in full} == {0.05}
+    assert full[0].fields["comm_fraction"] == pytest.approx(0.021 / 0.05)
+    assert full[0].fields["busbw_gbs"] == pytest.approx(8_396_800 / 0.021 / 1e9 * 4 / 3)
+    phases = {r.tags["phase"] for r in records if r.measurement == "gloo_phase"}
+    assert phases == {"param_broadcast", "grad_sync", "compute"}
+    model = state.model_record(int(t * MS), to_wall)
+    valid(model)
+    assert model.tags["series"] == "gloo_sent"
+    assert model.fields["period_s"] == pytest.approx(0.050, rel=0.01)
+    assert model.fields["duty_cycle"] == pytest.approx(0.021 / 0.05, abs=0.03)
+    assert model.fields["network_bound"] is False
+
+
+def test_model_needs_enough_recent_traffic():
+    state = ProcessState(INFO, model_window_s=1)
+    for i in range(3):
+        state.on_collective(allreduce(i * 50, i * 50 + 20), to_wall)
+    assert state.model_record(200 * MS, to_wall) is None
+    for i in range(3, 8):
+        state.on_collective(allreduce(i * 50, i * 50 + 20), to_wall)
+    assert state.model_record(400 * MS, to_wall) is not None
+    assert state.model_record(5000 * MS, to_wall) is None          # all older than 1 s

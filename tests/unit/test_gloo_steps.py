@@ -1,0 +1,185 @@
+"""agent/probes/gloo_steps.py: steps and phases from collective windows (no root).
+
+Sequences are built like the real ones: DDP's step 0 with its initial buckets,
+then rebuilt buckets that overlap on ProcessGroupGloo's two worker threads, or
+buckets separated by backward compute.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from agent.probes.gloo_layout import Collective
+from agent.probes.gloo_steps import (FALLBACK_BURSTS, StepTracker, candidates,
+                                     choose_step_bytes, partition)
+
+MS = 1_000_000
+_tid = itertools.count(100)
+
+
+def coll(op: str, start_ms: float, end_ms: float, nbytes: int, sent: int | None = None):
+    return Collective(pid=1, tid=next(_tid), op=op, model=None if op == "Barrier" else op,
+                      start_ns=int(start_ms * MS), end_ns=int(end_ms * MS), nranks=3, rank=0,
+                      bytes=nbytes, bytes_source="options",
+                      sent_bytes=sent if sent is not None else nbytes * 4 // 3,
+                      recv_bytes=0, sends=1, recvs=1)
+
+
+def feed(tracker: StepTracker, colls, shuffle_returns: bool = True):
+    steps, phases = [], []
+    # events arrive in return order, not start order
+    for c in sorted(colls, key=lambda c: c.end_ns) if shuffle_returns else colls:
+        s, p = tracker.add(c)
+        steps += s
+        phases += p
+    s, p = tracker.flush()
+    return steps + s, phases + p
+
+
+def ddp_run(steps: int, grad: int = 8_396_800, overlap: bool = True, period: float = 50.0):
+    """Init collectives, step 0 with one bucket, then two buckets per step."""
+    out = [coll("AllGather", 0, 2, 24), coll("Broadcast", 3, 10, grad)]
+    t = 20.0
+    out.append(coll("AllReduce", t + 5, t + 30, grad))
+    for _ in range(1, steps):
+        t += period
+        if overlap:
+            out += [coll("AllReduce", t + 5, t + 30, grad // 2), coll("AllReduce", t + 6, t + 31, grad // 2)]
+        else:
+            out += [coll("AllReduce", t + 5, t + 15, grad // 2), coll("AllReduce", t + 17, t + 27, grad // 2)]
+    out.append(coll("Barrier", t + 40, t + 41, 0))
+    return out
+
+
+def test_partition():
+    assert partition([8, 4, 4, 4, 4], 8) == [0, 1, 3]
+    assert partition([8, 4, 4, 4], 8) == [0, 1, 3]        # last group in progress
+    assert partition([8, 4, 5], 8) is None
+    assert partition([], 8) == [0]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_ddp_steps_carry_the_gradient_bytes_once(overlap):
+    steps, phases = feed(StepTracker(), ddp_run(10, overlap=overlap))
+    assert [s.index for s in steps] == list(range(10))
+    assert {s.bytes for s in steps} == {8_396_800}
+    assert [s.buckets for s in steps] == [1] + [2] * 9
+    assert [s.seconds for s in steps[1:-1]] == pytest.approx([0.050] * 8)
+    assert steps[-1].seconds is None                       # the last step has no end
+    assert steps[0].start_ns == 25 * MS
+
+
+def test_overlapping_buckets_sync_is_the_union():
+    steps, _ = feed(StepTracker(), ddp_run(4, overlap=True))
+    assert steps[2].sync_seconds == pytest.approx(0.026)   # [5, 31] ms, not 25 + 25
+    steps, _ = feed(StepTracker(), ddp_run(4, overlap=False))
+    assert steps[2].sync_seconds == pytest.approx(0.020)   # two windows of 10 ms
+
+
+def test_phases():
+    steps, phases = feed(StepTracker(), ddp_run(5))
+    (init,) = [p for p in phases if p.name == "param_broadcast"]
+    assert (init.step, init.collectives, init.bytes) == (-1, 2, 8_396_800 + 24)
+    assert init.seconds == pytest.approx(0.010)
+    sync = {p.step: p for p in phases if p.name == "grad_sync"}
+    compute = {p.step: p for p in phases if p.name == "compute"}
+    assert set(sync) == set(range(5)) and set(compute) == set(range(4))
+    for s in steps[:-1]:
+        assert sync[s.index].seconds + compute[s.index].seconds == pytest.approx(s.seconds)
+        assert compute[s.index].seconds == pytest.approx(s.compute_seconds)
+
+
+def test_equal_buckets_split_by_gaps_not_by_size():
+    # every bucket 4 MB, not overlapping: sizes alone would make each bucket a step;
+    # the long gaps (forward + optimizer) separate steps, the short ones buckets
+    colls, t = [], 0.0
+    for _ in range(8):
+        colls += [coll("AllReduce", t, t + 10, 4), coll("AllReduce", t + 12, t + 22, 4)]
+        t += 60
+    steps, _ = feed(StepTracker(), colls)
+    assert [s.buckets for s in steps] == [2] * 8
+    assert [s.seconds for s in steps[:-1]] == pytest.approx([0.060] * 7)
+
+
+def test_one_bucket_per_step():
+    colls = [coll("AllReduce", 40 * i, 40 * i + 10, 4) for i in range(6)]
+    steps, _ = feed(StepTracker(), colls)
+    assert [s.buckets for s in steps] == [1] * 6
+
+
+def test_no_steps_until_two_groups_are_seen():
+    tracker = StepTracker()
+    assert tracker.add(coll("AllReduce", 0, 10, 8)) == ([], [])
+    assert tracker.add(coll("AllReduce", 50, 60, 8)) == ([], [])
+    assert tracker.add(coll("AllReduce", 100, 110, 8)) == ([], [])
+    # three gaps, all alike: one burst per step; each step ends where the next starts
+    steps, _ = tracker.add(coll("AllReduce", 150, 160, 8))
+    assert [s.index for s in steps] == [0, 1, 2]
+    assert [s.seconds for s in steps] == pytest.approx([0.050] * 3)
+
+
+def test_candidates():
+    found = candidates([8, 4, 4, 8, 4, 4])
+    assert [(c.total, c.complete, c.single()) for c in found] == \
+        [(8, 4, False), (12, 2, False), (16, 2, False)]
+    assert [c.total for c in candidates([4, 4, 4, 4])] == [4, 8]
+    assert candidates([4, 4, 4, 4])[0].single()
+    assert FALLBACK_BURSTS > 4
+
+
+def test_choose_step_bytes_needs_a_consistent_cut():
+    tracker = StepTracker()
+    for c in [coll("AllReduce", 0, 10, 8), coll("AllReduce", 50, 60, 3),
+              coll("AllReduce", 100, 110, 7)]:
+        tracker.add(c)
+    assert choose_step_bytes(tracker.bursts) is None
+
+
+def test_a_changed_gradient_size_resyncs():
+    colls = [coll("AllReduce", 40 * i, 40 * i + 10, 8) for i in range(5)]
+    colls += [coll("AllReduce", 40 * i, 40 * i + 10, 12) for i in range(5, 12)]
+    tracker = StepTracker()
+    steps, _ = feed(tracker, colls)
+    assert tracker.resyncs == 1 and tracker.skipped == 1
+    assert [s.bytes for s in steps] == [8] * 4 + [12] * 7
+
+
+def test_ddp_parameter_broadcast_names_the_step_bytes_early():
+    # equal non-overlapping buckets with irregular gaps: only the hint decides
+    colls = [coll("Broadcast", 0, 5, 8)]
+    gaps = [3, 30, 9, 25, 4, 31]
+    t = 10.0
+    for g in gaps:
+        colls.append(coll("AllReduce", t, t + 10, 4))
+        t += 10 + g
+    tracker = StepTracker()
+    tracker.add(colls[0])
+    out = []
+    for c in colls[1:]:
+        out += tracker.add(c)[0]
+    assert tracker.step_bytes == 8
+    assert [s.buckets for s in out] == [2, 2]
+
+
+def test_noisy_gaps_wait_then_fall_back_to_the_smallest_total():
+    tracker = StepTracker()
+    t, out = 0.0, []
+    # long gaps at no regular position: no grouping of the equal buckets is clean
+    gaps = [5, 40, 5, 5, 40, 40, 5, 5, 5, 40, 5, 40, 40, 5, 5, 40, 5]
+    first_at = None
+    for n, g in enumerate(gaps, start=1):
+        out += tracker.add(coll("AllReduce", t, t + 10, 4))[0]
+        if out and first_at is None:
+            first_at = n
+        t += 10 + g
+    assert tracker.step_bytes == 4
+    assert first_at == FALLBACK_BURSTS              # undecided until then
+    assert len(out) == len(gaps) - 1 and all(s.buckets == 1 for s in out)
+
+
+def test_non_allreduce_after_init_and_empty_allreduce_are_ignored():
+    tracker = StepTracker()
+    steps, phases = feed(tracker, [coll("AllReduce", 0, 1, 0), coll("Broadcast", 5, 6, 8)])
+    assert steps == [] and phases == []
