@@ -72,6 +72,23 @@ def percpu_sums(table, count: int) -> list[int]:
     return out
 
 
+def prog_run_stats(fds) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) summed over BPF program fds, from /proc/self/fdinfo.
+
+    The kernel counts these only while BPF stats are enabled (sysctl
+    kernel.bpf_stats_enabled=1 or a BPF_ENABLE_STATS fd); otherwise both stay 0."""
+    ns = runs = 0
+    for fd in fds:
+        try:
+            text = Path(f"/proc/self/fdinfo/{fd}").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        ns += int(fields.get("run_time_ns", "0").strip() or 0)
+        runs += int(fields.get("run_cnt", "0").strip() or 0)
+    return ns, runs
+
+
 @dataclass(frozen=True)
 class TcHook:
     ifindex: int

@@ -33,6 +33,9 @@ class AgentConfig:
         "/usr/lib/x86_64-linux-gnu/libnccl.so.2), so every call of a process started later "
         "is seen from its first one; libraries that running processes map are found "
         "without this (rescanned every 2 s)"))
+    nccl_log_paths: list[str] = field(default_factory=list, metadata=doc(
+        "NCCL_DEBUG=INFO output the nccl_log source follows: files, glob patterns (new "
+        "matches are picked up) or - for stdin; empty: the source has nothing to read"))
     # --- probe gloo (agent/probes/gloo.py) ---
     gloo_paths: list[str] = field(default_factory=list, metadata=doc(
         "libtorch_cpu.so files (gloo is linked into it) the gloo probe attaches to at start, "

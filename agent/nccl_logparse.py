@@ -43,7 +43,8 @@ _CHANNEL = re.compile(
     r"^Channel (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<sr>\d+)\[(?P<sd>-?\d+)\] -> "
     r"(?P<dr>\d+)\[(?P<dd>-?\d+)\](?: \[(?P<dir>send|receive)\])? via (?P<via>\S.*)$")
 # graph/rings.cc dumpLine: "Channel %02d/%02d :" then " %d" per rank in ring order
-_RING_ORDER = re.compile(r"^Channel (?P<ch>\d+)/(?P<n>\d+) :(?P<order>(?: +\d+)+)(?P<more>\.\.\.)?$")
+_RING_ORDER = re.compile(
+    r"^Channel (?P<ch>\d+)/(?P<n>\d+) :(?P<order>(?: +\d+)+)(?P<more>\.\.\.)?$")
 # init.cc: "Ring %02d : %d -> %d -> %d"
 _RING = re.compile(r"^Ring (?P<ch>\d+) : (?P<prev>-?\d+) -> (?P<rank>\d+) -> (?P<next>-?\d+)$")
 # transport/net_socket.cc

@@ -163,8 +163,10 @@ class Shipper:
             await self._admit(records[half:])
             return
         self._next_seq += 1
-        # Room for the loss records this very batch may carry (~150 bytes each).
-        dropped = self.spool.make_room(size + 200 * len(SHIPPED_LOSSES), len(records) + 5)
+        # Room for the loss records this very batch may carry (~150 bytes each): those
+        # pending, and one more for the drops made now.
+        extra = len(self._loss_records()) + 1
+        dropped = self.spool.make_room(size + 200 * extra, len(records) + extra)
         if dropped:
             self._lose("spool_full" if self.spool.durable else "queue_full",
                        sum(p.count for p in dropped))

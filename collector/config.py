@@ -25,6 +25,12 @@ class CollectorConfig:
         "timeout of one InfluxDB request; a timed-out write is answered RETRY"))
     influx_batch_lines: int = field(default=5000, metadata=doc(
         "most lines in one InfluxDB write request (InfluxDB advises ~5000)"))
+    influx_retries: int = field(default=2, metadata=doc(
+        "immediate retries of a failed InfluxDB request (after 0.1 s, 0.2 s, ...) before the "
+        "batch is spooled or answered RETRY"))
+    influx_writers: int = field(default=4, metadata=doc(
+        "concurrent InfluxDB write requests; the lines of concurrent agent streams are "
+        "merged into requests of up to influx_batch_lines"))
     max_message_bytes: int = field(default=16 * 1024 * 1024, metadata=doc(
         "largest gRPC message accepted; larger ones end the stream with RESOURCE_EXHAUSTED "
         "and are counted (gRPC itself refuses those over twice this size)"))
@@ -74,11 +80,13 @@ class CollectorConfig:
                     "max_message_bytes": self.max_message_bytes,
                     "max_future_s": self.max_future_s, "max_age_s": self.max_age_s,
                     "spool_max_bytes": self.spool_max_bytes, "retry_after_s": self.retry_after_s,
-                    "max_streams": self.max_streams}
+                    "max_streams": self.max_streams, "influx_writers": self.influx_writers}
         for name, value in positive.items():
             if value <= 0:
                 raise UserError(f"{name} must be positive, not {value!r}",
                                 f"set --{name.replace('_', '-')} to a positive number")
+        if self.influx_retries < 0:
+            raise UserError("influx_retries must not be negative", "use 0 for no retries")
         if self.max_connection_age_s < 0:
             raise UserError("max_connection_age_s must not be negative", "use 0 to disable")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -1,12 +1,15 @@
 """Where an accepted batch goes: InfluxDB, else the collector's disk spool, else "later".
 
-    delivery = Delivery(sink, spool_or_None, metrics, readiness, retry_after_s)
+    delivery = Delivery(sink, spool_or_None, metrics, readiness, retry_after_s,
+                        max_lines=5000, writers=4)
     await delivery.start()
     outcome = await delivery.deliver(lines)     # -> Outcome
     await delivery.close()
 
 Semantics (what an Ack OK promises, see collector/stream.py):
-- The sink answers: the lines are in InfluxDB. `Outcome.written` lines.
+- The sink answers: the lines are in InfluxDB. `Outcome.written` lines. The
+  lines of concurrent streams travel together in requests of up to max_lines
+  (collector/coalesce.py); the spool is replayed in such requests too.
 - The sink fails temporarily (down, 5xx, timeout) and a spool is configured:
   the lines are gzipped into one spool entry, fsynced, and the batch counts as
   accepted (durable at-least-once: ack after spool). From then on new batches go
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from collector.coalesce import Coalescer
 from collector.sinks.base import SinkError, SinkRejected
 from fabricscope.spool import DirSpool, Entry, SpoolCorrupt, SpoolFull
 
@@ -69,9 +73,12 @@ def decode_lines(payload: bytes) -> list[str]:
 
 
 class Delivery:
-    def __init__(self, sink, spool: DirSpool | None, metrics, readiness, retry_after_s: float):
+    def __init__(self, sink, spool: DirSpool | None, metrics, readiness, retry_after_s: float,
+                 max_lines: int = 5000, writers: int = 4):
         self.sink, self.spool, self.m, self.readiness = sink, spool, metrics, readiness
         self.retry_after_s = retry_after_s
+        self.max_lines = max_lines
+        self.coalescer = Coalescer(self._write, max_lines, writers)
         self.healthy = True
         # Spool I/O has its own threads: the sink's may all hang on a slow InfluxDB.
         self._io = ThreadPoolExecutor(4, thread_name_prefix="spool")
@@ -80,6 +87,7 @@ class Delivery:
         self._last_key = 0
 
     async def start(self) -> None:
+        self.coalescer.start()
         if self.spool is None:
             return
         entries = await self._in_thread(self.spool.open)
@@ -95,6 +103,7 @@ class Delivery:
         self._replayer = asyncio.create_task(self._replay(), name="spool-replay")
 
     async def close(self) -> None:
+        await self.coalescer.close()
         if self._replayer is not None:
             self._replayer.cancel()
             await asyncio.gather(self._replayer, return_exceptions=True)
@@ -108,7 +117,7 @@ class Delivery:
         if self.spool is not None and not self.healthy:
             return await self._to_spool(lines)
         try:
-            await self._write(lines)
+            await self.coalescer.write(lines)
         except SinkError as exc:
             self._failing(exc)
             if self.spool is not None:
@@ -197,20 +206,28 @@ class Delivery:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if await self._replay_one(entries[0]):
+            if await self._replay_some(entries):
                 delay = REPLAY_INITIAL_S
                 continue
             await asyncio.sleep(delay)
             delay = min(REPLAY_MAX_S, delay * 2)
 
-    async def _replay_one(self, entry: Entry) -> bool:
-        """Write one entry and remove it; False when the sink is still failing."""
-        try:
-            lines = decode_lines(await self._in_thread(self.spool.read, entry))
-        except SpoolCorrupt as exc:
-            log.warning("spool: dropping unreadable entry (%d records): %s", entry.count, exc)
-            self.m.records_dropped.labels("spool_corrupt").inc(entry.count)
-            await self._in_thread(self.spool.remove, entry)
+    async def _replay_some(self, entries: list[Entry]) -> bool:
+        """Write the oldest entries (up to max_lines together) and remove them; False when
+        the sink is still failing."""
+        taken, lines = [], []
+        for entry in entries:
+            if taken and len(lines) + entry.count > self.max_lines:
+                break
+            try:
+                lines += decode_lines(await self._in_thread(self.spool.read, entry))
+            except SpoolCorrupt as exc:
+                log.warning("spool: dropping unreadable entry (%d records): %s", entry.count, exc)
+                self.m.records_dropped.labels("spool_corrupt").inc(entry.count)
+                await self._in_thread(self.spool.remove, entry)
+                continue
+            taken.append(entry)
+        if not taken:
             return True
         try:
             await self._write(lines)
@@ -223,6 +240,7 @@ class Delivery:
         else:
             self.m.records_written.inc(len(lines))
         self.m.records_replayed.inc(len(lines))
-        await self._in_thread(self.spool.remove, entry)
+        for entry in taken:
+            await self._in_thread(self.spool.remove, entry)
         self._recovered()
         return True

@@ -129,7 +129,7 @@ class Collector:
             self.sink = make_sink(cfg)
         spool = DirSpool(cfg.spool_dir, cfg.spool_max_bytes) if cfg.spool_dir else None
         self.delivery = Delivery(self.sink, spool, self.metrics, self.readiness,
-                                 cfg.retry_after_s)
+                                 cfg.retry_after_s, cfg.influx_batch_lines, cfg.influx_writers)
         await self.delivery.start()
         await self._start_sink(spool is not None)
         self._http = SelfMetricsServer(cfg.metrics_host, cfg.metrics_port,

@@ -7,7 +7,7 @@ VENV=${FABRICSCOPE_VENV:-.venv}
 PY=${PYTHON:-python3.11}
 APT_PACKAGES=(bpfcc-tools python3-bpfcc libbpfcc linux-headers-amd64 influxdb
   prometheus prometheus-alertmanager nftables iperf3 iproute2 ethtool curl
-  procps binutils victoria-metrics)
+  procps binutils victoria-metrics gcc util-linux)
 log() { printf '[setup] %s\n' "$*"; }
 
 if [ "$(id -u)" != 0 ]; then
@@ -44,10 +44,17 @@ echo "$PWD/$VENV/debian-bcc" > "$site/debian_bcc.pth"
 stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   log "installing fabricscope and its dependencies into $VENV"
-  "$VENV/bin/pip" install -q --upgrade pip >/dev/null
-  "$VENV/bin/pip" install -q -e '.[lab,dev]'
+  pip_log=$(mktemp)
+  if ! { "$VENV/bin/pip" install -q --upgrade pip && "$VENV/bin/pip" install -q -e '.[lab,dev]'; } >"$pip_log" 2>&1; then
+    tail -n 30 "$pip_log" >&2
+    echo "setup: pip install failed (log above); fix: check network access to PyPI" >&2
+    rm -f "$pip_log"; exit 2
+  fi
+  rm -f "$pip_log"
   rm -f "$VENV"/.installed-*; touch "$stamp"
 fi
 # Generated wire code: regenerated whenever the .proto is newer.
 make -s proto VENV="$VENV" >/dev/null
+# The real libnccl.so.2 (nvidia-nccl-cu12 wheel), cached; used by the nccl probe's tests.
+bash scripts/fetch-nccl.sh >/dev/null
 log "ready"

@@ -39,13 +39,22 @@ def read_layout(path: Path = FORMAT) -> tuple[int, dict[int, str]] | None:
         return None
 
 
+#: the fixed inode number of the initial network namespace (PROC_NET_INIT_INO, Linux 6.x)
+NET_INIT_INO = 0xEFFFFFF9
+
+
 def in_initial_netns(self_ns: str = "/proc/self/ns/net", init_ns: str = "/proc/1/ns/net") -> bool:
-    """True when this process shares PID 1's network namespace. `ip netns exec` keeps
-    the host's PID namespace, so PID 1 is the host's init there too."""
+    """True when this process is in the host's network namespace: the one of PID 1 (`ip
+    netns exec` keeps the host's PID namespace), or, where PID 1's is not readable
+    (sandboxes deny it even to root), the one with the initial namespace's fixed inode."""
     try:
-        return os.stat(self_ns).st_ino == os.stat(init_ns).st_ino
+        own = os.stat(self_ns).st_ino
     except OSError:
         return False
+    try:
+        return own == os.stat(init_ns).st_ino
+    except OSError:
+        return own == NET_INIT_INO
 
 
 class DropCounts:

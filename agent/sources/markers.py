@@ -10,6 +10,10 @@ fabricscope/markers.py, the contract). Every poll this source:
     the next step or done marker of the same process;
   - drains the ring of a process that exited, then deletes the file (a last step
     that never got a closing marker is counted as unterminated).
+
+Liveness is `kill(pid, 0)` on the pid in the ring header, so the agent must share
+the training processes' pid namespace (`ip netns exec` does; a Kubernetes
+DaemonSet needs hostPID).
 """
 
 from __future__ import annotations
@@ -150,16 +154,16 @@ class StepTracker:
                     out.append(self._record(ring, ring.open_step, e.time_ns))
                 ring.open_step = e if e.kind == fmt.KIND_STEP else None
             elif e.kind in (fmt.KIND_PHASE_BEGIN, fmt.KIND_PHASE_END):
-                self._count("phase_markers")      # no phase measurement yet
+                self.count("phase_markers")      # no phase measurement yet
             else:
-                self._count("unknown_kinds")
+                self.count("unknown_kinds")
         return out
 
     def _record(self, ring: _Ring, step: Entry, end_ns: int) -> Record:
         return Record("train_step", step.time_ns, dict(ring.reader.tags),
                       {"step": int(step.value), "seconds": max(0, end_ns - step.time_ns) / 1e9})
 
-    def _count(self, key: str, n: int = 1) -> None:
+    def count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n
 
 
@@ -199,7 +203,7 @@ class MarkersSource(Probe):
                 continue
             if not alive:
                 if ring.open_step is not None:
-                    self._tracker._count("unterminated_steps")
+                    self._tracker.count("unterminated_steps")
                 self._close(path, delete=True)
         return out
 
@@ -224,7 +228,7 @@ class MarkersSource(Probe):
 
     def _mark_bad(self, path: Path, why: str, inode: int) -> None:
         self._skip.add((path, inode))
-        self._tracker._count("bad_rings")
+        self._tracker.count("bad_rings")
         log.warning("markers: skipping bad ring %s: %s", path, why)
 
     def _close(self, path: Path, delete: bool) -> None:
@@ -232,7 +236,7 @@ class MarkersSource(Probe):
         self._skip.add((path, ring.inode))
         self._lost_closed += ring.reader.lost
         ring.reader.close()
-        self._tracker._count("rings_closed")
+        self._tracker.count("rings_closed")
         if delete:
             try:
                 path.unlink()
@@ -240,7 +244,7 @@ class MarkersSource(Probe):
             except FileNotFoundError:
                 self._skip.discard((path, ring.inode))
             except OSError as exc:
-                self._tracker._count("delete_errors")
+                self._tracker.count("delete_errors")
                 log.warning("markers: cannot delete %s: %s", path, exc.strerror)
 
     def stats(self) -> dict[str, int]:

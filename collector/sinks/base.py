@@ -1,9 +1,10 @@
 """The sink contract and what the two InfluxDB sinks share.
 
 A sink takes records, encodes them once with fabricscope.lineproto and sends
-them in chunks of `influx_batch_lines`. It raises SinkError for a temporary
-failure (server unreachable, 5xx, timeout: the collector answers RETRY and the
-agent resends) and SinkRejected when the server refused the points for good
+them in chunks of `influx_batch_lines`, gzipped. It retries a temporary failure
+`influx_retries` times, then raises SinkError (server unreachable, 5xx,
+timeout: the collector spools the batch, or answers RETRY and the agent
+resends) and SinkRejected when the server refused the points for good
 (HTTP 400: resending cannot help). Synchronous HTTP runs on a small thread pool
 so the collector's event loop never blocks on the network.
 """
@@ -51,7 +52,9 @@ class Sink(abc.ABC):
     def __init__(self, config):
         self.config = config
         self.url = config.influx_url.rstrip("/")
-        self._pool = ThreadPoolExecutor(HTTP_THREADS, thread_name_prefix="sink")
+        # One thread per concurrent writer, plus the spool replay.
+        threads = max(HTTP_THREADS, getattr(config, "influx_writers", 0) + 1)
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="sink")
 
     async def start(self) -> None:
         """Check the server answers (and prepare it). Raise UserError when it does not."""
@@ -61,9 +64,20 @@ class Sink(abc.ABC):
         await self.write_lines([lineproto.encode(r) for r in records])
 
     async def write_lines(self, lines: list[str]) -> None:
-        """Write already-encoded lines (the collector encodes while validating)."""
+        """Write already-encoded lines (the collector encodes while validating).
+
+        A temporary failure is retried `influx_retries` times (after 0.1 s, 0.2 s, ...)
+        before SinkError reaches the caller: a restarting or briefly overloaded server
+        then costs a short delay, not a spool round trip."""
         for chunk in lineproto.chunks(lines, self.config.influx_batch_lines):
-            await self._run(self._write_sync, chunk)
+            for attempt in range(self.config.influx_retries + 1):
+                try:
+                    await self._run(self._write_sync, chunk)
+                    break
+                except SinkError:
+                    if attempt == self.config.influx_retries:
+                        raise
+                    await asyncio.sleep(0.1 * 2 ** attempt)
 
     async def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -83,12 +83,12 @@ class Runner:
     proc: subprocess.Popen
     lines: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
 
     @classmethod
-    def start(cls, pair: Pair, ns: str, *flags: str) -> "Runner":
-        proc = subprocess.Popen(pair.exec(ns, PYTHON, "-m", "agent.probes.nic_standalone",
-                                          *flags),
+    def start(cls, prefix: list[str], *flags: str) -> "Runner":
+        """prefix: e.g. ["ip", "netns", "exec", NS]; [] runs in the host's namespace."""
+        proc = subprocess.Popen([*prefix, PYTHON, "-m", "agent.probes.nic_standalone", *flags],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
         runner = cls(proc)
@@ -145,8 +145,8 @@ class Runner:
 
 
 @contextlib.contextmanager
-def running(pair: Pair, ns: str, *flags: str):
-    runner = Runner.start(pair, ns, *flags)
+def running(prefix: list[str], *flags: str):
+    runner = Runner.start(prefix, *flags)
     try:
         yield runner
     finally:

@@ -43,7 +43,10 @@ CALLS = [
     ("ncclGroupEnd", {}),
     ("ncclBcast", dict(count=10, datatype=0, root=1, stream=0x515C)),
     ("ncclCommInitRank", dict(nranks=4, rank=2)),
+    ("ncclCommInitRankConfig", dict(nranks=3, rank=1)),
+    ("ncclCommSplit", dict(color=5, key=6)),
     ("ncclCommDestroy", {}),
+    ("ncclCommAbort", {}),
 ]
 
 
@@ -68,7 +71,7 @@ def _args(sym: str, a: dict) -> tuple[list, list]:
     if sym in ("ncclSend", "ncclRecv", "ncclBcast"):
         peer = a.get("peer", a.get("root"))
         return [P, S, I, I, P, P], [None, a["count"], a["datatype"], peer, None, stream]
-    if sym == "ncclCommDestroy":
+    if sym in ("ncclCommDestroy", "ncclCommAbort"):
         return [P], [None]
     return [], []
 
@@ -87,11 +90,20 @@ def child(lib_path: str) -> None:
     rets = []
     for sym, a in CALLS:
         fn = getattr(lib, sym)
-        if sym == "ncclCommInitRank":
+        if sym.startswith("ncclCommInitRank"):
             comm, uid = ctypes.c_void_p(), _UniqueId()
             ctypes.memmove(ctypes.addressof(uid), UNIQUE_ID, 128)
-            fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, _UniqueId, ctypes.c_int]
-            rets.append(fn(ctypes.byref(comm), a["nranks"], uid, a["rank"]))
+            config = [ctypes.c_void_p] if sym.endswith("Config") else []
+            fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, _UniqueId,
+                           ctypes.c_int] + config
+            rets.append(fn(ctypes.byref(comm), a["nranks"], uid, a["rank"],
+                           *([None] if config else [])))
+            continue
+        if sym == "ncclCommSplit":
+            newcomm = ctypes.c_void_p()
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                           ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+            rets.append(fn(None, a["color"], a["key"], ctypes.byref(newcomm), None))
             continue
         fn.argtypes, vals = _args(sym, a)
         rets.append(fn(*vals))
@@ -168,11 +180,16 @@ def run_calls(proc) -> list[int]:
     return json.loads(proc.stdout.readline())
 
 
+POLL_S = 0.02     # between polls of a condition (a polling interval, not a wait for it)
+
+
 def await_records(probe, pid: int, n: int, deadline_s: float = 60) -> list:
     got: list = []
     deadline = time.monotonic() + deadline_s
     while len(got) < n and time.monotonic() < deadline:
         got += [r for r in probe.poll() if r.tags["pid"] == str(pid)]
+        if len(got) < n:
+            time.sleep(POLL_S)
     return got
 
 
@@ -182,6 +199,7 @@ def await_true(fn, what: str, deadline_s: float = 60):
         value = fn()
         if value:
             return value
+        time.sleep(POLL_S)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -194,14 +212,18 @@ def check_exact(records: list, rets: list[int], pid: int) -> None:
         assert rec.tags["pid"] == str(pid)
         assert rec.fields["api"] == sym and rec.fields["ret"] == ret
         assert rec.fields["duration_ns"] > 0
-        if sym == "ncclCommInitRank":
+        if sym.startswith("ncclCommInitRank"):
             assert rec.measurement == "nccl_comm" and rec.tags["event"] == "init"
-            assert (rec.fields["nranks"], rec.fields["rank"]) == (4, 2)
-            assert rec.tags["comm_id"] == f"0x{comm_id_hash(UNIQUE_ID):x}"
+            assert (rec.fields["nranks"], rec.fields["rank"]) == (a["nranks"], a["rank"])
+            assert rec.tags["comm_id"] == f"0x{comm_id_hash(UNIQUE_ID):x}"   # id on the stack
             assert ret == 1 and rec.tags["comm"] == "0x0"        # no CUDA driver here
             continue
-        if sym == "ncclCommDestroy":
-            assert rec.tags["event"] == "destroy"
+        if sym == "ncclCommSplit":
+            assert rec.tags["event"] == "split" and rec.fields["parent"] == "0x0"
+            assert (rec.fields["color"], rec.fields["key"]) == (5, 6) and ret != 0
+            continue
+        if sym in ("ncclCommDestroy", "ncclCommAbort"):
+            assert rec.tags["event"] == sym[len("ncclComm"):].lower() and ret == 0
             continue
         assert rec.measurement == "nccl_call" and rec.tags["timing"] == "enqueue"
         if "count" not in a:                                    # group start/end

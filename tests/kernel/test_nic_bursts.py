@@ -37,7 +37,7 @@ def match(truth: dict, bursts: list[dict], offset_ns: int) -> dict | None:
 
 
 def test_microbursts_found_with_start_and_size():
-    with netns_pair() as pair, running(pair, pair.ns_b, "--interfaces", pair.if_b,
+    with netns_pair() as pair, running(pair.exec(pair.ns_b), "--interfaces", pair.if_b,
                                        "--link-speed-bps", f"{pair.if_b}=1gbit") as probe:
         ready = probe.ready()
         offset = ready["clock_offset_ns"]

@@ -193,7 +193,7 @@ def _ship_while_down_then_up(metrics, caplog, batches, **kw):
 
 def test_full_memory_queue_drops_oldest_and_ships_the_loss(caplog):
     metrics = AgentMetrics()
-    # 50 records for 30 places (memory only); each batch leaves room for 5 loss records.
+    # 50 records for 35 places (memory only); a batch keeps room for a loss record.
     fake = _ship_while_down_then_up(metrics, caplog, [recs(10, 10 * i) for i in range(5)],
                                     max_records=35)
     assert sample(metrics, "fabricscope_agent_records_dropped_total", reason="queue_full") == 20
@@ -280,11 +280,11 @@ def test_big_batches_are_split_and_a_record_too_big_alone_is_dropped():
     metrics, fake = AgentMetrics(), FakeCollector()
     records = recs(8, pad="p" * 300) + [Record("m", 99, {"node": "n", "pad": "P" * 5000},
                                                {"v": 99})]
-    run(serve_and_ship(fake, metrics, [records], batch_max_bytes=2048))
-    assert sorted(v for batch in fake.values() for v in batch) == list(range(8))
+    run(serve_and_ship(fake, metrics, [records, recs(1, 50)], batch_max_bytes=2048))
+    assert sorted(v for batch in fake.values() for v in batch) == list(range(8)) + [50]
     assert len(fake.received) > 1 and all(b.ByteSize() <= 2048 for b in fake.received)
     assert sample(metrics, "fabricscope_agent_records_dropped_total", reason="oversized") == 1
-    assert ("oversized", 1) in {(reason, n) for _, reason, n in fake.loss()}
+    assert fake.loss() == [(fake.received[-1].seq, "oversized", 1)]   # with the next batch
 
 
 def test_shutdown_with_collector_down_counts_what_is_left_in_memory():

@@ -84,8 +84,18 @@ def test_v1_recreates_a_dropped_database(influx):
             await sink.write([Record("m", T0 + 1, {}, {"v": 2})])
         await sink.write([Record("m", T0 + 2, {}, {"v": 3})])   # the agent's resend
 
-    run(with_sink(config(influx.url), scenario))
+    run(with_sink(config(influx.url, influx_retries=0), scenario))
     assert influx.query('SELECT "v" FROM "m"', DB)[0]["v"] == 3
+
+
+def test_v1_retries_recreate_a_dropped_database_within_one_write(influx):
+    async def scenario(sink):
+        await sink.write([Record("m", T0, {}, {"v": 1})])
+        influx.query(f'DROP DATABASE "{DB}"')
+        await sink.write([Record("m", T0 + 1, {}, {"v": 2})])   # 404, recreate, retry
+
+    run(with_sink(config(influx.url), scenario))
+    assert influx.query('SELECT "v" FROM "m"', DB)[0]["v"] == 2
 
 
 @pytest.mark.parametrize("api", ["v1", "v2"])

@@ -130,5 +130,6 @@ def test_prefix_and_timestamps():
     assert (ll.host, ll.pid, ll.tid, ll.cuda_dev, ll.level, ll.file, ll.line, ll.func,
             ll.message) == ("h-1", 10, 11, -1, "WARN", "a/b.cc", 7, "fn", "boom")
     assert ll.time_ns == local_ns("2026-01-02 03:04:05")
-    assert parse_timestamp("2026-01-02 03:04:05.250") == local_ns("2026-01-02 03:04:05") + 250_000_000
+    assert parse_timestamp("2026-01-02 03:04:05.250") == \
+        local_ns("2026-01-02 03:04:05") + 250_000_000
     assert parse_timestamp("Jan 2 03:04:05") is None     # custom format: read time is used

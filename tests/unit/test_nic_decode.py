@@ -146,6 +146,8 @@ def test_initial_netns_check(tmp_path):
     assert nic_drops.in_initial_netns(str(a), str(a))
     assert not nic_drops.in_initial_netns(str(a), str(b))
     assert not nic_drops.in_initial_netns(str(tmp_path / "missing"), str(a))
+    # PID 1's namespace unreadable: the initial namespace's fixed inode decides
+    assert not nic_drops.in_initial_netns(str(a), str(tmp_path / "missing"))
 
 
 # --- qdiscs --------------------------------------------------------------------------
