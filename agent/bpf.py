@@ -24,6 +24,32 @@ TRACEFS = Path("/sys/kernel/tracing")
 CLSACT_EGRESS = "ffff:fff3"
 
 
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def inline_includes(path: Path, seen: set[Path] | None = None) -> str:
+    """The source of `path` with its `#include "..."` files of the same directory
+    pasted in (each once), `#line` directives keeping compiler messages right.
+
+    Why: BCC rewrites map calls (`own_addrs.lookup(...)`) only in the main file;
+    in an included file they compile to an indirect call the verifier rejects.
+    Pasting makes shared helpers (bpf/fs_common.h) and composed programs
+    (tcp_flows.bpf.c includes tcp_retransmit.bpf.c) part of the main file."""
+    seen = set() if seen is None else seen
+    out = [f'#line 1 "{path.name}"']
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        m = _LOCAL_INCLUDE.match(line)
+        included = path.parent / m.group(1) if m else None
+        if included is None or not included.is_file():
+            out.append(line)
+            continue
+        if included.resolve() not in seen:
+            seen.add(included.resolve())
+            out.append(inline_includes(included, seen))
+        out.append(f'#line {number + 1} "{path.name}"')
+    return "\n".join(out) + "\n"
+
+
 def compile_program(family: str, cflags: list[str]):
     """Compile and load bpf/<family>.bpf.c (tracepoint probes attach on load)."""
     from bcc import BPF
@@ -32,7 +58,7 @@ def compile_program(family: str, cflags: list[str]):
     if not path.is_file():
         raise ProbeUnavailable(f"BPF source {path} is missing")
     try:
-        return BPF(src_file=str(path).encode(), cflags=[f"-I{BPF_DIR}", *cflags])
+        return BPF(text=inline_includes(path).encode(), cflags=[f"-I{BPF_DIR}", *cflags])
     except Exception as exc:  # BCC raises bare Exception on compile/load/attach errors
         raise ProbeUnavailable(f"{path.name} did not load: {str(exc).splitlines()[0]}") from None
 

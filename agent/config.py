@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from dataclasses import dataclass, field
 
@@ -20,9 +21,10 @@ class AgentConfig:
     output: str = field(default="none", metadata=doc(
         "also print every record as one JSON object per line on stdout: jsonl or none",
         choices=["none", "jsonl"]))
-    probes: list[str] = field(default_factory=lambda: ["tcp_retransmit", "markers"],
-                              metadata=doc("probes and sources to run",
-                                           default_doc=["tcp_retransmit", "markers"]))
+    probes: list[str] = field(default_factory=lambda: ["tcp_flows", "markers"],
+                              metadata=doc("probes and sources to run (tcp_flows includes "
+                                           "tcp_retransmit: enable one of the two)",
+                                           default_doc=["tcp_flows", "markers"]))
     addresses: list[str] = field(default_factory=list, metadata=doc(
         "IP addresses that belong to this node (events are attributed by them); "
         "empty: every address of the agent's network namespace"))
@@ -95,6 +97,23 @@ class AgentConfig:
         "synthetic source: stop after this many records (0: never)"))
     metrics_host: str = field(default="0.0.0.0", metadata=doc("address for /metrics and /readyz"))
     metrics_port: int = field(default=9471, metadata=doc("port for /metrics and /readyz; 0 picks one"))
+    # --- probes tcp_retransmit and tcp_flows (agent/probes/tcp_*.py) ---
+    tcp_window_s: float = field(default=1.0, metadata=doc(
+        "tcp_flows aggregation window in seconds: one tcp_flow record per flow with traffic "
+        "and one tcp_node record per window (at least poll_interval_s)"))
+    tcp_max_flows: int = field(default=4096, metadata=doc(
+        "flows tcp_flows aggregates at once (per-CPU LRU hash, 448 bytes per flow and CPU; "
+        "when full the least recently active are evicted and the window is counted in "
+        "probe_events_total{event=\"flow_table_full\"})"))
+    tcp_flow_hooks: list[str] = field(
+        default_factory=lambda: ["tcp/tcp_probe", "sock/inet_sock_set_state",
+                                 "tcp/tcp_send_reset", "tcp/tcp_receive_reset"],
+        metadata=doc("tracepoints tcp_flows hooks besides the retransmit ones: tcp/tcp_probe "
+                     "(RTT, cwnd, bytes; runs per segment received), sock/inet_sock_set_state "
+                     "(opens, closes), tcp/tcp_send_reset, tcp/tcp_receive_reset; one this "
+                     "kernel lacks makes the probe unavailable (logged; the agent runs on)",
+                     default_doc=["tcp/tcp_probe", "sock/inet_sock_set_state",
+                                  "tcp/tcp_send_reset", "tcp/tcp_receive_reset"]))
     # --- probe nic (agent/probes/nic.py) ---
     interfaces: list[str] = field(default_factory=list, metadata=doc(
         "interfaces the nic probe watches (TC ingress and egress); empty: every "
@@ -140,6 +159,7 @@ class AgentConfig:
             raise UserError(f"unknown probe {', '.join(unknown)!s}" if unknown
                             else "no probe enabled",
                             f"choose from {', '.join(sorted(REGISTRY))}")
+        self.check_tcp()
         from agent.addresses import parse_addresses
         parse_addresses(self.addresses)
 
@@ -162,6 +182,25 @@ class AgentConfig:
         if self.synthetic_rate <= 0 or self.synthetic_count < 0:
             raise UserError("synthetic_rate must be positive and synthetic_count not negative",
                             "e.g. --synthetic-rate 1000 --synthetic-count 0")
+
+    def check_tcp(self) -> None:
+        from agent.probes import INCLUDES
+        for probe, included in INCLUDES.items():
+            both = [p for p in included if p in self.probes and probe in self.probes]
+            if both:
+                raise UserError(f"probe {probe} includes {', '.join(both)}; both are enabled",
+                                f"list only {probe} in --probes")
+        if self.tcp_window_s < self.poll_interval_s:
+            raise UserError(f"tcp_window_s {self.tcp_window_s:g} is shorter than "
+                            f"poll_interval_s {self.poll_interval_s:g}",
+                            "give a window of at least one poll interval, e.g. 1")
+        if not 64 <= self.tcp_max_flows <= 1 << 20:
+            raise UserError(f"tcp_max_flows {self.tcp_max_flows} is out of range",
+                            "give 64 to 1048576 (default 4096)")
+        bad = [h for h in self.tcp_flow_hooks if not re.fullmatch(r"\w+/\w+", h)]
+        if bad:
+            raise UserError(f"tcp_flow_hooks: {bad[0]!r} is not CATEGORY/EVENT",
+                            "name tracepoints like tcp/tcp_probe")
 
     def spool_path(self) -> str:
         """spool_dir with {node} replaced; empty: memory only."""

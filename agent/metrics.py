@@ -90,6 +90,6 @@ class AgentMetrics:
         r.register(self.probe_stats)
         for status in ("ok", "retry", "rejected"):
             self.batches_acked.labels(status)
-        for reason in ("queue_full", "spool_full", "oversized", "spool_corrupt", "rejected",
-                       "shutdown"):
+        for reason in ("queue_full", "spool_full", "oversized", "unencodable", "spool_corrupt",
+                       "rejected", "shutdown"):
             self.records_dropped.labels(reason)

@@ -86,7 +86,7 @@ def poll_once(probes, node: str, metrics) -> list[Record]:
 
 
 async def poll_stage(probes, node: str, interval_s: float, out: asyncio.Queue, metrics,
-                     stop: asyncio.Event) -> None:
+                     stop: asyncio.Event, after_poll: Callable[[], object] | None = None) -> None:
     while True:
         stopping = stop.is_set()
         records = await asyncio.to_thread(poll_once, probes, node, metrics)
@@ -98,6 +98,13 @@ async def poll_stage(probes, node: str, interval_s: float, out: asyncio.Queue, m
             await asyncio.wait_for(stop.wait(), interval_s)
         except asyncio.TimeoutError:
             pass
+    if after_poll is not None:
+        # Detaching drains what the kernel still holds (e.g. the NIC probe's open
+        # window); the Probe contract hands those records out in one more poll().
+        await asyncio.to_thread(after_poll)
+        records = await asyncio.to_thread(poll_once, probes, node, metrics)
+        if records:
+            out.put_nowait(records)
     out.put_nowait(None)
 
 
@@ -142,15 +149,14 @@ async def run_pipeline(probes, outputs: list[Output], *, node: str, poll_interva
     records_q: asyncio.Queue = asyncio.Queue()
     batches_q: asyncio.Queue = asyncio.Queue()
     poller = asyncio.create_task(
-        poll_stage(probes, node, poll_interval_s, records_q, metrics, stop), name="poll")
+        poll_stage(probes, node, poll_interval_s, records_q, metrics, stop, after_poll),
+        name="poll")
     batcher = asyncio.create_task(
         batch_stage(records_q, batches_q, Batcher(batch_max_records, flush_interval_s)),
         name="batch")
     sender = asyncio.create_task(output_stage(batches_q, outputs), name="output")
     try:
         await poller
-        if after_poll is not None:
-            await asyncio.to_thread(after_poll)
         await batcher
         await sender
     finally:

@@ -6,14 +6,15 @@ strictly increasing, kept for resends); the collector answers each with an Ack:
 OK (durable: forget it), RETRY (resend later, not before retry_after_ms: the
 collector's slow-down signal), REJECTED (invalid: counted, logged, never resent).
 
-Admission (`send`): records are serialized into one Batch (split in halves
-while over batch_max_bytes), room is made in the spool (agent/spool.py: the
+Admission (`send`): records are encoded as canonical line protocol
+(fabricscope.lineschema; one that cannot be is counted as `unencodable`) and
+serialized into one Batch (split in halves while over batch_max_bytes), room is made in the spool (agent/spool.py: the
 oldest batches go when spool_max_bytes, or in memory-only mode
 queue_max_records, would be exceeded), and the batch is stored: fsynced to disk
 when a spool directory is set, so it survives a crash and a restarted agent
 resends it. Every record given up is counted in
-records_dropped_total{reason} (spool_full, queue_full, oversized, spool_corrupt,
-shutdown, rejected) and, except `rejected` (which the collector counts
+records_dropped_total{reason} (spool_full, queue_full, oversized, unencodable,
+spool_corrupt, shutdown, rejected) and, except `rejected` (which the collector counts
 itself), shipped: the batch admitted right after a loss carries the cumulative
 count in `dropped_before` and one `agent_loss` record per reason, so InfluxDB
 shows the gap. Listeners in `on_durable` hear of each admitted record list
@@ -44,7 +45,8 @@ log = logging.getLogger("fabricscope.agent.shipper")
 METHOD = "/fabricscope.v1.Collector/Stream"
 #: Reasons whose losses travel in dropped_before / agent_loss (the collector counts
 #: its own refusals).
-SHIPPED_LOSSES = ("spool_full", "queue_full", "oversized", "spool_corrupt", "shutdown")
+SHIPPED_LOSSES = ("spool_full", "queue_full", "oversized", "unencodable", "spool_corrupt",
+                  "shutdown")
 CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 60_000), ("grpc.keepalive_timeout_ms", 20_000),
                    ("grpc.keepalive_permit_without_calls", 1),
                    ("grpc.http2.max_pings_without_data", 0),
@@ -93,6 +95,7 @@ class Shipper:
         self._loss_shipped: dict[str, int] = dict(self.lost)
         self._next_seq = spool.next_seq()
         self._disk_ok = True
+        self._unencodable_seen: set[str] = set()
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()        # an ack or drop happened (close() waits on it)
         self._paused_until = 0.0
@@ -111,9 +114,15 @@ class Shipper:
         return 0.0 if oldest is None else max(0.0, time.time() - oldest)
 
     async def send(self, batch: list[Record]) -> None:
-        await self._admit(batch)
+        await self._admit(self._encode(batch))
         for listener in self.on_durable:
             listener(batch)
+        self._update_gauges()
+        self._wake.set()
+
+    async def send_lines(self, lines: list[str]) -> None:
+        """Admit lines already in canonical form (the load generator builds them ahead)."""
+        await self._admit(lines)
         self._update_gauges()
         self._wake.set()
 
@@ -143,40 +152,57 @@ class Shipper:
                         left, batches, self.target)
 
     # --- admission ----------------------------------------------------------------------
-    async def _admit(self, records: list[Record]) -> None:
-        """Serialize, make room, store; halve while over batch_max_bytes."""
+    def _encode(self, records: list[Record]) -> list[str]:
+        """Canonical lines (what the collector validates); unencodable records counted."""
+        from fabricscope.lineproto import LineProtocolError
+        from fabricscope.lineschema import canonical_line
+        lines = []
+        for r in records:
+            try:
+                lines.append(canonical_line(r))
+            except LineProtocolError as exc:
+                self._lose("unencodable", 1)
+                if r.measurement not in self._unencodable_seen:   # once per measurement
+                    self._unencodable_seen.add(r.measurement)
+                    log.warning("dropping a record line protocol cannot carry (%s); further "
+                                "ones are only counted", exc)
+        return lines
+
+    async def _admit(self, lines: list[str]) -> None:
+        """Make one batch, make room, store it; halve while over batch_max_bytes."""
         from fabricscope.wire import make_batch
-        if not records:
+        if not lines:
             return
         seq = self._next_seq
-        batch = make_batch(node=self.node, agent_id=self.agent_id, seq=seq, records=records,
+        batch = make_batch(node=self.node, agent_id=self.agent_id, seq=seq, lines=lines,
                            dropped_before=sum(self.lost.values()))
         size = batch.ByteSize()
         if size > self.batch_max_bytes:
-            if len(records) == 1:
+            if len(lines) == 1:
                 self._lose("oversized", 1)
-                log.warning("dropping a %s record of %d bytes (batch_max_bytes %d)",
-                            records[0].measurement, size, self.batch_max_bytes)
+                log.warning("dropping a record of %d bytes (batch_max_bytes %d): %.80s",
+                            size, self.batch_max_bytes, lines[0])
                 return
-            half = len(records) // 2
-            await self._admit(records[:half])
-            await self._admit(records[half:])
+            half = len(lines) // 2
+            await self._admit(lines[:half])
+            await self._admit(lines[half:])
             return
         self._next_seq += 1
         # Room for the loss records this very batch may carry (~150 bytes each): those
         # pending, and one more for the drops made now.
         extra = len(self._loss_records()) + 1
-        dropped = self.spool.make_room(size + 200 * extra, len(records) + extra)
+        dropped = self.spool.make_room(size + 200 * extra, len(lines) + extra)
         if dropped:
             self._lose("spool_full" if self.spool.durable else "queue_full",
                        sum(p.count for p in dropped))
         loss = self._loss_records()
         if loss:
             batch = make_batch(node=self.node, agent_id=self.agent_id, seq=seq,
-                               records=records + loss, dropped_before=sum(self.lost.values()))
-        await self._store(seq, batch.SerializeToString(), len(records) + len(loss))
+                               lines=lines + self._encode(loss),
+                               dropped_before=sum(self.lost.values()))
+        await self._store(seq, batch.SerializeToString(), len(batch.lines))
         self._loss_shipped.update({r.tags["reason"]: r.fields["records"] for r in loss})
-        self.metrics.records_spooled.inc(len(records))
+        self.metrics.records_spooled.inc(len(lines))
 
     async def _store(self, seq: int, data: bytes, count: int) -> None:
         try:

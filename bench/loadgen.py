@@ -9,9 +9,9 @@ own gRPC channel, i.e. its own TCP connection and stream, as a fleet of nodes
 would open. Agent i reports as node `<prefix><i>` and sends `batches` batches
 of `records` synthetic records (fabricscope/measurements/synthetic.py; record
 n of agent i at base + n µs), so InfluxDB can be checked point by point:
-`count(n)` per node must equal batches x records. Records are built before the
-clock starts, so the timed part is serialization, the transport and the
-collector. Memory-only spools (nothing on disk).
+`count(n)` per node must equal batches x records. Records are encoded as lines
+before the clock starts (Shipper.send_lines), so the timed part is batch
+serialization, the transport and the collector. Memory-only spools (nothing on disk).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from agent.metrics import AgentMetrics
 from agent.shipper import Backoff, Shipper
 from agent.sources.synthetic import make_record
 from agent.spool import BatchSpool
+from fabricscope.lineschema import canonical_line
 
 PERIOD_NS = 1000
 
@@ -65,7 +66,8 @@ class LoadResult:
         return self.records / self.seconds if self.seconds else 0.0
 
 
-def build_batches(spec: LoadSpec, i: int) -> list[list]:
+def build_records(spec: LoadSpec, i: int) -> list[list]:
+    """Agent i's batches as Records (node tag set)."""
     out = []
     for b in range(spec.batches):
         first = b * spec.records
@@ -75,6 +77,11 @@ def build_batches(spec: LoadSpec, i: int) -> list[list]:
             r.tags["node"] = spec.node(i)
         out.append(batch)
     return out
+
+
+def build_batches(spec: LoadSpec, i: int) -> list[list[str]]:
+    """Agent i's batches as canonical lines, what its shipper sends."""
+    return [[canonical_line(r) for r in batch] for batch in build_records(spec, i)]
 
 
 async def _agent(spec: LoadSpec, i: int, batches: list[list], metrics: AgentMetrics,
@@ -87,7 +94,7 @@ async def _agent(spec: LoadSpec, i: int, batches: list[list], metrics: AgentMetr
     await start.wait()
     shipper.start()
     for batch in batches:
-        await shipper.send(batch)
+        await shipper.send_lines(batch)
     await shipper.close()
 
 

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-/* tcp_retransmit: one event per TCP retransmission sent from this node's addresses.
+/* tcp_retransmit: one event per TCP retransmission sent from this node's addresses,
+ * with its kind (fast retransmit, RTO, slow start after RTO, tail loss probe).
  *
  * Hooks (stable ABI only; no kernel struct is read):
  *   tracepoint tcp/tcp_retransmit_skb     one hit per retransmitted skb (with err)
  *   tracepoint tcp/tcp_retransmit_synack  SYN-ACK retransmits (RetransSegs counts them)
- *   TC egress (cls_bpf, direct action)    gso_segs of each own TCP packet
+ *   tracepoint tcp/tcp_cong_state_set     congestion state per socket: the kind
+ *   tracepoint tcp/tcp_destroy_sock       forgets a socket's congestion state
+ *   TC egress (cls_bpf, direct action)    gso_segs and payload of each own TCP packet
  *
  * Why TC egress: the kernel's RetransSegs adds tcp_skb_pcount(skb) per retransmit,
  * and with TSO/GSO one retransmitted skb carries several segments; the tracepoint
@@ -13,14 +16,20 @@
  * before the tracepoint fires; so the last egress packet of the flow is the
  * retransmitted one and its __sk_buff.gso_segs is the pcount. The tracepoint
  * consumes (deletes) that entry. When TC did not see it, segs is 0 and counted.
+ * TC egress also adds every own TCP packet's segments and payload bytes to node
+ * totals (the denominator of the retransmit ratio).
  *
- * Attribution: the tracepoints carry no network namespace and one kernel serves
- * every lab node, so events are kept only when the source address is in
- * `own_addrs` (filled by the agent with its node's addresses, v4 as v4-mapped).
+ * Kinds: tcp_set_ca_state() fires tcp_cong_state_set on every change, and the
+ * RTO timer calls tcp_enter_loss() (-> Loss, even when already in Loss) right
+ * before it retransmits the head; so the first retransmit after a change to Loss
+ * is the timeout's, later ones in Loss are slow-start retransmits, those in
+ * Recovery fast retransmits, and those in Open/Disorder/CWR tail loss probes
+ * (the agent names them; see agent/probes/tcp_retransmit.py for the limits).
  *
  * Options (cflags): -DMAX_ADDRS=n -DFLOW_ENTRIES=n -DRINGBUF_PAGES=n; the loader adds
  * -DFS_TP_HAS_ERR when tcp_retransmit_skb has `err` (6.x; before, only sent skbs
- * were traced) and -DFS_TP_SYNACK when tcp_retransmit_synack exists.
+ * were traced), -DFS_TP_SYNACK, -DFS_TP_CONG_STATE and -DFS_TP_DESTROY when those
+ * tracepoints exist.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
@@ -30,9 +39,6 @@
 #include <uapi/linux/pkt_cls.h>
 #include "tcp_retransmit.h"
 
-#ifndef MAX_ADDRS
-#define MAX_ADDRS 64
-#endif
 #ifndef FLOW_ENTRIES
 #define FLOW_ENTRIES 16384
 #endif
@@ -40,8 +46,10 @@
 #define RINGBUF_PAGES 16
 #endif
 
-BPF_HASH(own_addrs, struct fs_addr, __u8, MAX_ADDRS);
+#define FS_CA_LOSS 4
+
 BPF_TABLE("lru_hash", struct fs_flow, struct fs_egress, egress, FLOW_ENTRIES);
+BPF_TABLE("lru_hash", __u64, struct fs_cong, cong, FLOW_ENTRIES);
 BPF_PERCPU_ARRAY(stats, __u64, FS_NSTATS);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 /* Never written: exposes the event layout to the loader's size check. */
@@ -54,29 +62,6 @@ static __always_inline void stat_add(int idx, __u64 n)
 		*v += n;
 }
 
-static __always_inline void v4_mapped(struct fs_addr *dst, const void *v4)
-{
-	__builtin_memset(dst, 0, sizeof(*dst));
-	dst->a[10] = 0xff;
-	dst->a[11] = 0xff;
-	__builtin_memcpy(&dst->a[12], v4, 4);
-}
-
-/* Fill flow addresses from the tracepoint fields; 1 when the source is ours.
- * The v6 fields hold v4-mapped addresses for AF_INET sockets; the v4 fields are
- * the fallback for v4 traffic on dual-stack sockets. */
-static __always_inline int own_flow(struct fs_flow *flow, const __u8 *s6, const __u8 *d6,
-				    const __u8 *s4, const __u8 *d4)
-{
-	__builtin_memcpy(flow->saddr.a, s6, 16);
-	__builtin_memcpy(flow->daddr.a, d6, 16);
-	if (own_addrs.lookup(&flow->saddr))
-		return 1;
-	v4_mapped(&flow->saddr, s4);
-	v4_mapped(&flow->daddr, d4);
-	return own_addrs.lookup(&flow->saddr) != 0;
-}
-
 static __always_inline void emit(struct fs_retransmit_event *ev)
 {
 	if (events.ringbuf_output(ev, sizeof(*ev), 0) == 0)
@@ -85,12 +70,30 @@ static __always_inline void emit(struct fs_retransmit_event *ev)
 		stat_add(FS_STAT_LOST, 1);
 }
 
+/* The socket's congestion state into the event; consumes the timeout mark. */
+static __always_inline void take_cong(struct fs_retransmit_event *ev, __u64 sk)
+{
+#ifdef FS_TP_CONG_STATE
+	struct fs_cong *c = cong.lookup(&sk);
+
+	if (!c)
+		return;          /* no change seen since the socket began: Open (0) */
+	ev->ca_state = c->ca_state;
+	if (c->timeout) {
+		ev->timeout = 1;
+		c->timeout = 0;
+	}
+#else
+	ev->ca_state = FS_CA_UNKNOWN;
+#endif
+}
+
 TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 {
 	struct fs_retransmit_event ev = {};
 
 	stat_add(FS_STAT_HITS, 1);
-	if (!own_flow(&ev.flow, args->saddr_v6, args->daddr_v6, args->saddr, args->daddr))
+	if (!fs_own_flow(&ev.flow, args->saddr_v6, args->daddr_v6, args->saddr, args->daddr))
 		return 0;
 	ev.ts_ns = bpf_ktime_get_ns();
 	ev.flow.sport = args->sport;
@@ -100,13 +103,15 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 #ifdef FS_TP_HAS_ERR
 	ev.err = args->err;
 #endif
-	ev.kind = FS_KIND_SKB;
+	ev.hook = FS_HOOK_SKB;
+	take_cong(&ev, (__u64)args->skaddr);
 	/* err 0: sent; err > 0: NET_XMIT_DROP from the qdisc, which runs after TC
 	 * egress. Both passed TC, so the flow's last egress packet is this one. */
 	if (ev.err >= 0) {
 		struct fs_egress *seen = egress.lookup(&ev.flow);
 		if (seen) {
 			ev.segs = seen->gso_segs;
+			ev.bytes = seen->bytes;
 			egress.delete(&ev.flow);
 		} else {
 			stat_add(FS_STAT_SEGS_UNKNOWN, 1);
@@ -122,7 +127,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_synack)
 	struct fs_retransmit_event ev = {};
 
 	stat_add(FS_STAT_HITS, 1);
-	if (!own_flow(&ev.flow, args->saddr_v6, args->daddr_v6, args->saddr, args->daddr))
+	if (!fs_own_flow(&ev.flow, args->saddr_v6, args->daddr_v6, args->saddr, args->daddr))
 		return 0;
 	ev.ts_ns = bpf_ktime_get_ns();
 	ev.flow.sport = args->sport;
@@ -130,15 +135,46 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_synack)
 	ev.family = args->family;
 	ev.state = 3;          /* TCP_SYN_RECV */
 	ev.segs = 1;           /* a SYN-ACK is one segment */
-	ev.kind = FS_KIND_SYNACK;
+	ev.hook = FS_HOOK_SYNACK;
+	ev.ca_state = FS_CA_LOSS;
+	ev.timeout = 1;        /* only the request socket's timer resends a SYN-ACK */
 	emit(&ev);
 	return 0;
 }
-
 #endif
 
-/* TC egress, direct action: remember gso_segs of the last own TCP packet per flow.
- * Returns TC_ACT_UNSPEC (not OK) so filters of other tools behind ours still run. */
+#ifdef FS_TP_CONG_STATE
+TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
+{
+	struct fs_flow flow = {};
+	__u64 sk = (__u64)args->skaddr;
+
+	if (!fs_own_flow(&flow, args->saddr_v6, args->daddr_v6, args->saddr, args->daddr))
+		return 0;
+	struct fs_cong c = {
+		.ca_state = args->cong_state,
+		.timeout = args->cong_state == FS_CA_LOSS,
+	};
+	cong.update(&sk, &c);
+	stat_add(FS_STAT_CONG_SET, 1);
+	return 0;
+}
+#endif
+
+#if defined(FS_TP_CONG_STATE) && defined(FS_TP_DESTROY)
+/* A freed socket's address is reused by the next one, which starts in Open. */
+TRACEPOINT_PROBE(tcp, tcp_destroy_sock)
+{
+	__u64 sk = (__u64)args->skaddr;
+
+	cong.delete(&sk);
+	return 0;
+}
+#endif
+
+/* TC egress, direct action: remember gso_segs and payload of the last own TCP packet
+ * per flow, and add them to the node totals. Returns TC_ACT_UNSPEC (not OK) so
+ * filters of other tools behind ours still run. */
 int tc_egress(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
@@ -154,8 +190,8 @@ int tc_egress(struct __sk_buff *skb)
 
 		if ((void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP)
 			return TC_ACT_UNSPEC;
-		v4_mapped(&flow.saddr, &ip->saddr);
-		v4_mapped(&flow.daddr, &ip->daddr);
+		fs_v4_mapped(&flow.saddr, &ip->saddr);
+		fs_v4_mapped(&flow.daddr, &ip->daddr);
 		l4 = (__u8 *)ip + ((ip->ihl & 0xf) << 2);
 	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
@@ -168,19 +204,23 @@ int tc_egress(struct __sk_buff *skb)
 	} else {
 		return TC_ACT_UNSPEC;
 	}
-	if ((void *)(l4 + 4) > data_end)
+	if ((void *)(l4 + 13) > data_end)
 		return TC_ACT_UNSPEC;
 	if (!own_addrs.lookup(&flow.saddr))
 		return TC_ACT_UNSPEC;
 	flow.sport = ((__u16)l4[0] << 8) | l4[1];
 	flow.dport = ((__u16)l4[2] << 8) | l4[3];
 
+	/* skb->len counts the L2 header at TC egress; a GSO skb has one header set. */
+	__u32 headers = (__u32)(l4 - (__u8 *)data) + ((l4[12] >> 4) << 2);
 	struct fs_egress seen = {
 		.ts_ns = bpf_ktime_get_ns(),
 		.gso_segs = skb->gso_segs ? skb->gso_segs : 1,
-		.len = skb->len,
+		.bytes = skb->len > headers ? skb->len - headers : 0,
 	};
 	egress.update(&flow, &seen);
 	stat_add(FS_STAT_TC_PACKETS, 1);
+	stat_add(FS_STAT_TC_SEGS, seen.gso_segs);
+	stat_add(FS_STAT_TC_BYTES, seen.bytes);
 	return TC_ACT_UNSPEC;
 }

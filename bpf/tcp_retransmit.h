@@ -3,38 +3,38 @@
 #ifndef FABRICSCOPE_TCP_RETRANSMIT_H
 #define FABRICSCOPE_TCP_RETRANSMIT_H
 
-#include <linux/types.h>
+#include "fs_common.h"
 
-/* event kinds */
-#define FS_KIND_SKB 1      /* tcp/tcp_retransmit_skb */
-#define FS_KIND_SYNACK 2   /* tcp/tcp_retransmit_synack (counted in RetransSegs too) */
+/* hooks an event comes from */
+#define FS_HOOK_SKB 1      /* tcp/tcp_retransmit_skb */
+#define FS_HOOK_SYNACK 2   /* tcp/tcp_retransmit_synack (counted in RetransSegs too) */
+
+/* ca_state of an event when tcp/tcp_cong_state_set is not available */
+#define FS_CA_UNKNOWN 0xff
 
 /* indexes of the per-CPU `stats` array */
 #define FS_STAT_HITS 0          /* tracepoint hits, before the address filter */
 #define FS_STAT_EMITTED 1       /* events written to the ring buffer */
 #define FS_STAT_LOST 2          /* events lost: ring buffer full */
 #define FS_STAT_SEGS_UNKNOWN 3  /* events whose segment count TC egress did not see */
-#define FS_STAT_TC_PACKETS 4    /* own TCP packets seen on TC egress */
-#define FS_NSTATS 5
-
-/* An IPv6 address, or an IPv4 one as v4-mapped (::ffff:a.b.c.d). */
-struct fs_addr {
-	__u8 a[16];
-};
-
-/* A flow from this node's side; ports in host byte order (as the tracepoints). */
-struct fs_flow {
-	struct fs_addr saddr;
-	struct fs_addr daddr;
-	__u16 sport;
-	__u16 dport;
-};
+#define FS_STAT_TC_PACKETS 4    /* own TCP packets (skbs) seen on TC egress */
+#define FS_STAT_TC_SEGS 5       /* their wire segments (gso_segs) */
+#define FS_STAT_TC_BYTES 6      /* their TCP payload bytes */
+#define FS_STAT_CONG_SET 7      /* own congestion state changes seen */
+#define FS_NSTATS 8
 
 /* Last packet of a flow seen leaving on TC egress. */
 struct fs_egress {
 	__u64 ts_ns;
 	__u32 gso_segs;   /* segments on the wire (tcp_skb_pcount of the skb) */
-	__u32 len;
+	__u32 bytes;      /* TCP payload bytes of the skb (all its segments) */
+};
+
+/* Congestion state of one own socket (key: skaddr), from tcp/tcp_cong_state_set. */
+struct fs_cong {
+	__u8 ca_state;    /* TCP_CA_Open 0, Disorder 1, CWR 2, Recovery 3, Loss 4 */
+	__u8 timeout;     /* 1: entered Loss and not retransmitted since (the RTO timer) */
+	__u8 pad[6];
 };
 
 struct fs_retransmit_event {
@@ -44,8 +44,11 @@ struct fs_retransmit_event {
 	__u16 segs;        /* segments retransmitted; 0: unknown */
 	__s32 state;       /* TCP state (TCP_ESTABLISHED 1 ...) */
 	__s32 err;         /* 0: sent; >0: NET_XMIT_* from the qdisc; <0: -errno */
-	__u32 kind;        /* FS_KIND_* */
-	__u32 pad;
+	__u8 hook;         /* FS_HOOK_* */
+	__u8 ca_state;     /* congestion state when retransmitted; FS_CA_UNKNOWN */
+	__u8 timeout;      /* 1: the first retransmit after entering Loss: the RTO's */
+	__u8 pad;
+	__u32 bytes;       /* payload bytes retransmitted (TC egress); 0: unknown */
 };
 
 #endif

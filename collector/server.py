@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -80,6 +81,24 @@ def server_options(config) -> list[tuple[str, int]]:
     return options
 
 
+class _Throttled:
+    """Log at most one line per interval (hostile clients must not flood the log); the
+    metrics count every event."""
+
+    def __init__(self, interval_s: float = 5.0):
+        self.interval_s, self._next, self._suppressed = interval_s, 0.0, 0
+
+    def warning(self, fmt: str, *args) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._suppressed += 1
+            return
+        if self._suppressed:
+            fmt += f" ({self._suppressed} similar lines suppressed)"
+        self._next, self._suppressed = now + self.interval_s, 0
+        log.warning(fmt, *args)
+
+
 class Collector:
     def __init__(self, config, sink=None):
         self.config = config
@@ -88,6 +107,7 @@ class Collector:
         self.sink = sink
         self.limits = Limits.from_config(config)
         self.tokens: TokenTable | None = None
+        self._refusals = _Throttled()
         self.delivery: Delivery | None = None
         self._server: grpc.aio.Server | None = None
         self._http: SelfMetricsServer | None = None
@@ -193,7 +213,8 @@ class Collector:
             async for item in requests:
                 if isinstance(item, _Refused):
                     self.metrics.messages_undecodable.inc()
-                    log.warning("ending stream from %s: %s", context.peer(), item.details)
+                    self._refusals.warning("ending stream from %s: %s", context.peer(),
+                                           item.details)
                     await context.abort(item.code, item.details)
                 if isinstance(item, Oversized):
                     self.metrics.messages_oversized.inc()
@@ -219,7 +240,7 @@ class Collector:
 
     async def _refuse(self, context, reason: str, code: grpc.StatusCode, text: str) -> None:
         self.metrics.auth_failures.labels(reason).inc()
-        log.warning("refusing stream from %s: %s", context.peer(), text)
+        self._refusals.warning("refusing stream from %s: %s", context.peer(), text)
         await context.abort(code, text)
 
 

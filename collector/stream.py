@@ -80,13 +80,14 @@ class StreamSession:
 
     async def handle(self, item) -> pb.Ack:
         batch = item.batch if isinstance(item, Oversized) else item
+        size = len(batch.records) + len(batch.lines)
         self.m.batches_received.inc()
-        self.m.records_received.inc(len(batch.records))
+        self.m.records_received.inc(size)
         if isinstance(item, Oversized):
             checked = Checked()
             checked.refuse("oversized", f"message of {item.size} bytes exceeds the collector's "
                            f"max_message_bytes {item.limit}; fix: send smaller batches (agent "
-                           "batch_max_records)", max(1, len(batch.records)))
+                           "batch_max_bytes)", max(1, size))
             return self._ack(batch, REJECTED, checked.first_problem, checked)
         checked = check_batch(batch, time.time_ns(), self.limits)
         if checked.batch_error:
@@ -112,11 +113,10 @@ class StreamSession:
         if loss and not outcome.rejected:
             self.loss_written[batch.agent_id] = batch.dropped_before
         if checked.rejected:
-            total = len(batch.records)
-            bad = min(checked.rejected_count, total)
-            return self._ack(batch, REJECTED, f"{bad} of {total} records refused "
-                             f"({total - bad} written); first: {checked.first_problem}", checked)
-        self.m.records_acked.inc(len(batch.records))
+            bad = min(checked.rejected_count, size)
+            return self._ack(batch, REJECTED, f"{bad} of {size} records refused "
+                             f"({size - bad} written); first: {checked.first_problem}", checked)
+        self.m.records_acked.inc(size)
         return self._ack(batch, OK, "", checked)
 
     def _loss_line(self, batch, checked: Checked) -> str:

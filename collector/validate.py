@@ -1,7 +1,12 @@
 """Validation of one incoming Batch: which records are written, which are refused and why.
 
-Batch-level problems (wrong schema_version, empty node, seq 0) refuse the whole
-batch. Otherwise each record is checked on its own, in this order: it has a
+Batch-level problems (wrong schema_version, empty node or one that cannot be a
+tag value, seq 0) refuse the whole batch. Otherwise each record is checked on
+its own. A line (Batch.lines, what agents send) must be the canonical line of a
+valid record for the batch's node within the time window
+(fabricscope.lineschema: one regular expression per measurement; the line is
+written as received, the `node` tag must be in it). A Record message is checked
+in this order: it has a
 value in every field; its `node` tag equals batch.node (added when missing);
 fabricscope.schema.validate; its timestamp lies within [now - max_age_s,
 now + max_future_s]; it can be encoded as line protocol. Integer values of float
@@ -16,9 +21,11 @@ label of fabricscope_collector_records_rejected_total.
 from __future__ import annotations
 
 import collections
+import functools
 from dataclasses import dataclass, field
 
 from fabricscope import lineproto, schema
+from fabricscope.lineschema import LineValidator
 from fabricscope.records import Record
 from fabricscope.wire import record_from_pb
 
@@ -97,10 +104,37 @@ def check_batch(batch, now_ns: int, limits: Limits) -> Checked:
     problem = _batch_problem(batch)
     if problem:
         reason, out.batch_error = problem
-        if batch.records:
-            out.rejected[reason] = len(batch.records)
+        if batch.records or batch.lines:
+            out.rejected[reason] = len(batch.records) + len(batch.lines)
         out.first_problem, out.first_reason = out.batch_error, reason
         return out
+    _check_records(batch, now_ns, limits, out)
+    if batch.lines:
+        _check_lines(batch, now_ns, limits, out)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _validator() -> LineValidator:
+    return LineValidator()
+
+
+def _check_lines(batch, now_ns: int, limits: Limits, out: Checked) -> None:
+    node = lineproto._escaped(batch.node, False)    # checked by _batch_problem
+    check = _validator().check
+    first, lines, latest = len(batch.records), out.lines, out.max_time_ns
+    for index, line in enumerate(batch.lines, first):
+        ts, verdict = check(line, node, now_ns, limits.max_future_ns, limits.max_age_ns)
+        if verdict is not None:
+            out.refuse(verdict.reason, f"record {index}: {verdict.detail}")
+            continue
+        lines.append(line)
+        if ts > latest:
+            latest = ts
+    out.max_time_ns = latest
+
+
+def _check_records(batch, now_ns: int, limits: Limits, out: Checked) -> None:
     for index, msg in enumerate(batch.records):
         try:
             record = check_record(msg, batch.node, now_ns, limits)
@@ -112,7 +146,6 @@ def check_batch(batch, now_ns: int, limits: Limits) -> Checked:
             out.refuse(exc.reason, f"record {index}: {exc.detail}")
             continue
         out.max_time_ns = max(out.max_time_ns, record.time_ns)
-    return out
 
 
 def _batch_problem(batch) -> tuple[str, str] | None:
@@ -122,6 +155,9 @@ def _batch_problem(batch) -> tuple[str, str] | None:
                 f"{schema.SCHEMA_VERSION}; fix: run agent and collector of one fabricscope release")
     if not batch.node:
         return "bad_batch", "batch has no node"
+    if lineproto._escaped(batch.node, False) is None:
+        return "bad_batch", (f"node {batch.node[:80]!r} cannot be a tag value (empty, "
+                             "backslash or control character)")
     if batch.seq == 0:
         return "bad_batch", "batch seq must be > 0"
     return None

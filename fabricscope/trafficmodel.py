@@ -3,14 +3,19 @@
 Data-parallel training traffic is a square wave: compute silence, then a
 synchronised burst of gradient exchange, once per step. Three numbers describe it:
 
-* T, the sync period. First coarsely: the lag of the first strong peak of the
-  autocorrelation of a bandwidth series (bytes per bin), refined below one bin
-  with a parabola through the peak and the peaks at 2T, 3T, ... Then, because
-  step times jitter and drift on a shared machine (the autocorrelation peak then
-  smears), T is the median interval between burst onsets: rising edges out of
-  silence (through ONSET_LEVEL x the robust peak, at sub-bin precision), where
-  onsets closer than half the coarse T belong to one burst. With fewer than
-  MIN_ONSETS clean onsets the coarse T stands.
+* T, the sync period. The autocorrelation of the bandwidth series (bytes per bin)
+  says whether the series is periodic and gives a coarse period: its first strong
+  peak (or a true peak near 1/2 .. 1/4 of that lag when at least 3/4 as high:
+  jitter can make the peak at 3T the highest), refined below one bin with a
+  parabola and the peaks at 2T, 3T, ... Step times jitter and drift on a shared
+  machine, which smears those peaks, so T itself is the median interval between
+  burst onsets: rising edges out of silence (through ONSET_LEVEL x the robust
+  peak; placed below one bin by how full the edge bins are compared to the
+  burst's rate). Onsets are first merged only within the autocorrelation's
+  zero-lag lobe (one per burst), and that median is kept when the
+  autocorrelation near it is at least ONSET_ACF x the peak; otherwise (several bursts
+  per step) onsets closer than half the coarse period are merged. With fewer
+  than MIN_ONSETS onsets the coarse period stands.
 * B, the burst bandwidth: the mean rate of the bins "in a burst", i.e. at or above
   half of the series' robust peak (its 99th percentile), in bytes per second.
 * D, the duty cycle: the fraction of bins in a burst (= comm time / T). D > 0.5
@@ -34,6 +39,9 @@ BURST_LEVEL = 0.5          # a bin is "in a burst" at >= this x the robust peak
 PEAK_PERCENTILE = 99.0     # robust peak: ignores a few outlier bins
 MIN_ACF_PEAK = 0.2         # below this the series is not periodic enough to name T
 MAX_HARMONICS = 8          # peaks at m x T used to refine T
+MAX_SUBHARMONIC = 4        # a peak at up to 4T may stand for T ...
+SUBHARMONIC_HEIGHT = 0.75  # ... when the one near T is at least this high relative to it
+ONSET_ACF = 0.8            # per-burst onsets give T when the acf there is this x the peak
 ONSET_LEVEL = 0.1          # a burst starts where the rate rises through this x the peak
 MIN_ONSETS = 5             # onsets needed before their median interval is T
 
@@ -107,6 +115,21 @@ def _refine(acf: np.ndarray, k: int) -> float:
     return k + 0.5 * (a - c) / denom
 
 
+def _subharmonic(acf: np.ndarray, k: int, lo: int) -> int:
+    """k / m for the largest m <= MAX_SUBHARMONIC with a true local peak near k / m of
+    at least SUBHARMONIC_HEIGHT x k's: jittered steps can make the peak at 3T the
+    highest."""
+    for m in range(MAX_SUBHARMONIC, 1, -1):
+        centre = k / m
+        a, b = int(centre * 0.85), int(np.ceil(centre * 1.15))
+        if a < lo or b >= len(acf) - 1:
+            continue
+        j = a + int(np.argmax(acf[a:b + 1]))
+        if a < j < b and acf[j] >= SUBHARMONIC_HEIGHT * acf[k] and acf[j] >= MIN_ACF_PEAK:
+            return j
+    return k
+
+
 def _local_peak(acf: np.ndarray, lo: int, hi: int) -> int | None:
     lo, hi = max(1, lo), min(len(acf) - 2, hi)
     if hi < lo:
@@ -114,19 +137,16 @@ def _local_peak(acf: np.ndarray, lo: int, hi: int) -> int | None:
     return lo + int(np.argmax(acf[lo:hi + 1]))
 
 
-def sync_period(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
-                max_period_s: float | None = None) -> tuple[float, float] | None:
-    """(T in seconds, acf at T), or None when the series is not periodic.
-
-    The candidate lags start after the zero-lag lobe (where r first drops below
-    zero) and end at half the series (two periods must fit). T is the first local
-    maximum reaching 90 % of the highest one, so a harmonic at 2T never wins."""
-    acf = autocorrelation(series)
+def _acf_period(acf: np.ndarray, bin_s: float, min_period_s: float,
+                max_period_s: float | None) -> tuple[float, float, int, int] | None:
+    """(lag in bins, acf there, zero-lag lobe width, last lag) of the autocorrelation's
+    period, or None when there is none strong enough."""
     n = len(acf)
     below = np.nonzero(acf[1:] < 0)[0]
     if len(below) == 0:
         return None
-    lo = max(int(below[0]) + 1, int(np.ceil(min_period_s / bin_s)), 1)
+    lobe = int(below[0]) + 1
+    lo = max(lobe, int(np.ceil(min_period_s / bin_s)), 1)
     hi = n // 2
     if max_period_s is not None:
         hi = min(hi, int(max_period_s / bin_s))
@@ -136,10 +156,12 @@ def sync_period(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
     best = float(window.max())
     if best < MIN_ACF_PEAK:
         return None
+    # the first local maximum reaching 90 % of the highest: a harmonic at 2T never wins
     peaks = [lo + i for i in range(1, len(window) - 1)
              if window[i] >= window[i - 1] and window[i] >= window[i + 1]
              and window[i] >= 0.9 * best]
     k = peaks[0] if peaks else lo + int(np.argmax(window))
+    k = _subharmonic(acf, k, lo)
     lag = _refine(acf, k)
     estimates = [lag]
     for m in range(2, MAX_HARMONICS + 1):
@@ -151,7 +173,44 @@ def sync_period(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
         if km is None or acf[km] < 0.5 * acf[k]:
             break
         estimates.append(_refine(acf, km) / m)
-    return float(estimates[-1] * bin_s), float(acf[k])
+    return estimates[-1], float(acf[k]), lobe, hi
+
+
+def _acf_near(acf: np.ndarray, lag: float) -> float:
+    a, b = max(1, int(lag * 0.85)), min(len(acf) - 1, int(np.ceil(lag * 1.15)))
+    return float(acf[a:b + 1].max()) if b >= a else -1.0
+
+
+def _onset_median(series: np.ndarray, min_gap_bins: float) -> float | None:
+    onsets = burst_onsets(series, min_gap_bins)
+    if len(onsets) < MIN_ONSETS:
+        return None
+    return float(np.median(np.diff(onsets)))
+
+
+def sync_period(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
+                max_period_s: float | None = None) -> tuple[float, float] | None:
+    """(T in seconds, autocorrelation at T), or None when the series is not periodic.
+
+    The autocorrelation decides whether there is a period and gives a coarse one;
+    burst onsets give T (see the module doc), first merged only within the zero-lag
+    lobe (one onset per burst), kept when the autocorrelation near that lag is at
+    least ONSET_ACF x its peak; else merged within half the coarse period."""
+    x = np.asarray(series, dtype=float)
+    acf = autocorrelation(x)
+    coarse = _acf_period(acf, bin_s, min_period_s, max_period_s)
+    if coarse is None:
+        return None
+    lag, peak, lobe, hi = coarse
+    lo = max(lobe, min_period_s / bin_s)
+    per_burst = _onset_median(x, lobe)
+    if per_burst is not None and lo <= per_burst <= hi \
+            and _acf_near(acf, per_burst) >= ONSET_ACF * peak:
+        return per_burst * bin_s, peak
+    merged = _onset_median(x, 0.5 * lag)
+    if merged is not None and 0.5 * lag <= merged <= 1.5 * lag:
+        return merged * bin_s, peak
+    return lag * bin_s, peak
 
 
 def burst_onsets(series: np.ndarray, min_gap_bins: float) -> list[float]:
@@ -163,22 +222,17 @@ def burst_onsets(series: np.ndarray, min_gap_bins: float) -> list[float]:
     level = ONSET_LEVEL * float(np.percentile(x, PEAK_PERCENTILE))
     if level <= 0:
         return []
-    rising = np.nonzero((x[:-1] < level) & (x[1:] >= level))[0]
+    rising = np.nonzero((x[:-1] < level) & (x[1:] >= level))[0] + 1
     out: list[float] = []
-    for i in rising:
-        pos = i + (level - x[i]) / (x[i + 1] - x[i])     # where the line crosses the level
+    for j in rising:
+        # bins j-1 and j hold the partly filled start of the burst: measured against
+        # the full rate (the larger of j, j+1), their fill says where it began
+        full = max(x[j], x[j + 1] if j + 1 < len(x) else 0.0)
+        pos = j + 1 - (x[j - 1] + x[j]) / full
+        pos = min(max(pos, j - 1.0), j + 1.0)
         if not out or pos - out[-1] >= min_gap_bins:
             out.append(float(pos))
     return out
-
-
-def onset_period(series: np.ndarray, bin_s: float, coarse_s: float) -> float | None:
-    """Median interval between burst onsets (seconds), guided by the coarse T."""
-    onsets = burst_onsets(series, 0.5 * coarse_s / bin_s)
-    if len(onsets) < MIN_ONSETS:
-        return None
-    period = float(np.median(np.diff(onsets))) * bin_s
-    return period if 0.5 * coarse_s <= period <= 1.5 * coarse_s else None
 
 
 def burst_level(series: np.ndarray) -> float:
@@ -212,8 +266,6 @@ def fit(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
     """T, B and D of one bandwidth series (bytes per bin of bin_s seconds)."""
     x = np.asarray(series, dtype=float)
     found = sync_period(x, bin_s, min_period_s, max_period_s)
-    if found is not None:
-        found = (onset_period(x, bin_s, found[0]) or found[0], found[1])
     return TrafficModel(
         period_s=found[0] if found else None,
         acf_peak=found[1] if found else 0.0,

@@ -53,11 +53,15 @@ def record_from_pb(msg) -> Record:
     return Record(msg.measurement, msg.time_ns, dict(msg.tags), fields)
 
 
-def make_batch(*, node: str, agent_id: str, seq: int, records: list[Record],
-               dropped_before: int = 0, schema_version: int | None = None):
+def make_batch(*, node: str, agent_id: str, seq: int, records: list[Record] = (),
+               dropped_before: int = 0, schema_version: int | None = None,
+               lines: list[str] = ()):
+    """A Batch carrying `records` as Record messages and `lines` as line protocol
+    (agents send lines: fabricscope.lineschema.canonical_line)."""
     from fabricscope.schema import SCHEMA_VERSION
     batch = pb.Batch(schema_version=SCHEMA_VERSION if schema_version is None else schema_version,
-                     node=node, agent_id=agent_id, seq=seq, dropped_before=dropped_before)
+                     node=node, agent_id=agent_id, seq=seq, dropped_before=dropped_before,
+                     lines=lines)
     for r in records:
         record_to_pb(r, batch.records.add())
     return batch

@@ -8,6 +8,13 @@ every node reach each other. Faults act on a node's switch port (the bridge-side
 veth): random loss with nftables, a shallow TBF shaper. The workload is real
 PyTorch DDP over gloo, one rank per node. Needs root; tests: tests/kernel/test_lab.py.
 
+Nodes have no default route (lab traffic cannot leave the subnet) and no IPv6;
+RPS on every veth keeps each flow on one CPU so veths do not reorder it. Measured
+on the 2-core dev VM (load from other work): `lab up` of 3 nodes 0.26 s; 20 DDP
+steps of the default 8 MiB model over 3 ranks 1.0-1.4 s of step time (6-14 s wall,
+mostly torch imports), 1.4-3.0 s with 2 % loss on node 1 (node 1: ~2800-3800
+retransmitted segments); with wire_frames 9.4 s and 22.6 s.
+
 Python API (stable; other components import it)
 -----------------------------------------------
 

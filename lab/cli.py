@@ -6,7 +6,7 @@
     fabricscope lab list  [--json]
     fabricscope lab fault --name NAME --node I loss PCT [--direction both|tx|rx]
     fabricscope lab fault --name NAME --node I shape --rate R --burst B [--limit L | --latency T]
-    fabricscope lab fault --name NAME [--node I] clear        (also: lab clear --name NAME [--node I])
+    fabricscope lab fault --name NAME [--node I] clear    (same: lab clear --name NAME [--node I])
     fabricscope lab train --name NAME --steps K [--model-mb M] [--batch B] [--json-summary]
     fabricscope lab exec  --name NAME --node I -- CMD...
 
@@ -104,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("exec", help="run a command in a node's network namespace")
     p.add_argument("--name", required=True, help="lab name")
     p.add_argument("--node", type=int, required=True, help="node index (0-based)")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...", help="command and arguments")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
+                   help="command and arguments")
     p.set_defaults(func=cmd_exec)
 
 
@@ -219,7 +220,12 @@ def cmd_clear(args) -> int:
     return 0
 
 
+_TRAIN_PID = [0]
+
+
 def _sigterm_to_interrupt(signum, frame):
+    if os.getpid() != _TRAIN_PID[0]:     # a forked child inherits the handler: just die
+        os._exit(128 + signum)
     raise KeyboardInterrupt
 
 
@@ -227,6 +233,7 @@ def cmd_train(args) -> int:
     from lab.topology import load
     from lab.training import start_training
     lab = load(args.name)
+    _TRAIN_PID[0] = os.getpid()
     previous = signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
     started = time.monotonic()
     try:

@@ -45,7 +45,8 @@ def loss(lab: Lab | str, node_index: int, pct: float, direction: str = "both") -
     try:
         pct = float(pct)
     except (TypeError, ValueError):
-        raise UserError(f"loss {pct!r} is not a number", "give a percentage, e.g. 2 or 0.5") from None
+        raise UserError(f"loss {pct!r} is not a number",
+                        "give a percentage, e.g. 2 or 0.5") from None
     if not 0 <= pct <= 100:
         raise UserError(f"loss {pct:g}% is out of range", "give a percentage between 0 and 100")
     if 0 < pct < 0.01:

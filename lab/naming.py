@@ -97,7 +97,7 @@ def mac(name: str, index: int, side: str) -> str:
 
 
 def cpu_mask(ncpus: int) -> str:
-    """sysfs cpumask for CPUs 0..ncpus-1: 32-bit hex groups, comma separated ('3', 'ff,ffffffff')."""
+    """sysfs cpumask of CPUs 0..ncpus-1: 32-bit hex groups, comma separated ('3', '1,ffffffff')."""
     value = (1 << max(1, ncpus)) - 1
     groups = []
     while True:

@@ -43,7 +43,9 @@ def tables() -> list[tuple[str, str]]:
 
 
 def create_table_script(table: str, ports: list[str]) -> str:
-    lines = [f"table {FAMILY} {table}", f"delete table {FAMILY} {table}", f"table {FAMILY} {table} {{"]
+    # "table X; delete table X; table X {...}" replaces a leftover table atomically
+    lines = [f"table {FAMILY} {table}", f"delete table {FAMILY} {table}",
+             f"table {FAMILY} {table} {{"]
     for i in range(len(ports)):
         lines += [f"  chain node{i}_tx {{ }}", f"  chain node{i}_rx {{ }}"]
     lines.append("  chain pre { type filter hook prerouting priority -200; policy accept;")

@@ -53,7 +53,7 @@ def clear_root(ipr, index: int) -> None:
 
 
 def root_qdisc(ipr, index: int) -> dict:
-    """The root qdisc of link `index` as {'kind', 'rate_bps', 'burst', 'limit'} (TBF) or {'kind'}."""
+    """The root qdisc of link `index`: {'kind', 'rate_bps', 'limit', 'buffer_ticks'} for TBF."""
     for msg in ipr.get_qdiscs(index=index):
         if msg["parent"] != 0xFFFFFFFF:
             continue
@@ -61,6 +61,7 @@ def root_qdisc(ipr, index: int) -> dict:
         out = {"kind": kind}
         if kind == "tbf":
             parms = msg.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")
-            out.update(rate_bps=parms["rate"] * 8, limit=parms["limit"], buffer_ticks=parms["buffer"])
+            out.update(rate_bps=parms["rate"] * 8, limit=parms["limit"],
+                       buffer_ticks=parms["buffer"])
         return out
     return {"kind": None}

@@ -25,7 +25,16 @@ def unique_name(prefix: str = "t") -> str:
     return f"{prefix}{os.getpid()}{secrets.token_hex(2)}"[:32]
 
 
+_OWNER_PID = [0]
+
+
 def _sigterm(signum, frame):
+    # Only the process that entered running_lab unwinds (and tears down). A forked
+    # child (pyroute2 forks helpers for netns sockets, and stops them with SIGTERM)
+    # inherits this handler and must die as with the default action instead of
+    # running the parent's finally blocks.
+    if os.getpid() != _OWNER_PID[0]:
+        os._exit(128 + signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -38,6 +47,7 @@ def running_lab(name: str | None = None, nodes: int = 2, link_rate=None, shape_l
     previous = None
     if threading.current_thread() is threading.main_thread() \
             and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        _OWNER_PID[0] = os.getpid()
         previous = signal.signal(signal.SIGTERM, _sigterm)
         swapped = True
     try:

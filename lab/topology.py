@@ -81,7 +81,8 @@ class Lab:
     created: float = 0.0
 
     def node(self, index) -> LabNode:
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.nodes):
+        if isinstance(index, bool) or not isinstance(index, int) \
+                or not 0 <= index < len(self.nodes):
             raise UserError(f"lab {self.name!r} has no node {index!r}",
                             f"give a node index between 0 and {len(self.nodes) - 1}")
         return self.nodes[index]

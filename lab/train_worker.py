@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rank {rank}/{world}: MLP {layers}x{width}, {param_bytes(width, layers) / 2**20:.2f} MiB "
+    mib = param_bytes(width, layers) / 2**20
+    print(f"rank {rank}/{world}: MLP {layers}x{width}, {mib:.2f} MiB "
           f"of parameters, batch {args.batch}, {args.steps} steps, "
           f"interface {os.environ.get('GLOO_SOCKET_IFNAME', '?')}", file=sys.stderr, flush=True)
     ddp = DistributedDataParallel(model)

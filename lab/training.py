@@ -79,7 +79,8 @@ class TrainingRun:
         try:
             for rank, (args, env) in enumerate(zip(argv, envs)):
                 os.makedirs(os.path.dirname(self.log_paths[rank]), exist_ok=True)
-                log = open(self.log_paths[rank], "wb")
+                open(self.log_paths[rank], "wb").close()     # truncate, then append:
+                log = open(self.log_paths[rank], "ab")       # rank 0's reader appends too
                 logs.append(log)
                 self.procs.append(subprocess.Popen(
                     args, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,

@@ -6,6 +6,7 @@ import importlib
 
 REGISTRY: dict[str, str] = {
     "tcp_retransmit": "agent.probes.tcp_retransmit:TcpRetransmitProbe",
+    "tcp_flows": "agent.probes.tcp_flows:TcpFlowsProbe",     # includes tcp_retransmit
     "markers": "agent.sources.markers:MarkersSource",
     "nccl": "agent.probes.nccl:NcclProbe",
     "nccl_log": "agent.sources.nccl_log:NcclLogSource",
@@ -13,6 +14,9 @@ REGISTRY: dict[str, str] = {
     "synthetic": "agent.sources.synthetic:SyntheticSource",   # load generator (tests, benches)
     "gloo": "agent.probes.gloo:GlooProbe",
 }
+
+#: probe -> probes it includes (one BPF object does both); not enabled together
+INCLUDES: dict[str, tuple[str, ...]] = {"tcp_flows": ("tcp_retransmit",)}
 
 
 def load_class(name: str):

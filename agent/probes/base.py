@@ -58,7 +58,10 @@ class Probe(abc.ABC):
         """Drain what happened since the last call into Records (without the `node` tag)."""
 
     def detach(self) -> None:
-        """Release kernel resources. Must be safe to call twice and after a failed attach."""
+        """Release kernel resources. Must be safe to call twice and after a failed attach.
+
+        Records still held in the kernel at detach time (an open window) are drained
+        here and handed out by one more poll(), which the pipeline makes after detach."""
 
     def stats(self) -> dict[str, int]:
         """Self-observation counters (events lost in the kernel, decode errors, ...)."""

@@ -51,40 +51,87 @@ class _Open:
     start_ns: int
     end_ns: int
     end_bin: int
-    bytes: int
-    packets: int
-    peak_bytes: int
-    hot_bins: int
-    bins: int
-
-    def add(self, index: int, nbytes: int, packets: int, last_ns: int, hot: bool) -> None:
-        self.end_bin, self.end_ns = index, last_ns
-        self.bytes += nbytes
-        self.packets += packets
-        self.peak_bytes = max(self.peak_bytes, nbytes)
-        self.hot_bins += hot
-        self.bins += 1
+    bytes: int = 0
+    packets: int = 0
+    peak_bytes: int = 0
+    hot_bins: int = 0
+    bins: int = 0
 
     def close(self) -> Burst:
         return Burst(self.start_ns, self.end_ns, self.bytes, self.packets, self.peak_bytes,
                      self.hot_bins, self.bins)
 
 
+@dataclass(frozen=True)
+class _Prev:
+    """The last non-empty bin seen, carried to the next feed."""
+
+    index: int
+    bytes: int
+    packets: int
+    first_ns: int
+    last_ns: int
+    claimed: bool       # part of a burst: cannot be the head of another
+
+
+class _Batch:
+    """One feed's bins with the carried bin in front (position 0), and prefix sums so
+    that a run of positions sums in O(1): Python loops over runs, not over bins."""
+
+    def __init__(self, prev: _Prev | None, bins: Bins, hot_bytes: float, open_: bool):
+        head = [] if prev is None else [prev]
+        self.offset = len(head)
+        cat = (lambda name: np.concatenate([np.array([getattr(p, name) for p in head],
+                                                     np.int64), getattr(bins, name)]))
+        self.index, self.bytes, self.packets = cat("index"), cat("bytes"), cat("packets")
+        self.first_ns, self.last_ns = cat("first_ns"), cat("last_ns")
+        self.hot = self.bytes >= hot_bytes
+        if head:   # the carried bin is hot only as the end of a burst still open
+            self.hot[0] = open_
+        self.claimed = np.zeros(len(self.index), bool)
+        if head:
+            self.claimed[0] = prev.claimed
+        zero = np.zeros(1, np.int64)
+        self._cb = np.concatenate([zero, np.cumsum(self.bytes)])
+        self._cp = np.concatenate([zero, np.cumsum(self.packets)])
+        self._ch = np.concatenate([zero, np.cumsum(self.hot)])
+        self.next_to = np.zeros(len(self.index), bool)     # [i]: bin i follows bin i-1
+        self.next_to[1:] = self.index[1:] == self.index[:-1] + 1
+
+    def runs(self) -> list[tuple[int, int]]:
+        """(first, last) positions of maximal runs of consecutive hot bins."""
+        hot, nxt = self.hot, self.next_to
+        joined = np.zeros(len(hot), bool)
+        joined[1:] = hot[1:] & hot[:-1] & nxt[1:]
+        starts = np.flatnonzero(hot & ~joined)
+        ends = np.flatnonzero(hot & ~np.append(joined[1:], False))
+        return list(zip(starts.tolist(), ends.tolist()))
+
+    def add(self, burst: _Open, a: int, b: int) -> None:
+        """Add positions a..b (inclusive) to a burst."""
+        burst.bytes += int(self._cb[b + 1] - self._cb[a])
+        burst.packets += int(self._cp[b + 1] - self._cp[a])
+        burst.hot_bins += int(self._ch[b + 1] - self._ch[a])
+        burst.peak_bytes = max(burst.peak_bytes, int(self.bytes[a:b + 1].max()))
+        burst.bins += b - a + 1
+        burst.end_bin, burst.end_ns = int(self.index[b]), int(self.last_ns[b])
+
+
 class BurstDetector:
     def __init__(self) -> None:
         self._open: _Open | None = None
-        # last non-empty bin seen: (index, bytes, packets, first_ns, claimed by a burst)
-        self._prev: tuple[int, int, int, int, bool] | None = None
+        self._prev: _Prev | None = None
 
     def feed(self, bins: Bins, upto: int, hot_bytes: float) -> list[Burst]:
         out: list[Burst] = []
-        if len(bins) and (self._open is not None or bool((bins.bytes >= hot_bytes).any())):
-            for row in zip(bins.index.tolist(), bins.bytes.tolist(), bins.packets.tolist(),
-                           bins.first_ns.tolist(), bins.last_ns.tolist()):
-                self._step(row, hot_bytes, out)
-        elif len(bins):
-            self._prev = (int(bins.index[-1]), int(bins.bytes[-1]), int(bins.packets[-1]),
-                          int(bins.first_ns[-1]), False)
+        if len(bins):
+            if self._open is None and not bool((bins.bytes >= hot_bytes).any()):
+                last = len(bins) - 1          # fast path: nothing hot, nothing open
+                self._prev = _Prev(int(bins.index[last]), int(bins.bytes[last]),
+                                   int(bins.packets[last]), int(bins.first_ns[last]),
+                                   int(bins.last_ns[last]), False)
+            else:
+                self._feed(_Batch(self._prev, bins, hot_bytes, self._open is not None), out)
         if self._open is not None and upto > self._open.end_bin + 1:
             out.append(self._open.close())   # the bin after it was empty
             self._open = None
@@ -96,30 +143,33 @@ class BurstDetector:
         self._open = None
         return out
 
-    def _step(self, row, hot_bytes: float, out: list[Burst]) -> None:
-        index, nbytes, packets, first_ns, last_ns = row
-        hot = nbytes >= hot_bytes
-        opened = self._open
-        if opened is not None:
-            if index == opened.end_bin + 1:
-                opened.add(index, nbytes, packets, last_ns, hot)
-                if not hot:                       # the partly filled tail bin ends it
-                    out.append(opened.close())
-                    self._open = None
-                self._prev = (index, nbytes, packets, first_ns, True)
-                return
-            out.append(opened.close())            # a gap of empty bins ended it
-            self._open = None
-        if hot:
-            burst = _Open(first_ns, last_ns, index, 0, 0, 0, 0, 0)
-            prev = self._prev
-            if prev is not None and prev[0] == index - 1 and not prev[4]:
-                burst.start_ns = prev[3]          # the partly filled head bin
-                burst.bytes, burst.packets, burst.peak_bytes, burst.bins = prev[1], prev[2], \
-                    prev[1], 1
-            burst.add(index, nbytes, packets, last_ns, True)
+    def _feed(self, batch: _Batch, out: list[Burst]) -> None:
+        n = len(batch.index)
+        for first, last in batch.runs():
+            if first == 0 and self._open is not None:
+                burst = self._open                     # continues: bin 0 is in it already
+                if last > 0:
+                    batch.add(burst, 1, last)
+            else:
+                burst = _Open(int(batch.first_ns[first]), 0, 0)
+                head = first - 1
+                if head >= 0 and batch.next_to[first] and not batch.claimed[head]:
+                    burst.start_ns = int(batch.first_ns[head])   # the partly filled head bin
+                    batch.add(burst, head, last)
+                else:
+                    batch.add(burst, first, last)
+            batch.claimed[first:last + 1] = True
             self._open = burst
-        self._prev = (index, nbytes, packets, first_ns, hot)
+            tail = last + 1
+            if tail < n:
+                if batch.next_to[tail]:                # the partly filled tail bin ends it
+                    batch.add(burst, tail, tail)
+                    batch.claimed[tail] = True
+                out.append(burst.close())              # else a gap of empty bins ended it
+                self._open = None
+        i = n - 1
+        self._prev = _Prev(int(batch.index[i]), int(batch.bytes[i]), int(batch.packets[i]),
+                           int(batch.first_ns[i]), int(batch.last_ns[i]), bool(batch.claimed[i]))
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,26 @@
-"""Probe tcp_retransmit: every TCP retransmission sent from this node's addresses.
+"""Probe tcp_retransmit: every TCP retransmission sent from this node's addresses,
+with its kind and the process that owns the flow.
 
-Hooks tcp/tcp_retransmit_skb (+ tcp/tcp_retransmit_synack) and TC egress on the
-interfaces holding the node's addresses; see bpf/tcp_retransmit.bpf.c for why
-both. Exports `tcp_retransmit` (what TcpRetransSegs counts: sum(segs) equals it)
-and `tcp_retransmit_skipped` (attempts abandoned before the count), see
-fabricscope/measurements/tcp.py.
+Hooks tcp/tcp_retransmit_skb (+ tcp_retransmit_synack), tcp/tcp_cong_state_set
+(+ tcp_destroy_sock) and TC egress on the interfaces holding the node's
+addresses; see bpf/tcp_retransmit.bpf.c for why. Exports `tcp_retransmit` (what
+TcpRetransSegs counts: sum(segs) equals it) and `tcp_retransmit_skipped`
+(attempts abandoned before the count), see fabricscope/measurements/tcp.py.
+
+Kinds (tag `kind`), from the socket's congestion state when it retransmitted:
+  rto         the first retransmit after the socket entered Loss: the RTO timer's
+              (one per timer firing; with syn and synack: nstat TcpExtTCPTimeouts)
+  slow_start  later retransmits in Loss (TcpExtTCPSlowStartRetrans, in segments)
+  fast        in Recovery: fast retransmit (TcpExtTCPFastRetrans, in segments)
+  tlp         in Open, Disorder or CWR: a tail loss probe (at most TcpExtTCPLossProbes,
+              which also counts probes that sent new data instead)
+  syn         a SYN retransmitted (SYN_SENT); synack: a SYN-ACK (TcpExtTCPSynRetrans)
+  unknown     the kernel has no tcp_cong_state_set (before 5.18)
+Limits of the heuristic: a socket that changed congestion state before the probe
+attached counts as Open until its next change; a retransmit in Open/CWR that is not
+a probe (after an undo, or a path-MTU drop, which also enters Loss) is filed as tlp
+or rto; TcpExtTCPFastRetrans also counts retransmits from the queue outside
+Recovery, which land in tlp here.
 
 Cost (measured with BPF run-time stats, veth, 50 MiB with 2 % loss): TC egress
 ~470 ns per egress skb (GSO: ~17 skbs per MiB sent, so ~8 us of CPU per MiB);
@@ -14,59 +30,41 @@ probe_events_total{event="bpf_run_ns"|"bpf_runs"} while kernel.bpf_stats_enabled
 Measured here (veth pair on a bridge, nft 2 % loss of skbs, 50 MiB, TSO on):
 TcpRetransSegs 1043, tracepoint events with err 0: 31, sum(segs): 1043; with
 tso/gso/gro off on both ends 732 vs 724 events (TCP keeps building GSO skbs),
-sum(segs) 732. Lab acceptance (tests/kernel/test_e2e_retransmits.py, 3 nodes,
-gloo DDP, 2 % loss on node 1) passes with sum(segs) per node.
+sum(segs) 732. Lab acceptance: tests/kernel/test_e2e_retransmits.py and
+tests/kernel/test_tcp_kinds.py.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import ipaddress
 import logging
 
 from agent import addresses as addrs
 from agent import bpf
+from agent.owners import Owners
 from agent.probes.base import Probe, ProbeUnavailable
+from agent.probes.tcp_common import (FsFlow, addr_key, addr_text, fill_own_addrs,  # noqa: F401
+                                     flow_key, flow_tags, state_name)
 from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.tcp_retransmit")
 
-FAMILY = "tcp_retransmit"
-KIND_SKB, KIND_SYNACK = 1, 2
-STATS = ("hits", "emitted", "lost", "segs_unknown", "tc_packets")   # FS_STAT_* order
-TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
-              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN",
-              11: "CLOSING", 12: "NEW_SYN_RECV"}
+HOOK_SKB, HOOK_SYNACK = 1, 2
+CA_OPEN, CA_DISORDER, CA_CWR, CA_RECOVERY, CA_LOSS, CA_UNKNOWN = 0, 1, 2, 3, 4, 0xff
+SYN_SENT = 2
+KINDS = ("fast", "rto", "slow_start", "tlp", "syn", "synack", "unknown")
+#: FS_STAT_* order (bpf/tcp_retransmit.h)
+STATS = ("hits", "emitted", "lost", "segs_unknown", "tc_packets", "tc_segs", "tc_bytes",
+         "cong_set")
 
 
-# Mirrors of bpf/tcp_retransmit.h (checked against the compiled layout at load).
-class FsAddr(ctypes.Structure):
-    _fields_ = [("a", ctypes.c_uint8 * 16)]
-
-
-class FsFlow(ctypes.Structure):
-    _fields_ = [("saddr", FsAddr), ("daddr", FsAddr), ("sport", ctypes.c_uint16),
-                ("dport", ctypes.c_uint16)]
-
-
+# Mirror of bpf/tcp_retransmit.h (checked against the compiled layout at load).
 class RetransmitEvent(ctypes.Structure):
     _fields_ = [("ts_ns", ctypes.c_uint64), ("flow", FsFlow), ("family", ctypes.c_uint16),
                 ("segs", ctypes.c_uint16), ("state", ctypes.c_int32), ("err", ctypes.c_int32),
-                ("kind", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
-
-
-def addr_key(text: str) -> bytes:
-    """16-byte map key: IPv6 as is, IPv4 as v4-mapped (what the BPF side compares)."""
-    ip = ipaddress.ip_address(text)
-    if ip.version == 4:
-        ip = ipaddress.IPv6Address("::ffff:" + str(ip))
-    return ip.packed
-
-
-def addr_text(raw: bytes) -> str:
-    ip = ipaddress.IPv6Address(bytes(raw))
-    return str(ip.ipv4_mapped or ip)
+                ("hook", ctypes.c_uint8), ("ca_state", ctypes.c_uint8),
+                ("timeout", ctypes.c_uint8), ("pad", ctypes.c_uint8), ("bytes", ctypes.c_uint32)]
 
 
 # Errors __tcp_retransmit_skb returns before it adds to TcpRetransSegs (it retries
@@ -84,6 +82,23 @@ def err_name(err: int) -> str:
     return errno.errorcode.get(-err, str(err))
 
 
+def retransmit_kind(hook: int, state: int, ca_state: int, timeout: int) -> str:
+    """Name the retransmit (see the module docstring for the rules and their limits)."""
+    if hook == HOOK_SYNACK:
+        return "synack"
+    if state == SYN_SENT:
+        return "syn"
+    if ca_state == CA_UNKNOWN:
+        return "unknown"
+    if timeout:
+        return "rto"
+    if ca_state == CA_LOSS:
+        return "slow_start"
+    if ca_state == CA_RECOVERY:
+        return "fast"
+    return "tlp"
+
+
 def decode(raw: bytes, to_wall) -> Record:
     """One ring buffer event (bytes of struct fs_retransmit_event) -> Record.
 
@@ -92,20 +107,39 @@ def decode(raw: bytes, to_wall) -> Record:
     if len(raw) < ctypes.sizeof(RetransmitEvent):
         raise ValueError(f"event of {len(raw)} bytes, expected {ctypes.sizeof(RetransmitEvent)}")
     ev = RetransmitEvent.from_buffer_copy(raw[:ctypes.sizeof(RetransmitEvent)])
-    tags = {"saddr": addr_text(ev.flow.saddr.a), "daddr": addr_text(ev.flow.daddr.a),
-            "sport": str(ev.flow.sport), "dport": str(ev.flow.dport),
-            "state": TCP_STATES.get(ev.state, str(ev.state))}
+    tags = {**flow_tags(flow_key(ev.flow)), "state": state_name(ev.state),
+            "kind": retransmit_kind(ev.hook, ev.state, ev.ca_state, ev.timeout)}
     time_ns = to_wall(ev.ts_ns)
     if ev.err < 0 and -ev.err in SKIPPED_ERRNOS:
         tags["reason"] = err_name(ev.err)
         return Record("tcp_retransmit_skipped", time_ns, tags, {"err": int(ev.err)})
-    return Record("tcp_retransmit", time_ns, tags,
-                  {"segs": max(1, int(ev.segs)), "err": int(ev.err)})
+    fields = {"segs": max(1, int(ev.segs)), "err": int(ev.err)}
+    if ev.segs:
+        fields["payload_bytes"] = int(ev.bytes)
+    return Record("tcp_retransmit", time_ns, tags, fields)
+
+
+def record_flow(rec: Record) -> tuple[str, int, str, int]:
+    t = rec.tags
+    return (t["saddr"], int(t["sport"]), t["daddr"], int(t["dport"]))
+
+
+def tag_owners(records: list[Record], owners: Owners) -> None:
+    """Add owner tags (pid, comm, rank, ...) to records of flows whose owner is known."""
+    keyed = [(record_flow(r), r) for r in records if "sport" in r.tags]
+    if not keyed:
+        return
+    found = owners.resolve([k for k, _ in keyed])
+    for key, rec in keyed:
+        owner = found.get(key)
+        if owner is not None:
+            rec.tags.update(owner.tags())
 
 
 class TcpRetransmitProbe(Probe):
     name = "tcp_retransmit"
     needs_bpf = True
+    family = "tcp_retransmit"          # the bpf/<family>.bpf.c this probe compiles
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -113,6 +147,8 @@ class TcpRetransmitProbe(Probe):
         self._tc: bpf.TcEgress | None = None
         self._pending: list[Record] = []
         self._decode_errors = 0
+        self.owners = Owners()
+        self.kinds_known = False
 
     def _cflags(self) -> list[str]:
         fields = bpf.tracepoint_fields("tcp", "tcp_retransmit_skb")
@@ -124,35 +160,43 @@ class TcpRetransmitProbe(Probe):
             flags.append("-DFS_TP_HAS_ERR")
         if bpf.tracepoint_fields("tcp", "tcp_retransmit_synack") is not None:
             flags.append("-DFS_TP_SYNACK")
+        self.kinds_known = bpf.tracepoint_fields("tcp", "tcp_cong_state_set") is not None
+        if self.kinds_known:
+            flags.append("-DFS_TP_CONG_STATE")
+            if bpf.tracepoint_fields("tcp", "tcp_destroy_sock") is not None:
+                flags.append("-DFS_TP_DESTROY")
+        else:
+            log.warning("%s: no tcp/tcp_cong_state_set on this kernel (before 5.18): "
+                        "retransmits get kind=unknown", self.name)
         return flags + list(self.ctx.cflags)
 
     def attach(self) -> None:
         if not self.ctx.addresses:
             raise ProbeUnavailable("no node addresses to attribute retransmits to")
-        self._bpf = bpf.compile_program(FAMILY, self._cflags())
+        self._bpf = bpf.compile_program(self.family, self._cflags())
         try:
-            bpf.check_layout(RetransmitEvent, self._bpf[b"event_layout"].Leaf)
-            own = self._bpf[b"own_addrs"]
-            for text in sorted(self.ctx.addresses):
-                key = own.Key()
-                ctypes.memmove(ctypes.addressof(key), addr_key(text), 16)
-                own[key] = ctypes.c_uint8(1)
-            self._bpf[b"events"].open_ring_buffer(self._on_event)
+            self._setup()
             self._attach_tc()
         except BaseException:
             self.detach()
             raise
 
+    def _setup(self) -> None:
+        """After compiling: check layouts, fill maps, open ring buffers."""
+        bpf.check_layout(RetransmitEvent, self._bpf[b"event_layout"].Leaf)
+        fill_own_addrs(self._bpf[b"own_addrs"], self.ctx.addresses)
+        self._bpf[b"events"].open_ring_buffer(self._on_event)
+
     def _attach_tc(self) -> None:
         ifaces = addrs.interfaces_owning(self.ctx.addresses)
         if not ifaces:
-            log.warning("tcp_retransmit: no Ethernet interface here holds %s; segment counts "
-                        "fall back to 1 per retransmit", ", ".join(sorted(self.ctx.addresses)))
+            log.warning("%s: no Ethernet interface here holds %s; segment counts fall back "
+                        "to 1 per retransmit", self.name, ", ".join(sorted(self.ctx.addresses)))
             return
         fn = self._bpf.load_func(b"tc_egress", type(self._bpf).SCHED_CLS)
         self._tc = bpf.TcEgress(fn)
         self._tc.attach(ifaces)
-        log.info("tcp_retransmit: attached for %s (TC egress on %s)",
+        log.info("%s: attached for %s (TC egress on %s)", self.name,
                  ", ".join(sorted(self.ctx.addresses)), ", ".join(i.name for i in ifaces))
 
     def _on_event(self, _ctx, data, size) -> int:
@@ -160,7 +204,7 @@ class TcpRetransmitProbe(Probe):
             self._pending.append(decode(ctypes.string_at(data, size), self.ctx.clock.to_wall))
         except ValueError as exc:
             self._decode_errors += 1
-            log.debug("tcp_retransmit: undecodable event: %s", exc)
+            log.debug("%s: undecodable event: %s", self.name, exc)
         return 0
 
     def poll(self) -> list[Record]:
@@ -168,6 +212,7 @@ class TcpRetransmitProbe(Probe):
             return []
         self._bpf.ring_buffer_consume()
         out, self._pending = self._pending, []
+        tag_owners(out, self.owners)
         return out
 
     def stats(self) -> dict[str, int]:
@@ -175,6 +220,9 @@ class TcpRetransmitProbe(Probe):
             return {}
         out = dict(zip(STATS, bpf.percpu_sums(self._bpf[b"stats"], len(STATS))))
         out["decode_errors"] = self._decode_errors
+        o = self.owners.stats
+        out.update(owners_resolved=o.resolved, owners_unresolved=o.unresolved,
+                   owner_scans=o.scans)
         # Cost of our programs, when the kernel's BPF stats are on (else 0).
         out["bpf_run_ns"], out["bpf_runs"] = bpf.prog_run_stats(
             fn.fd for fn in self._bpf.funcs.values())
@@ -187,4 +235,3 @@ class TcpRetransmitProbe(Probe):
         if self._bpf is not None:
             b, self._bpf = self._bpf, None
             b.cleanup()
-

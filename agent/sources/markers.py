@@ -191,6 +191,8 @@ class MarkersSource(Probe):
             raise ProbeUnavailable(f"markers directory {self.dir}: {exc.strerror}") from None
 
     def poll(self) -> list[Record]:
+        if getattr(self, "_detached", False):
+            return []       # detach() read nothing new; rediscovering would re-read rings
         self._discover()
         out: list[Record] = []
         for path, ring in list(self._rings.items()):
@@ -252,5 +254,6 @@ class MarkersSource(Probe):
         return {"lost": lost, **self._tracker.stats}
 
     def detach(self) -> None:
+        self._detached = True
         for path in list(self._rings):
             self._close(path, delete=False)

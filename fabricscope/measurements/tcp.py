@@ -1,14 +1,45 @@
-"""Measurements of the TCP tracepoint probes (bpf/tcp_*.bpf.c)."""
+"""Measurements of the TCP tracepoint probes (bpf/tcp_retransmit.bpf.c, bpf/tcp_flows.bpf.c).
+
+Every flow record names the flow from this node's side (saddr/sport local) and,
+when the agent found it in /proc, the process that owns the socket (the optional
+owner tags: pid, comm, cgroup, container, rank, local_rank, world_size, job).
+"""
 
 from fabricscope.schema import Field, Measurement
 
-_FLOW_TAGS = {
+_FLOW = {
     "saddr": "local IP address (v4 dotted or v6)",
     "daddr": "remote IP address",
     "sport": "local TCP port",
     "dport": "remote TCP port",
-    "state": "TCP state of the socket (ESTABLISHED, SYN_SENT, ...)",
 }
+_STATE = {"state": "TCP state of the socket (ESTABLISHED, SYN_SENT, ...)"}
+OWNER_TAGS = {
+    "pid": "process holding the socket (from /proc/PID/fd)",
+    "comm": "its command name (/proc/PID/comm)",
+    "cgroup": "its cgroup path (the cgroup v2 line of /proc/PID/cgroup)",
+    "container": "container id (first 12 hex digits) found in the cgroup path",
+    "rank": "training rank (RANK in the process's environment)",
+    "local_rank": "LOCAL_RANK in the process's environment",
+    "world_size": "WORLD_SIZE in the process's environment",
+    "job": "training job: FABRICSCOPE_JOB, else MASTER_ADDR:MASTER_PORT",
+}
+_OWNERS = frozenset(OWNER_TAGS)
+_KIND = {"kind": "fast (in Recovery), rto (the timeout's own retransmit), slow_start (later "
+                 "ones in Loss), tlp (in Open/Disorder/CWR: tail loss probe), syn, synack, "
+                 "unknown (kernel without tcp_cong_state_set); see agent/probes/tcp_retransmit.py"}
+_SOURCE_R = "agent probes tcp_retransmit and tcp_flows (bpf/tcp_retransmit.bpf.c)"
+_SOURCE_F = "agent probe tcp_flows (bpf/tcp_flows.bpf.c)"
+_SIDE = {"side": "client (this side connected) or server (it accepted)"}
+
+
+def _i(unit: str, doc: str) -> Field:
+    return Field(int, unit, doc)
+
+
+def _f(unit: str, doc: str) -> Field:
+    return Field(float, unit, doc)
+
 
 MEASUREMENTS = [
     Measurement(
@@ -18,17 +49,19 @@ MEASUREMENTS = [
             "transmit error) and one per SYN-ACK retransmit (tcp/tcp_retransmit_synack). "
             "With TSO/GSO one skb carries several segments: sum(segs) equals nstat's "
             "TcpRetransSegs, the number of records does not.",
-        source="agent probe tcp_retransmit (bpf/tcp_retransmit.bpf.c)",
-        tags=dict(_FLOW_TAGS),
+        source=_SOURCE_R,
+        tags={**_FLOW, **_STATE, **_KIND, **OWNER_TAGS},
+        optional_tags=_OWNERS | {"kind"},
         fields={
-            "segs": Field(int, "segments",
-                          "segments retransmitted (tcp_skb_pcount, read as gso_segs at TC "
-                          "egress); 1 when TC egress did not see the packet (counted in "
-                          "fabricscope_agent_probe_events_total{event=\"segs_unknown\"})"),
-            "err": Field(int, "code",
-                         "0: sent; > 0: the qdisc dropped it (1 NET_XMIT_DROP); < 0: -errno "
-                         "of the transmit (ENOBUFS, EPERM from netfilter); failures are also "
-                         "in TcpExtTCPRetransFail"),
+            "segs": _i("segments",
+                       "segments retransmitted (tcp_skb_pcount, read as gso_segs at TC "
+                       "egress); 1 when TC egress did not see the packet (counted in "
+                       "fabricscope_agent_probe_events_total{event=\"segs_unknown\"})"),
+            "payload_bytes": _i("bytes", "TCP payload bytes retransmitted (absent when TC egress "
+                                 "did not see the packet)"),
+            "err": _i("code", "0: sent; > 0: the qdisc dropped it (1 NET_XMIT_DROP); < 0: "
+                              "-errno of the transmit (ENOBUFS, EPERM from netfilter); "
+                              "failures are also in TcpExtTCPRetransFail"),
         },
     ),
     Measurement(
@@ -37,8 +70,112 @@ MEASUREMENTS = [
             "retries later (tcp_retransmit_skb with EBUSY: the original still sits in a "
             "host queue; ENOMEM; EAGAIN: outside the receive window; EHOSTUNREACH: no "
             "route). Not in TcpRetransSegs.",
-        source="agent probe tcp_retransmit (bpf/tcp_retransmit.bpf.c)",
-        tags={**_FLOW_TAGS, "reason": "errno name (EBUSY, ENOMEM, EAGAIN, EHOSTUNREACH)"},
-        fields={"err": Field(int, "errno", "negative errno")},
+        source=_SOURCE_R,
+        tags={**_FLOW, **_STATE, **_KIND, **OWNER_TAGS,
+              "reason": "errno name (EBUSY, ENOMEM, EAGAIN, EHOSTUNREACH)"},
+        optional_tags=_OWNERS | {"kind"},
+        fields={"err": _i("errno", "negative errno")},
+    ),
+    Measurement(
+        name="tcp_flow",
+        doc="One flow over one window (config tcp_window_s), for flows that received "
+            "segments or retransmitted in it. RTT is the kernel's smoothed RTT (srtt, as "
+            "`ss -ti` shows it) sampled on each segment that found snd_una advanced, "
+            "aggregated in the kernel as a log2 histogram (percentiles interpolated "
+            "inside the bucket, clamped to min/max). Time: the window's start.",
+        source=_SOURCE_F,
+        tags={**_FLOW, **OWNER_TAGS},
+        optional_tags=_OWNERS,
+        fields={
+            "seconds": _f("s", "window length"),
+            "segs_in": _i("segments", "segments received while ESTABLISHED (tcp/tcp_probe "
+                                      "hits: ACKs and data)"),
+            "bytes_acked": _i("bytes", "bytes the peer newly acknowledged (snd_una advance)"),
+            "acked_bps": _f("bit/s", "bytes_acked * 8 / seconds: delivered throughput"),
+            "rtt_samples": _i("samples", "RTT samples in the window"),
+            "rtt_p50_us": _f("us", "median smoothed RTT"),
+            "rtt_p90_us": _f("us", "90th percentile"),
+            "rtt_p99_us": _f("us", "99th percentile"),
+            "rtt_min_us": _f("us", "smallest sample"),
+            "rtt_max_us": _f("us", "largest sample"),
+            "rtt_mean_us": _f("us", "mean of the samples"),
+            "rtt_stddev_us": _f("us", "standard deviation of the samples (population)"),
+            "cwnd_min": _i("segments", "smallest congestion window seen"),
+            "cwnd_max": _i("segments", "largest congestion window seen"),
+            "ssthresh_min": _i("segments", "smallest slow-start threshold (absent while "
+                                           "unset: TCP_INFINITE_SSTHRESH)"),
+            "ssthresh_max": _i("segments", "largest slow-start threshold"),
+            "retrans_segs": _i("segments", "segments retransmitted (sum of tcp_retransmit "
+                                           "segs in the window)"),
+            "retrans_bytes": _i("bytes", "payload bytes retransmitted"),
+            "timeouts": _i("events", "retransmission timeouts (kind rto or syn)"),
+        },
+    ),
+    Measurement(
+        name="tcp_node",
+        doc="This node's TCP over one window (config tcp_window_s), written every "
+            "window, zero when idle. Time: the window's start.",
+        source=_SOURCE_F,
+        fields={
+            "seconds": _f("s", "window length"),
+            "flows": _i("flows", "flows with a tcp_flow record in the window"),
+            "bytes_acked": _i("bytes", "sum of the flows' bytes_acked"),
+            "segs_out": _i("segments", "own TCP segments leaving on TC egress (gso_segs; "
+                                       "data, ACKs, retransmits: like TcpOutSegs)"),
+            "bytes_out": _i("bytes", "their TCP payload bytes (retransmits included)"),
+            "retrans_segs": _i("segments", "segments retransmitted (like TcpRetransSegs)"),
+            "retrans_bytes": _i("bytes", "payload bytes retransmitted"),
+            "retrans_ratio": _f("fraction", "retrans_bytes / bytes_out"),
+            "retrans_seg_ratio": _f("fraction", "retrans_segs / segs_out"),
+            "timeouts": _i("events", "retransmission timeouts (kinds rto, syn, synack: "
+                                     "like TcpExtTCPTimeouts)"),
+            **{f"{k}_segs": _i("segments", f"segments retransmitted of kind {k}")
+               for k in ("fast", "rto", "slow_start", "tlp", "syn", "synack", "unknown")},
+            "resets_sent": _i("resets", "RSTs sent (tcp/tcp_send_reset)"),
+            "resets_received": _i("resets", "RSTs received (tcp/tcp_receive_reset)"),
+            "opens": _i("flows", "connections established"),
+            "closes": _i("flows", "connections closed"),
+        },
+    ),
+    Measurement(
+        name="tcp_flow_open",
+        doc="A connection of this node reached ESTABLISHED (sock/inet_sock_set_state).",
+        source=_SOURCE_F,
+        tags={**_FLOW, **_SIDE, **OWNER_TAGS},
+        optional_tags=_OWNERS,
+        fields={
+            "active": Field(bool, "", "true when this side connected"),
+            "handshake_us": _f("us", "SYN_SENT to ESTABLISHED (client side only)"),
+        },
+    ),
+    Measurement(
+        name="tcp_flow_close",
+        doc="A connection of this node reached CLOSE (sock/inet_sock_set_state). Bytes "
+            "are counted from the first segment the probe saw while ESTABLISHED (ACKs "
+            "of the closing handshake are not traced, so the last bytes may be missing "
+            "from bytes_acked; bytes_sent has them).",
+        source=_SOURCE_F,
+        tags={**_FLOW, **_SIDE, **OWNER_TAGS,
+              "from_state": "state it closed from (ESTABLISHED: reset or abort, "
+                            "SYN_SENT: connect failed, LAST_ACK/FIN_WAIT2/...: normal)"},
+        optional_tags=_OWNERS,
+        fields={
+            "established": Field(bool, "", "the probe saw it reach ESTABLISHED"),
+            "active": Field(bool, "", "true when this side connected"),
+            "duration_s": _f("s", "ESTABLISHED to CLOSE (absent when not seen established)"),
+            "bytes_acked": _i("bytes", "bytes the peer acknowledged (snd_una advance)"),
+            "bytes_sent": _i("bytes", "bytes sent (snd_nxt advance)"),
+        },
+    ),
+    Measurement(
+        name="tcp_reset",
+        doc="A TCP reset this node sent (tcp/tcp_send_reset) or received "
+            "(tcp/tcp_receive_reset).",
+        source=_SOURCE_F,
+        tags={**_FLOW, **OWNER_TAGS, "direction": "sent or received",
+              "state": "TCP state of the socket (absent: no socket, e.g. a closed port)",
+              "reason": "why it was sent (enum sk_rst_reason, kernel 6.10+)"},
+        optional_tags=_OWNERS | {"state", "reason"},
+        fields={"count": _i("resets", "always 1 (so that sum() counts resets)")},
     ),
 ]

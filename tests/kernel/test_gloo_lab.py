@@ -1,7 +1,10 @@
 """The gloo probe in the lab: a real 3-rank DDP run over gloo, one agent on node 0.
 
 One lab and one training run for the module (they cost ~20 s of this 2-core box);
-each test asserts one property of what the agent of node 0 reported. The agent is
+each test asserts one property of what the agent of node 0 reported. The step
+time the traffic model must match (5 %) is the median of the training's own step
+markers; on a machine oversubscribed several times over, step times jitter by
++-50 % and medians of 30 steps timed at different points drift apart. The agent is
 the real `fabricscope agent --probes gloo --output jsonl`, started in node 0's
 network namespace, so the other two ranks (same kernel, same libtorch file, other
 namespaces) must not appear in its records.
@@ -24,7 +27,7 @@ import pytest
 from fabricscope import schema, trafficmodel
 from fabricscope.records import Record
 
-STEPS = 24
+STEPS = 30
 MODEL_MB = 8
 NODES = 3
 
@@ -85,7 +88,8 @@ def collect(tmp: Path, steps: int = STEPS, extra_agent_args: tuple = ()) -> Run:
     out, err = tmp / "agent.jsonl", tmp / "agent.log"
     with running_lab(nodes=NODES) as lab:
         node = lab.nodes[0]
-        argv = exec_argv(node, [sys.executable, "-m", "fabricscope", "agent", "--probes", "gloo",
+        argv = exec_argv(node, [sys.executable, "-m", "fabricscope", "agent",
+                                "--probes", "gloo,markers",
                                 "--output", "jsonl", "--metrics-port", "0",
                                 "--gloo-model-interval-s", "1", "--gloo-model-window-s", "60",
                                 *extra_agent_args])
@@ -93,7 +97,7 @@ def collect(tmp: Path, steps: int = STEPS, extra_agent_args: tuple = ()) -> Run:
             agent = subprocess.Popen(argv, stdout=fo, stderr=fe, env=exec_env(lab, node),
                                      cwd=str(Path(__file__).resolve().parents[2]))
         try:
-            _await(lambda: "running probes: gloo" in err.read_text() or agent.poll() is not None,
+            _await(lambda: "running probes: gloo, markers" in err.read_text() or agent.poll() is not None,
                    120, "the agent to attach")
             assert agent.poll() is None, err.read_text()[-2000:]
             job = f"{node.address}:{29400 + os.getpid() % 500}"
@@ -114,6 +118,8 @@ def test_every_record_matches_the_schema(run):
     assert run.records, run.agent_stderr[-2000:]
     for r in run.records:
         schema.validate(r)
+    assert {r.measurement for r in run.records} >= {"gloo_collective", "gloo_step",
+                                                    "gloo_phase", "traffic_model", "train_step"}
 
 
 def test_only_the_local_rank_is_reported(run):
@@ -203,10 +209,26 @@ def test_grad_sync_and_compute_phases_split_each_step(run):
             pytest.approx(s.fields["seconds"])
 
 
-def test_inferred_step_time_matches_the_trainer(run):
-    inferred = [r.fields["seconds"] for r in run.of("gloo_step") if "seconds" in r.fields][2:]
-    trainer = [line["seconds"] for line in run.step_lines][2:]
-    assert statistics.median(inferred) == pytest.approx(statistics.median(trainer), rel=0.15)
+def test_inferred_step_time_matches_the_markers(run):
+    # the same steps timed at different points (first AllReduce / step marker): over
+    # a span, their sums differ only by the jitter at its two ends
+    inferred = {r.fields["step"]: r.fields["seconds"] for r in run.of("gloo_step")
+                if "seconds" in r.fields}
+    marked = {r.fields["step"]: r.fields["seconds"] for r in run.of("train_step", rank="0")}
+    span = range(2, STEPS - 1)
+    assert sum(inferred[i] for i in span) == pytest.approx(sum(marked[i] for i in span),
+                                                           rel=0.05)
+    # the trainer times less than a whole step (not its print, marker, loop): shorter
+    trainer = statistics.median(line["seconds"] for line in run.step_lines[2:])
+    assert trainer <= marker_step_time(run) * 1.02
+
+
+def marker_step_time(run: Run) -> float:
+    """Median step time as the training marks it (train_step: marker to next marker),
+    after DDP's first two steps (bucket rebuild)."""
+    steps = sorted(run.of("train_step", rank="0"), key=lambda r: r.fields["step"])
+    assert [r.fields["step"] for r in steps] == list(range(STEPS))
+    return statistics.median(r.fields["seconds"] for r in steps[2:])
 
 
 def test_sync_period_from_traffic_agrees_with_median_step_time(run):
@@ -218,7 +240,7 @@ def test_sync_period_from_traffic_agrees_with_median_step_time(run):
     t1 = max(w[1] for w in windows)
     series = trafficmodel.series_from_windows(windows, t0, t1, 0.001)
     model = trafficmodel.fit(series, 0.001)
-    median_step = statistics.median(line["seconds"] for line in run.step_lines[2:])
+    median_step = marker_step_time(run)
     assert model.period_s == pytest.approx(median_step, rel=0.05), (model, median_step)
     assert 0 < model.duty_cycle < 1
 
@@ -227,6 +249,5 @@ def test_traffic_model_records(run):
     models = [r for r in run.of("traffic_model") if "period_s" in r.fields]
     assert models, "no traffic_model record with a period"
     last = models[-1]
-    median_step = statistics.median(line["seconds"] for line in run.step_lines[2:])
-    assert last.fields["period_s"] == pytest.approx(median_step, rel=0.10)
+    assert last.fields["period_s"] == pytest.approx(marker_step_time(run), rel=0.10)
     assert last.fields["burst_bytes_per_s"] > 0

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fabricscope import markers
-from lab import exec_argv, naming, nft
+from lab import exec_argv, naming, nft, nsops
 from lab.testing import running_lab, unique_name
 
 pytestmark = pytest.mark.root
@@ -31,7 +31,8 @@ SINK = ("import socket,sys; s=socket.socket(); s.bind((sys.argv[1],0)); s.listen
         "while True:\n d=c.recv(1<<16)\n if not d: break\n n+=len(d)\n"
         "print(n, a[0], flush=True)")
 # A node-side TCP source: sends N bytes to host:port.
-SOURCE = ("import socket,sys; s=socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=30); "
+SOURCE = ("import socket,sys; "
+          "s=socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=30); "
           "s.sendall(bytes(int(sys.argv[3]))); s.close()")
 
 
@@ -134,6 +135,14 @@ def test_two_labs_coexist_on_distinct_subnets():
         assert out.returncode != 0 and "unreachable" in out.stderr.lower()
 
 
+def _in_netns(pid: int, ns_inode: int, comm: str) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino == ns_inode and \
+            Path(f"/proc/{pid}/comm").read_text().strip() == comm
+    except OSError:
+        return False
+
+
 def test_down_removes_everything_and_is_idempotent():
     from lab.topology import down, up
     name = unique_name("d")
@@ -145,6 +154,8 @@ def test_down_removes_everything_and_is_idempotent():
         assert state["nft"] and state["state"] and state["dir"]
         # a process left in a node keeps its namespace alive unless down ends it
         sleeper = subprocess.Popen(exec_argv(lab.nodes[1], ["sleep", "600"]))
+        ns_inode = os.stat(f"/var/run/netns/{lab.nodes[1].netns}").st_ino
+        await_true(lambda: _in_netns(sleeper.pid, ns_inode, "sleep"), 10, "sleep inside node 1")
         assert down(name) is True
         assert sleeper.wait(10) == -signal.SIGTERM
         assert host_state(lab) == {"netns": [], "links": [], "nft": False, "state": False,
@@ -275,13 +286,13 @@ def test_running_lab_tears_down_when_the_body_fails():
     assert not os.path.exists(naming.state_file(names[0]))
 
 
-def test_cli_up_json_exec_fault_and_down():
+def test_cli_up_json_exec_fault_train_timeout_and_down():
     name = unique_name("c")
     env = {**os.environ}
 
     def cli(*argv, check=True):
-        out = subprocess.run([PY, "-m", "lab", *argv], cwd=ROOT, capture_output=True, text=True,
-                             env=env, timeout=120)
+        out = subprocess.run([PY, "-m", "fabricscope", "lab", *argv], cwd=ROOT,
+                             capture_output=True, text=True, env=env, timeout=120)
         if check:
             assert out.returncode == 0, out.stderr
         return out
@@ -308,6 +319,11 @@ def test_cli_up_json_exec_fault_and_down():
             assert bad.returncode == 2 and bad.stderr.startswith("fabricscope: error: "), \
                 (argv, bad.stderr)
             assert len(bad.stderr.strip().splitlines()) == 1
+        stuck = cli("train", "--name", name, "--steps", "100000", "--timeout-s", "1", check=False)
+        assert stuck.returncode == 1, stuck.stderr
+        assert stuck.stderr.strip().splitlines()[-1] == \
+            "fabricscope: error: training failed: training did not finish within 1 s"
+        assert nsops.netns_pids([n["netns"] for n in data["nodes"]]) == []   # ranks ended
         cli("fault", "--name", name, "--node", "1", "loss", "2.5")
         assert "node1: loss 2.5% both" in cli("list").stdout
         cli("fault", "--name", name, "--node", "1", "clear")

@@ -3,32 +3,14 @@ drop reasons, and a bad interface name."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import subprocess
 import time
 
 import pytest
 
-from tests.kernel.nic_lab import PYTHON, netns_pair, running, sh
+from tests.kernel.nic_lab import BURSTGEN, PYTHON, iperf3_server, netns_pair, running, sh
 
 pytestmark = pytest.mark.root
-
-
-@contextlib.contextmanager
-def iperf3_server(pair, ns: str, port: int = 5201):
-    proc = subprocess.Popen(pair.exec(ns, "iperf3", "-s", "-1", "-p", str(port)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while f":{port} " not in sh(*pair.exec(ns, "ss", "-ltnH")).stdout:
-            assert time.monotonic() < deadline and proc.poll() is None, "iperf3 did not listen"
-            time.sleep(0.05)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
 
 
 def totals(records: list[dict], key: str = "direction") -> dict[str, int]:
@@ -39,7 +21,7 @@ def totals(records: list[dict], key: str = "direction") -> dict[str, int]:
 
 
 def test_bytes_equal_interface_counters_and_flows_add_up():
-    with netns_pair() as pair, iperf3_server(pair, pair.ns_b), \
+    with netns_pair() as pair, iperf3_server(pair, pair.ns_b, once=True), \
             running(pair.exec(pair.ns_b), "--interfaces", pair.if_b) as probe:
         probe.ready()
         before = {d: pair.counter(pair.ns_b, pair.if_b, f"{d}_bytes") for d in ("rx", "tx")}
@@ -67,9 +49,17 @@ def test_bytes_equal_interface_counters_and_flows_add_up():
 
 
 def tc_counters(pair, ns: str, ifname: str) -> dict:
-    (root,) = [q for q in json.loads(sh(*pair.exec(ns, "tc", "-s", "-j", "qdisc", "show", "dev",
-                                                  ifname)).stdout) if q["kind"] == "tbf"]
-    return {"drops": root["drops"], "overlimits": root["overlimits"], "bytes": root["bytes"]}
+    """The TBF's counters from `tc -s`, once its queue has drained."""
+    deadline = time.monotonic() + 30
+    while True:
+        (root,) = [q for q in json.loads(sh(*pair.exec(ns, "tc", "-s", "-j", "qdisc", "show",
+                                                      "dev", ifname)).stdout)
+                   if q["kind"] == "tbf"]
+        if root["qlen"] == 0 and root["backlog"] == 0:
+            return {"drops": root["drops"], "overlimits": root["overlimits"],
+                    "bytes": root["bytes"]}
+        assert time.monotonic() < deadline, f"TBF queue never drained: {root}"
+        time.sleep(0.01)
 
 
 def test_qdisc_drops_and_overlimits_match_tc():
@@ -78,7 +68,7 @@ def test_qdisc_drops_and_overlimits_match_tc():
                       "tbf", "rate", "50mbit", "burst", "20kb", "limit", "40kb"))
         with running(pair.exec(pair.ns_a), "--interfaces", pair.if_a) as probe:
             probe.ready()
-            sh(*pair.exec(pair.ns_a, PYTHON, "tests/kernel/burstgen.py", "--dst", pair.addr_b,
+            sh(*pair.exec(pair.ns_a, PYTHON, BURSTGEN, "--dst", pair.addr_b,
                           "--rate", "1gbit", "--bursts", "5000,5000,5000", "--gap-ms", "50"))
             truth = tc_counters(pair, pair.ns_a, pair.if_a)
             probe.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 
 import grpc
@@ -14,14 +15,14 @@ from agent.shipper import Backoff, Shipper
 from agent.spool import BatchSpool
 from fabricscope.errors import UserError
 from fabricscope.records import Record
-from fabricscope.wire import pb, pb_grpc, record_from_pb
+from fabricscope.wire import pb, pb_grpc
 
 OK, RETRY, REJECTED = pb.Ack.OK, pb.Ack.RETRY, pb.Ack.REJECTED
 
 
 def recs(n, start=0, pad=""):
-    return [Record("m", 1 + i, {"node": "n", "pad": pad}, {"v": i})
-            for i in range(start, start + n)]
+    tags = {"node": "n", "pad": pad} if pad else {"node": "n"}
+    return [Record("m", 1 + i, dict(tags), {"v": i}) for i in range(start, start + n)]
 
 
 class FakeCollector(pb_grpc.CollectorServicer):
@@ -49,13 +50,14 @@ class FakeCollector(pb_grpc.CollectorServicer):
             yield pb.Ack(seq=batch.seq, status=status, reason="test", retry_after_ms=after)
 
     def values(self):
-        return [[record_from_pb(r).fields["v"] for r in b.records if r.measurement == "m"]
-                for b in self.received]
+        return [[int(re.search(r" v=(-?\d+)i ", line).group(1)) for line in b.lines
+                 if line.startswith("m,")] for b in self.received]
 
     def loss(self):
         """(seq, reason, records) of every agent_loss record received."""
-        return [(b.seq, r.tags["reason"], r.fields["records"].i) for b in self.received
-                for r in b.records if r.measurement == "agent_loss"]
+        return [(b.seq, re.search(r",reason=(\w+)", line).group(1),
+                 int(re.search(r" records=(\d+)i ", line).group(1)))
+                for b in self.received for line in b.lines if line.startswith("agent_loss,")]
 
 
 async def start_server(servicer, port=0):
@@ -161,7 +163,7 @@ def test_unacked_batches_are_resent_with_their_seq_after_a_reconnect():
     fake = FakeCollector(lambda b, attempt: "hangup" if b.seq == 2 and attempt == 0 else OK)
     run(serve_and_ship(fake, metrics, [recs(1, i) for i in range(4)]))
     assert fake.streams >= 2
-    delivered = {b.seq: record_from_pb(b.records[0]).fields["v"] for b in fake.received}
+    delivered = {b.seq: fake.values()[i][0] for i, b in enumerate(fake.received)}
     assert delivered == {1: 0, 2: 1, 3: 2, 4: 3}
     # after the hangup, 2 is resent before anything newer
     after = [b.seq for b in fake.received][[b.seq for b in fake.received].index(2) + 1:]
@@ -222,8 +224,10 @@ def test_full_disk_spool_drops_oldest_and_ships_the_loss(tmp_path, caplog):
 
 
 def make_batch_bytes(records):
+    from fabricscope.lineschema import canonical_line
     from fabricscope.wire import make_batch
-    return make_batch(node="n", agent_id="agent-1", seq=1, records=records).SerializeToString()
+    return make_batch(node="n", agent_id="agent-1", seq=1,
+                      lines=[canonical_line(r) for r in records]).SerializeToString()
 
 
 def test_spooled_batches_survive_a_restart_with_their_agent_id_and_seq(tmp_path):
@@ -279,12 +283,15 @@ def test_corrupt_spool_entry_is_dropped_and_counted(tmp_path, caplog):
 def test_big_batches_are_split_and_a_record_too_big_alone_is_dropped():
     metrics, fake = AgentMetrics(), FakeCollector()
     records = recs(8, pad="p" * 300) + [Record("m", 99, {"node": "n", "pad": "P" * 5000},
-                                               {"v": 99})]
+                                               {"v": 99}), Record("m", 98, {"node": "a\\b"},
+                                                                  {"v": 98})]
     run(serve_and_ship(fake, metrics, [records, recs(1, 50)], batch_max_bytes=2048))
     assert sorted(v for batch in fake.values() for v in batch) == list(range(8)) + [50]
     assert len(fake.received) > 1 and all(b.ByteSize() <= 2048 for b in fake.received)
     assert sample(metrics, "fabricscope_agent_records_dropped_total", reason="oversized") == 1
-    assert fake.loss() == [(fake.received[-1].seq, "oversized", 1)]   # with the next batch
+    assert sample(metrics, "fabricscope_agent_records_dropped_total", reason="unencodable") == 1
+    assert sorted(fake.loss()) == [(fake.received[0].seq, "unencodable", 1),   # noticed first
+                                   (fake.received[-1].seq, "oversized", 1)]   # with the next
 
 
 def test_shutdown_with_collector_down_counts_what_is_left_in_memory():

@@ -15,12 +15,14 @@ from agent.probes import tcp_retransmit as tr
 from fabricscope import schema
 
 # struct fs_retransmit_event, packed by hand from bpf/tcp_retransmit.h (not via ctypes).
-EVENT = struct.Struct("<Q16s16sHHHHiiII")
+EVENT = struct.Struct("<Q16s16sHHHHiiBBBBI")
 
 
-def raw_event(ts, saddr, daddr, sport, dport, family=2, segs=1, state=1, err=0, kind=1):
+def raw_event(ts, saddr, daddr, sport, dport, family=2, segs=1, state=1, err=0, hook=1,
+              ca_state=3, timeout=0, nbytes=None):
+    nbytes = segs * 1448 if nbytes is None else nbytes
     return EVENT.pack(ts, tr.addr_key(saddr), tr.addr_key(daddr), sport, dport, family, segs,
-                      state, err, kind, 0)
+                      state, err, hook, ca_state, timeout, 0, nbytes)
 
 
 def to_wall(ns):
@@ -31,8 +33,8 @@ def test_ipv4_retransmit_decodes_to_a_valid_record():
     rec = tr.decode(raw_event(5, "198.18.0.1", "198.18.0.2", 40000, 29500, segs=45), to_wall)
     assert (rec.measurement, rec.time_ns) == ("tcp_retransmit", 1_000_000_000_005)
     assert rec.tags == {"saddr": "198.18.0.1", "daddr": "198.18.0.2", "sport": "40000",
-                        "dport": "29500", "state": "ESTABLISHED"}
-    assert rec.fields == {"segs": 45, "err": 0}
+                        "dport": "29500", "state": "ESTABLISHED", "kind": "fast"}
+    assert rec.fields == {"segs": 45, "err": 0, "payload_bytes": 45 * 1448}
     schema.validate(_with_node(rec))
 
 
@@ -46,7 +48,8 @@ def test_ipv6_and_unknown_segment_count():
                     to_wall)
     assert (rec.tags["saddr"], rec.tags["daddr"], rec.tags["state"]) == \
         ("fd00::1", "fd00::2", "SYN_SENT")
-    assert rec.fields == {"segs": 1, "err": 0}    # unknown (TC did not see it) counts as one
+    # unknown (TC did not see it) counts as one segment, of unknown size
+    assert rec.fields == {"segs": 1, "err": 0}
 
 
 def test_skipped_retransmit_is_its_own_measurement():
@@ -59,7 +62,8 @@ def test_skipped_retransmit_is_its_own_measurement():
 @pytest.mark.parametrize("err", [1, -105, -1])     # NET_XMIT_DROP, ENOBUFS, EPERM
 def test_transmit_failures_count_as_retransmits_like_the_kernel(err):
     rec = tr.decode(raw_event(1, "198.18.0.1", "198.18.0.2", 1, 2, err=err, segs=3), to_wall)
-    assert rec.measurement == "tcp_retransmit" and rec.fields == {"segs": 3, "err": err}
+    assert rec.measurement == "tcp_retransmit"
+    assert rec.fields == {"segs": 3, "err": err, "payload_bytes": 3 * 1448}
     assert tr.err_name(err) in ("NET_XMIT_DROP", "ENOBUFS", "EPERM")
 
 
@@ -76,6 +80,25 @@ def test_address_keys_are_v4_mapped():
 
 def test_ctypes_mirror_matches_the_hand_packed_layout():
     assert ctypes.sizeof(tr.RetransmitEvent) == EVENT.size == 64
+
+
+@pytest.mark.parametrize("hook,state,ca_state,timeout,kind", [
+    (1, 1, 3, 0, "fast"),          # Recovery
+    (1, 1, 4, 1, "rto"),           # first retransmit after entering Loss
+    (1, 1, 4, 0, "slow_start"),    # later ones in Loss
+    (1, 1, 0, 0, "tlp"),           # Open
+    (1, 1, 1, 0, "tlp"),           # Disorder
+    (1, 1, 2, 0, "tlp"),           # CWR
+    (1, 2, 4, 1, "syn"),           # SYN_SENT, whatever the congestion state says
+    (2, 3, 4, 1, "synack"),
+    (1, 1, 0xff, 0, "unknown"),    # no tcp_cong_state_set on this kernel
+])
+def test_retransmit_kinds(hook, state, ca_state, timeout, kind):
+    assert tr.retransmit_kind(hook, state, ca_state, timeout) == kind
+    rec = tr.decode(raw_event(1, "198.18.0.1", "198.18.0.2", 1, 2, hook=hook, state=state,
+                              ca_state=ca_state, timeout=timeout), to_wall)
+    assert rec.tags["kind"] == kind
+    schema.validate(_with_node(rec))
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")

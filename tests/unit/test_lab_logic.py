@@ -11,7 +11,7 @@ import pytest
 
 from fabricscope.errors import UserError
 from lab import exec_argv, exec_env, nft, tc
-from lab.topology import Lab, load, plan
+from lab.topology import load, plan
 from lab.training import mlp_shape, param_bytes, rank_env
 
 ROOT = Path(__file__).resolve().parents[2]

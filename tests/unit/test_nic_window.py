@@ -167,3 +167,37 @@ def test_window_totals_do_not_depend_on_drain_cadence(cut):
         out += wa.feed(data.select(mask), 0, upto, HOT)
     assert sum(w.bytes for w in out) == int(data.bytes.sum())
     assert [w.start_ns // BIN_NS for w in out] == list(range(100, 400, 50))
+
+
+def reference_bursts(rows: dict[int, int]) -> list[tuple[int, int, int]]:
+    """The definition, offline over all bins: (first bin, last bin, bytes) per burst."""
+    out, claimed, b = [], set(), min(rows, default=0)
+    end = max(rows, default=-1)
+    while b <= end:
+        if rows.get(b, 0) >= HOT:
+            s = b
+            while rows.get(b + 1, 0) >= HOT:
+                b += 1
+            e = b
+            first = s - 1 if rows.get(s - 1) and (s - 1) not in claimed else s
+            last = e + 1 if rows.get(e + 1) else e
+            claimed.update(range(first, last + 1))
+            out.append((first, last, sum(rows.get(i, 0) for i in range(first, last + 1))))
+            b = last
+        b += 1
+    return out
+
+
+@given(st.dictionaries(st.integers(0, 300), st.sampled_from([50, 3000, 6249, 6250, 9000]),
+                       max_size=150), st.lists(st.integers(1, 40), min_size=1, max_size=30))
+@settings(max_examples=300, deadline=None)
+def test_detector_matches_the_offline_definition_for_any_drain_cuts(rows, cuts):
+    data = bins(sorted(rows.items()))
+    det, out, upto, i = BurstDetector(), [], 0, 0
+    while upto <= 302:
+        upto += cuts[i % len(cuts)]
+        i += 1
+        mask = (data.index < upto) & (data.index >= upto - cuts[(i - 1) % len(cuts)])
+        out += det.feed(data.select(mask), upto, HOT)
+    got = [(x.start_ns // BIN_NS, x.end_ns // BIN_NS, x.bytes) for x in out]
+    assert got == reference_bursts(rows)

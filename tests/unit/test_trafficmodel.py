@@ -84,9 +84,25 @@ def test_period_is_the_median_when_steps_drift_and_skew():
 
 def test_burst_onsets_are_sub_bin_and_merge_close_edges():
     s = np.array([0, 0, 5, 10, 10, 0, 10, 10, 0, 0, 0, 10, 10, 0], dtype=float)
-    # edges at 1->2 (level 1 of peak 10: crosses at 1 + 1/5), 5->6, 10->11
+    # bin 2 is half full: the burst began at 2.5; the edge at 6 is within 6 bins of it
+    # and merges; the one at 11 starts on a bin boundary
     onsets = tm.burst_onsets(s, min_gap_bins=6)
-    assert onsets == pytest.approx([1.2, 10.1])
+    assert onsets == pytest.approx([2.5, 11.0])
+    # a start filling only 5 % of its bin (below the level) is still placed exactly
+    assert tm.burst_onsets(np.array([0, 0.5, 10, 10, 0.0]), 1) == pytest.approx([1.95])
+
+
+@pytest.mark.parametrize("second_at", [0.3, 0.45, 0.6])
+def test_two_bursts_per_step_give_the_step_period(second_at):
+    # a step syncs two gradient buckets separated by backward compute
+    rng = np.random.default_rng(5)
+    windows, t = [], 0.0
+    for _ in range(40):
+        p = 50 * (1 + 0.05 * rng.uniform(-1, 1))
+        windows += [(t, t + 8, 8.0), (t + second_at * p, t + second_at * p + 8, 8.0)]
+        t += p
+    model = tm.fit(tm.series_from_windows(windows, 0.0, t, 1.0), 1.0)
+    assert model.period_s == pytest.approx(50, rel=0.05)
 
 
 def test_harmonic_does_not_win():

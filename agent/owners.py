@@ -1,0 +1,255 @@
+"""Who owns a TCP flow: pid, command, cgroup/container, and training rank and job.
+
+Kernel events name a flow by its addresses and ports only. The owner is found
+from user space, in the agent's network namespace:
+
+1. /proc/net/tcp and /proc/net/tcp6 (of the agent's namespace: they list only
+   its sockets; read through /proc/thread-self) map local and remote address:port to the socket's inode;
+2. /proc/PID/fd/* links `socket:[INODE]` map the inode to the process holding it
+   (processes of the agent's namespace are scanned first; the scan stops when
+   every wanted inode is found);
+3. /proc/PID/comm, /proc/PID/cgroup and, for rank and job, /proc/PID/environ
+   (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/MASTER_PORT or FABRICSCOPE_JOB, the
+   same rules as the markers source and the gloo probe).
+
+Answers are cached per flow; only unknown flows trigger a rescan, at most one per
+`rescan_s`, and a flow still unknown after `max_attempts` scans is given up
+(kernel sockets, processes that already closed it) and counted. Nothing here
+needs BPF: tests run it on a fake /proc tree.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from agent.probes.gloo_procs import parse_environ
+from agent.sources.markers import tags_from_meta
+from fabricscope.markers import META_ENV
+
+#: (local address, local port, remote address, remote port); addresses as text
+FlowKey = tuple[str, int, str, int]
+
+_SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
+_CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
+
+
+@dataclass(frozen=True)
+class Owner:
+    pid: int
+    comm: str
+    cgroup: str = ""
+    container: str = ""
+    rank: str = ""           # "" when the process has no RANK
+    local_rank: str = ""
+    world_size: str = ""
+    job: str = ""
+
+    def tags(self) -> dict[str, str]:
+        """Record tags: the ones this owner has (empty values are left out)."""
+        out = {"pid": str(self.pid), "comm": self.comm, "cgroup": self.cgroup,
+               "container": self.container, "rank": self.rank, "local_rank": self.local_rank,
+               "world_size": self.world_size, "job": self.job}
+        return {k: v for k, v in out.items() if v}
+
+
+def _addr(hex_text: str) -> str:
+    """/proc/net/tcp address: the in-memory (network order) bytes printed as
+    native-endian u32 words."""
+    words = [int(hex_text[i:i + 8], 16) for i in range(0, len(hex_text), 8)]
+    ip = ipaddress.ip_address(struct.pack(f"={len(words)}I", *words))
+    if ip.version == 6 and ip.ipv4_mapped:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+def parse_proc_net_tcp(text: str) -> dict[FlowKey, int]:
+    """Content of /proc/net/tcp or tcp6 -> {flow: socket inode} (inode 0 left out)."""
+    out: dict[FlowKey, int] = {}
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 10:
+            continue
+        (laddr, lport), (raddr, rport) = (p.split(":") for p in parts[1:3])
+        inode = int(parts[9])
+        if inode:
+            out[(_addr(laddr), int(lport, 16), _addr(raddr), int(rport, 16))] = inode
+    return out
+
+
+def parse_cgroup(text: str) -> tuple[str, str]:
+    """/proc/PID/cgroup -> (path, container id).
+
+    path: the cgroup v2 line's, unless it is the root "/" on a hybrid host, then the
+    first more specific v1 path. Container id: the first 64-hex id in any line
+    (docker, containerd, cri-o name their cgroups after it), shortened to 12."""
+    v2, v1 = "", ""
+    container = ""
+    for line in text.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            v2 = path
+        elif path not in ("", "/") and not v1:
+            v1 = path
+        m = _CONTAINER_ID.search(path)
+        if m and not container:
+            container = m.group(1)[:12]
+    return (v2 if v2 not in ("", "/") else v1 or v2 or "/"), container
+
+
+def describe_process(pid: int, comm: str, cgroup: tuple[str, str],
+                     env: dict[str, str]) -> Owner:
+    """cgroup: parse_cgroup's (path, container)."""
+    rank = local_rank = world = job = ""
+    if "RANK" in env or "FABRICSCOPE_JOB" in env:
+        meta = {k.lower(): env[k] for k in META_ENV if k in env}
+        tags = tags_from_meta(meta, pid)
+        rank = env.get("RANK", "")
+        job = tags["job"]
+        local_rank = env.get("LOCAL_RANK", "")
+        world = env.get("WORLD_SIZE", "")
+    return Owner(pid, comm, cgroup[0], cgroup[1], rank, local_rank, world, job)
+
+
+@dataclass
+class OwnerStats:
+    resolved: int = 0          # flows whose owner was found
+    unresolved: int = 0        # flows given up after max_attempts scans
+    scans: int = 0             # rescans of /proc/net/tcp (+ fds when needed)
+    fd_scans: int = 0          # processes whose fds were read
+
+
+@dataclass
+class Owners:
+    """Flow -> Owner cache over a /proc tree (the agent's namespace's view)."""
+
+    proc: Path = Path("/proc")
+    rescan_s: float = 1.0
+    max_attempts: int = 3
+    clock: Callable[[], float] = time.monotonic
+    max_cached: int = 65536
+    stats: OwnerStats = field(default_factory=OwnerStats)
+
+    def __post_init__(self) -> None:
+        self._flows: dict[FlowKey, Owner | None] = {}
+        self._attempts: dict[FlowKey, int] = {}
+        self._by_pid: dict[int, Owner] = {}
+        self._last_scan: float | None = None
+        self._own_netns: int | None = None
+
+    def _me(self) -> Path:
+        """/proc/thread-self where it exists: the calling thread's namespace, which
+        differs from the process's when a thread joined another one (setns; tests)."""
+        me = self.proc / "thread-self"
+        return me if me.exists() else self.proc / "self"
+
+    def get(self, flow: FlowKey) -> Owner | None:
+        """The cached owner (None: unknown or given up); never scans."""
+        return self._flows.get(flow)
+
+    def resolve(self, flows) -> dict[FlowKey, Owner]:
+        """Owners of `flows`; unknown ones trigger one rescan when it is due."""
+        wanted = [f for f in set(flows) if f not in self._flows]
+        now = self.clock()
+        if wanted and (self._last_scan is None or now - self._last_scan >= self.rescan_s):
+            self._last_scan = now
+            self._scan(wanted)
+        return {f: o for f in flows if (o := self._flows.get(f)) is not None}
+
+    def forget(self, flow: FlowKey) -> None:
+        self._flows.pop(flow, None)
+        self._attempts.pop(flow, None)
+
+    def _scan(self, wanted: list[FlowKey]) -> None:
+        self.stats.scans += 1
+        self._by_pid.clear()               # pids are reused: read them fresh each scan
+        try:
+            self._own_netns = os.stat(self._me() / "ns" / "net").st_ino
+        except OSError:
+            self._own_netns = None
+        if len(self._flows) > self.max_cached:   # flows whose close we never saw
+            self._flows.clear()
+            self._attempts.clear()
+        inodes = self._socket_inodes()
+        want_inodes = {inodes[f]: f for f in wanted if f in inodes}
+        found = self._pids_holding(set(want_inodes)) if want_inodes else {}
+        for inode, pid in found.items():
+            owner = self._owner(pid)
+            if owner is not None:
+                self._flows[want_inodes[inode]] = owner
+                self.stats.resolved += 1
+        for f in wanted:
+            if f in self._flows:
+                continue
+            self._attempts[f] = self._attempts.get(f, 0) + 1
+            if self._attempts[f] >= self.max_attempts:
+                self._flows[f] = None          # given up: no more scans for it
+                self.stats.unresolved += 1
+
+    def _socket_inodes(self) -> dict[FlowKey, int]:
+        out: dict[FlowKey, int] = {}
+        for name in ("tcp", "tcp6"):
+            try:
+                out.update(parse_proc_net_tcp((self._me() / "net" / name).read_text()))
+            except OSError:
+                continue
+        return out
+
+    def _pids(self) -> list[int]:
+        """Pids, those of the agent's network namespace first."""
+        local, other = [], []
+        for entry in os.scandir(self.proc):
+            if entry.name.isdigit():
+                try:
+                    ino = os.stat(os.path.join(entry.path, "ns", "net")).st_ino
+                except OSError:
+                    ino = None
+                (local if ino == self._own_netns else other).append(int(entry.name))
+        return local + other
+
+    def _pids_holding(self, inodes: set[int]) -> dict[int, int]:
+        found: dict[int, int] = {}
+        for pid in self._pids():
+            self.stats.fd_scans += 1
+            fd_dir = self.proc / str(pid) / "fd"
+            try:
+                names = os.listdir(fd_dir)
+            except OSError:
+                continue
+            for name in names:
+                try:
+                    m = _SOCKET_LINK.match(os.readlink(fd_dir / name))
+                except OSError:
+                    continue
+                if m and int(m.group(1)) in inodes and int(m.group(1)) not in found:
+                    found[int(m.group(1))] = pid
+            if len(found) == len(inodes):
+                break
+        return found
+
+    def _owner(self, pid: int) -> Owner | None:
+        if pid in self._by_pid:
+            return self._by_pid[pid]
+        base = self.proc / str(pid)
+        try:
+            comm = (base / "comm").read_text().strip()
+        except OSError:
+            return None
+        try:
+            cgroup = parse_cgroup((base / "cgroup").read_text())
+        except OSError:
+            cgroup = ("", "")
+        try:
+            env = parse_environ((base / "environ").read_bytes())
+        except OSError:
+            env = {}
+        owner = describe_process(pid, comm, cgroup, env)
+        self._by_pid[pid] = owner
+        return owner

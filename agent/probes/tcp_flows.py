@@ -1,0 +1,221 @@
+"""Probe tcp_flows: per-flow windows (bytes, RTT percentiles, cwnd, retransmits), a
+node window (retransmit ratio, kinds), flow opens/closes and resets, each with
+the flow's owner (pid, command, cgroup, rank, job).
+
+Includes everything tcp_retransmit does (one BPF object, bpf/tcp_flows.bpf.c,
+compiles the retransmit program in), so the two are not enabled together.
+
+Each window (config tcp_window_s, default 1 s; cut on the first poll after a
+wall-clock multiple of it):
+1. bump the kernel's window generation (the finished slot is then stable);
+2. drain the ring buffers (retransmit, open/close and reset events);
+3. read the flow map in one batched syscall, merge the per-CPU slots of the
+   finished generation, delete entries idle for a whole window;
+4. write one tcp_flow record per flow with traffic and one tcp_node record; the
+   retransmits of a window are those whose kernel timestamp precedes the bump.
+The window in progress when the agent stops is not written.
+
+Cost: tcp/tcp_probe runs per segment received on an own established flow: an
+address lookup, a socket-state lookup and a per-CPU hash update (figures:
+`fabricscope bench agent-footprint`). User space reads one map entry per active
+flow per window, not one event per packet.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+
+import numpy as np
+
+from agent import bpf
+from agent.probes import nic_bpfmap
+from agent.probes.base import ProbeUnavailable
+from agent.probes.tcp_common import FsFlow, flow_key
+from agent.probes.tcp_flow_layout import (FLOW_DTYPE, FLOW_STATS, STAT_DTYPE, FlowEvent,
+                                          FlowStat, Sock, decode_flow_event)
+from agent.probes.tcp_hooks import MAX_FLOW_MAP_BYTES, FlowSettings, hook_cflags
+from agent.probes.tcp_retransmit import STATS, TcpRetransmitProbe, record_flow, tag_owners
+from agent.probes.tcp_window import (FlowRetrans, NodeTally, flow_fields, flow_record,
+                                     merge_slots, node_record, retrans_only_fields)
+from fabricscope.records import Record
+
+log = logging.getLogger("fabricscope.agent.tcp_flows")
+
+#: measurements that count into the window tallies
+_WINDOWED = ("tcp_retransmit", "tcp_reset", "tcp_flow_open", "tcp_flow_close")
+
+
+class TcpFlowsProbe(TcpRetransmitProbe):
+    name = "tcp_flows"
+    family = "tcp_flows"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.settings = FlowSettings.from_config(ctx.config)
+        self._cpus = 1
+        self._gen = 0
+        self._window_start_ns = 0          # wall ns of the current window's start
+        self._next_due = 0.0               # wall s of the next cut
+        self._windowed: list[Record] = []  # events not yet assigned to a window
+        self._closed: set = set()          # flows closed: forget their owner after the window
+        self._out_total = (0, 0)           # TC egress (segs, bytes) at the last cut
+        self._counts = {"windows": 0, "flows_read": 0, "flows_deleted": 0,
+                        "flow_table_full": 0, "flow_decode_errors": 0}
+
+    # --- attach -------------------------------------------------------------------------
+
+    def _cflags(self) -> list[str]:
+        self._cpus = nic_bpfmap.possible_cpus()
+        need = self.settings.max_flows * ctypes.sizeof(FlowStat) * self._cpus
+        if need > MAX_FLOW_MAP_BYTES:
+            raise ProbeUnavailable(f"the flow map would take {need >> 20} MiB "
+                                   f"({self.settings.max_flows} flows x {self._cpus} CPUs); "
+                                   "lower tcp_max_flows")
+        return super()._cflags() + [f"-DMAX_FLOWS={self.settings.max_flows}",
+                                    *hook_cflags(self.settings.hooks)]
+
+    def _setup(self) -> None:
+        super()._setup()
+        b = self._bpf
+        bpf.check_layout(FlowStat, b[b"flowstats"].sLeaf)
+        bpf.check_layout(FlowEvent, b[b"flow_event_layout"].Leaf)
+        bpf.check_layout(Sock, b[b"sock_layout"].Leaf)
+        b[b"flow_events"].open_ring_buffer(self._on_flow_event)
+        self._cut(self._now_ns(), first=True)
+
+    def _now_ns(self) -> int:
+        """Wall ns on the events' clock (monotonic + the agent's fixed offset), so that
+        a cut and the kernel's timestamps compare exactly."""
+        return self.ctx.clock.to_wall(time.monotonic_ns())
+
+    def _on_flow_event(self, _ctx, data, size) -> int:
+        try:
+            self._pending.append(decode_flow_event(ctypes.string_at(data, size),
+                                                   self.ctx.clock.to_wall))
+        except ValueError as exc:
+            self._counts["flow_decode_errors"] += 1
+            log.debug("tcp_flows: undecodable flow event: %s", exc)
+        return 0
+
+    # --- windows ------------------------------------------------------------------------
+
+    def _cut(self, now_ns: int, first: bool = False) -> tuple[int, int, float]:
+        """Start the next window: bump the generation. Returns the finished window's
+        (generation, start wall ns, seconds)."""
+        self._gen += 1
+        self._bpf[b"window"][ctypes.c_int(0)] = ctypes.c_uint32(self._gen)
+        finished = (self._gen - 1, self._window_start_ns, (now_ns - self._window_start_ns) / 1e9)
+        self._window_start_ns = now_ns
+        w = self.settings.window_s
+        self._next_due = (now_ns / 1e9 // w + 1) * w
+        if first:
+            self._out_total = self._tc_totals()
+        return finished
+
+    def _tc_totals(self) -> tuple[int, int]:
+        sums = dict(zip(STATS, bpf.percpu_sums(self._bpf[b"stats"], len(STATS))))
+        return sums["tc_segs"], sums["tc_bytes"]
+
+    def _read_flows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys: FLOW_DTYPE, values: (flows, cpus) of STAT_DTYPE) of the whole flow map."""
+        table = self._bpf[b"flowstats"]
+        stride = nic_bpfmap.percpu_stride(STAT_DTYPE.itemsize)
+        try:
+            keys, values, n = nic_bpfmap.read_hash(table.map_fd, FLOW_DTYPE.itemsize,
+                                                   stride * self._cpus, self.settings.max_flows)
+        except nic_bpfmap.BatchUnsupported:     # before 5.6: one syscall pair per entry
+            items = list(table.items())
+            n = len(items)
+            keys = b"".join(bytes(k) for k, _ in items)
+            values = b"".join(bytes(v) for _, v in items)
+        k = np.frombuffer(bytes(keys[:n * FLOW_DTYPE.itemsize]), dtype=FLOW_DTYPE)
+        v = np.frombuffer(bytes(values[:n * stride * self._cpus]), dtype=STAT_DTYPE)
+        return k, v.reshape(n, self._cpus)
+
+    def _delete_idle(self, keys: np.ndarray, values: np.ndarray, gen: int) -> None:
+        """Entries with no hit in the finished window nor since: flows gone quiet."""
+        newest = values["slot"]["gen"].max(axis=(1, 2)) if len(values) else np.array([])
+        table = self._bpf[b"flowstats"]
+        for i in np.nonzero(newest < gen)[0]:
+            try:
+                del table[table.Key.from_buffer_copy(keys[i].tobytes())]
+                self._counts["flows_deleted"] += 1
+            except KeyError:
+                pass
+
+    def _window_records(self, gen: int, start_ns: int, seconds: float,
+                        cut_ns: int) -> list[Record]:
+        keys, values = self._read_flows()
+        self._counts["flows_read"] += len(keys)
+        if len(keys) >= self.settings.max_flows:
+            self._counts["flow_table_full"] += 1
+        merged = merge_slots(values["slot"][:, :, gen & 1], gen) if len(keys) else None
+        self._delete_idle(keys, values, gen)
+
+        events = [r for r in self._windowed if r.time_ns < cut_ns]
+        self._windowed = [r for r in self._windowed if r.time_ns >= cut_ns]
+        retrans: dict = {}
+        tally = NodeTally()
+        for rec in events:
+            tally.add_record(rec)
+            if rec.measurement == "tcp_retransmit":
+                r = retrans.setdefault(record_flow(rec), FlowRetrans())
+                r.segs += int(rec.fields["segs"])
+                r.bytes += int(rec.fields.get("payload_bytes", 0))
+                r.events += 1
+                r.timeouts += rec.tags.get("kind") in ("rto", "syn")
+
+        fields_by_flow: dict = {}
+        bytes_acked = 0
+        if merged is not None:
+            for i in np.nonzero(merged["active"])[0]:
+                key = flow_key(FsFlow.from_buffer_copy(keys[i].tobytes()))
+                fields_by_flow[key] = flow_fields(merged, i, seconds)
+                bytes_acked += int(merged["acked"][i])
+        for key in retrans:
+            fields_by_flow.setdefault(key, retrans_only_fields(seconds))
+        owners = self.owners.resolve(list(fields_by_flow))
+        out = [flow_record(key, f, retrans.get(key), start_ns,
+                           owners[key].tags() if key in owners else {})
+               for key, f in fields_by_flow.items()]
+        totals = self._tc_totals()
+        out_delta = (totals[0] - self._out_total[0], totals[1] - self._out_total[1])
+        self._out_total = totals
+        out.append(node_record(start_ns, seconds, len(fields_by_flow), bytes_acked, out_delta,
+                               retrans, tally))
+        for key in self._closed:
+            self.owners.forget(key)
+        self._closed.clear()
+        self._counts["windows"] += 1
+        return out
+
+    # --- poll ---------------------------------------------------------------------------
+
+    def poll(self) -> list[Record]:
+        if self._bpf is None:
+            return []
+        now_ns = self._now_ns()
+        finished = self._cut(now_ns) if now_ns / 1e9 >= self._next_due else None
+        # Drained after the cut: every event stamped before it is in the buffers now.
+        self._bpf.ring_buffer_consume()
+        out, self._pending = self._pending, []
+        tag_owners(out, self.owners)
+        self._windowed += [r for r in out if r.measurement in _WINDOWED]
+        self._closed.update(record_flow(r) for r in out if r.measurement == "tcp_flow_close")
+        if finished is not None:
+            gen, start_ns, seconds = finished
+            out += self._window_records(gen, start_ns, seconds, now_ns)
+        return out
+
+    def stats(self) -> dict[str, int]:
+        out = super().stats()
+        if self._bpf is None:
+            return out
+        flow = dict(zip(FLOW_STATS, bpf.percpu_sums(self._bpf[b"flow_stats"],
+                                                    len(FLOW_STATS))))
+        out["lost"] = out.get("lost", 0) + flow.pop("flow_events_lost")
+        out.update(flow)
+        out.update(self._counts)
+        return out

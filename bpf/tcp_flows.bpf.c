@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+/* tcp_flows: per-flow RTT/cwnd/bytes aggregated in the kernel per window, flow
+ * lifecycle and resets, plus everything tcp_retransmit does.
+ *
+ * One object with the retransmit program (included below, unchanged), so the
+ * flow windows see the same retransmits with their TC egress segment counts
+ * without a second TC hook on every packet.
+ *
+ * Hooks (stable ABI only; no kernel struct is read), each optional (-D flags):
+ *   tcp/tcp_probe           FS_WITH_TCP_PROBE   per segment received on an
+ *       established socket, before it is processed: snd_una, snd_nxt, srtt
+ *       (usec << 3), snd_cwnd, ssthresh of the socket as the previous segment left it
+ *   sock/inet_sock_set_state FS_WITH_SET_STATE  opens (-> ESTABLISHED), closes (-> CLOSE)
+ *   tcp/tcp_send_reset       FS_WITH_SEND_RESET  resets sent
+ *   tcp/tcp_receive_reset    FS_WITH_RECV_RESET  resets received
+ *
+ * Windows: user space owns a generation number (`window`[0], starting at 1) and
+ * bumps it at each window end. Each flow's per-CPU value holds two slots; a hit
+ * writes slot[gen & 1], first clearing it when it still holds an older
+ * generation. After a bump from g to g+1 nothing writes slot[g & 1] until g+2,
+ * so user space reads the finished window without racing the writers and
+ * without deleting entries (a delete-after-read would lose the hits between).
+ *
+ * RTT samples: a hit whose snd_una moved since the flow's previous hit (the
+ * segment before acknowledged data, so tcp_ack updated srtt): pure receivers
+ * and duplicate ACKs add no samples. snd_una and snd_nxt deltas are u32
+ * differences (wrap-safe); a "backwards" difference (>= 2^31) is ignored.
+ *
+ * Options (cflags): those of tcp_retransmit.bpf.c, -DMAX_FLOWS=n (flow map),
+ * -DFS_TP_RST_REASON (tcp_send_reset has `reason`) and
+ * -DFS_DECLARE_RST_REASON (its type is an enum the 6.1 headers lack).
+ */
+#ifdef FS_DECLARE_RST_REASON
+/* Only the size matters to the tracepoint struct BCC generates: an enum is 4 bytes. */
+enum sk_rst_reason { FS_SK_RST_REASON_PLACEHOLDER = 0 };
+#endif
+
+#include "tcp_retransmit.bpf.c"
+#include "tcp_flows.h"
+
+#ifndef MAX_FLOWS
+#define MAX_FLOWS 4096
+#endif
+
+#define FS_TCP_ESTABLISHED 1
+#define FS_TCP_SYN_SENT 2
+#define FS_TCP_CLOSE 7
+#define FS_TCP_LISTEN 10
+
+BPF_TABLE("lru_percpu_hash", struct fs_flow, struct fs_flow_stat, flowstats, MAX_FLOWS);
+BPF_TABLE("lru_hash", __u64, struct fs_sock, socks, FLOW_ENTRIES);
+/* Never written: the zero value new flow entries start from (too big for the stack). */
+BPF_PERCPU_ARRAY(zero_stat, struct fs_flow_stat, 1);
+BPF_ARRAY(window, __u32, 1);
+BPF_PERCPU_ARRAY(flow_stats, __u64, FS_NFSTATS);
+BPF_RINGBUF_OUTPUT(flow_events, RINGBUF_PAGES);
+BPF_ARRAY(flow_event_layout, struct fs_flow_event, 1);
+BPF_ARRAY(sock_layout, struct fs_sock, 1);
+
+static __always_inline void fstat_add(int idx, __u64 n)
+{
+	__u64 *v = flow_stats.lookup(&idx);
+	if (v)
+		*v += n;
+}
+
+static __always_inline void emit_flow(struct fs_flow_event *ev)
+{
+	if (flow_events.ringbuf_output(ev, sizeof(*ev), 0) == 0)
+		fstat_add(FS_FSTAT_EMITTED, 1);
+	else
+		fstat_add(FS_FSTAT_LOST, 1);
+}
+
+#ifdef FS_WITH_TCP_PROBE
+/* The flow's slot for generation `gen` on this CPU, cleared when it held an older one. */
+static __always_inline struct fs_flow_slot *slot_for(struct fs_flow *flow, __u32 gen)
+{
+	struct fs_flow_stat *st = flowstats.lookup(flow);
+
+	if (!st) {
+		int zero = 0;
+		struct fs_flow_stat *init = zero_stat.lookup(&zero);
+
+		if (!init)
+			return 0;
+		flowstats.update(flow, init);
+		st = flowstats.lookup(flow);
+		if (!st)
+			return 0;
+	}
+	struct fs_flow_slot *s = &st->slot[gen & 1];
+	if (s->gen != gen) {
+		__builtin_memset(s, 0, sizeof(*s));
+		s->gen = gen;
+		s->rtt_min_us = 0xffffffff;
+		s->cwnd_min = 0xffffffff;
+		s->ssthresh_min = 0xffffffff;
+	}
+	return s;
+}
+
+/* snd_una/snd_nxt progress of the socket since its previous hit: (acked, sent). */
+static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt)
+{
+	struct fs_sock *s = socks.lookup(&sk);
+
+	/* Both count from the first snd_una seen, so bytes in flight then are "sent"
+	 * too and sent >= acked holds. */
+	if (!s) {
+		struct fs_sock init = {.last_una = una, .last_nxt = una, .has_una = 1};
+		socks.update(&sk, &init);
+		return 0;
+	}
+	if (!s->has_una) {
+		s->last_una = una;
+		s->last_nxt = una;
+		s->has_una = 1;
+		return 0;
+	}
+	__u32 sent = nxt - s->last_nxt;
+	if (sent && sent < 0x80000000) {
+		s->sent += sent;
+		s->last_nxt = nxt;
+	}
+	__u32 acked = una - s->last_una;
+	if (!acked || acked >= 0x80000000)
+		return 0;
+	s->acked += acked;
+	s->last_una = una;
+	return acked;
+}
+
+TRACEPOINT_PROBE(tcp, tcp_probe)
+{
+	struct fs_flow flow = {};
+	int zero = 0;
+
+	if (!fs_own_sockaddr(&flow, args->saddr, args->daddr))
+		return 0;
+	__u32 *g = window.lookup(&zero);
+	if (!g || *g == 0)
+		return 0;        /* user space has not started the first window yet */
+	__u32 gen = *g;
+	__u32 acked = advance((__u64)args->skaddr, args->snd_una, args->snd_nxt);
+	fstat_add(FS_FSTAT_PROBE_HITS, 1);
+
+	struct fs_flow_slot *s = slot_for(&flow, gen);
+	if (!s) {
+		fstat_add(FS_FSTAT_NO_SLOT, 1);
+		return 0;
+	}
+	s->segs_in++;
+	__u32 cwnd = args->snd_cwnd;
+	if (cwnd < s->cwnd_min)
+		s->cwnd_min = cwnd;
+	if (cwnd > s->cwnd_max)
+		s->cwnd_max = cwnd;
+	__u32 b = fs_log2(cwnd);
+	if (b > FS_CWND_BUCKETS - 1)
+		b = FS_CWND_BUCKETS - 1;
+	s->cwnd_hist[b]++;
+	__u32 ssthresh = args->ssthresh;
+	if (ssthresh < FS_SSTHRESH_INFINITE) {
+		if (ssthresh < s->ssthresh_min)
+			s->ssthresh_min = ssthresh;
+		if (ssthresh > s->ssthresh_max)
+			s->ssthresh_max = ssthresh;
+	}
+	if (!acked)
+		return 0;
+	s->acked += acked;
+	__u32 rtt = args->srtt >> 3;
+	s->rtt_samples++;
+	s->rtt_sum_us += rtt;
+	s->rtt_sumsq_us += (__u64)rtt * rtt;
+	if (rtt < s->rtt_min_us)
+		s->rtt_min_us = rtt;
+	if (rtt > s->rtt_max_us)
+		s->rtt_max_us = rtt;
+	b = fs_log2(rtt);
+	if (b > FS_RTT_BUCKETS - 1)
+		b = FS_RTT_BUCKETS - 1;
+	s->rtt_hist[b]++;
+	fstat_add(FS_FSTAT_RTT_SAMPLES, 1);
+	return 0;
+}
+#endif
+
+#ifdef FS_WITH_SET_STATE
+TRACEPOINT_PROBE(sock, inet_sock_set_state)
+{
+	struct fs_flow_event ev = {};
+	int newstate = args->newstate, oldstate = args->oldstate;
+
+	if (args->protocol != IPPROTO_TCP || oldstate == FS_TCP_LISTEN)
+		return 0;
+	if (newstate != FS_TCP_SYN_SENT && newstate != FS_TCP_ESTABLISHED &&
+	    newstate != FS_TCP_CLOSE)
+		return 0;
+	if (!fs_own_flow(&ev.flow, args->saddr_v6, args->daddr_v6, args->saddr, args->daddr))
+		return 0;
+	fstat_add(FS_FSTAT_STATE_HITS, 1);
+	__u64 sk = (__u64)args->skaddr;
+	__u64 now = bpf_ktime_get_ns();
+
+	if (newstate == FS_TCP_SYN_SENT) {
+		struct fs_sock init = {.start_ns = now, .active = 1};
+		socks.update(&sk, &init);
+		return 0;        /* the source port is not chosen yet: report at ESTABLISHED */
+	}
+	ev.ts_ns = now;
+	ev.flow.sport = args->sport;
+	ev.flow.dport = args->dport;
+	ev.family = args->family;
+	ev.oldstate = oldstate;
+	ev.state = newstate;
+	struct fs_sock *s = socks.lookup(&sk);
+	if (newstate == FS_TCP_ESTABLISHED) {
+		ev.type = FS_EV_OPEN;
+		if (s) {
+			s->est_ns = now;
+			ev.active = s->active;
+			if (s->start_ns)
+				ev.duration_ns = now - s->start_ns;
+		} else {
+			struct fs_sock init = {.est_ns = now, .active = oldstate == FS_TCP_SYN_SENT};
+			socks.update(&sk, &init);
+			ev.active = init.active;
+		}
+		emit_flow(&ev);
+		return 0;
+	}
+	ev.type = FS_EV_CLOSE;
+	if (s) {
+		ev.active = s->active;
+		if (s->est_ns) {
+			ev.duration_ns = now - s->est_ns;
+			ev.flags |= FS_CLOSE_ESTABLISHED;
+		}
+		if (s->has_una) {
+			ev.bytes_acked = s->acked;
+			ev.bytes_sent = s->sent;
+			ev.flags |= FS_CLOSE_UNA;
+		}
+		socks.delete(&sk);
+	}
+	emit_flow(&ev);
+	return 0;
+}
+#endif
+
+#ifdef FS_WITH_SEND_RESET
+TRACEPOINT_PROBE(tcp, tcp_send_reset)
+{
+	struct fs_flow_event ev = {};
+
+	/* Without a full socket the kernel stores the incoming packet's 4-tuple
+	 * reversed, so saddr is this side either way. */
+	if (!fs_own_sockaddr(&ev.flow, args->saddr, args->daddr))
+		return 0;
+	ev.ts_ns = bpf_ktime_get_ns();
+	ev.type = FS_EV_RST_SENT;
+	ev.state = args->state;
+#ifdef FS_TP_RST_REASON
+	ev.reason = args->reason;
+#else
+	ev.reason = FS_RST_REASON_NONE;
+#endif
+	emit_flow(&ev);
+	return 0;
+}
+#endif
+
+#ifdef FS_WITH_RECV_RESET
+TRACEPOINT_PROBE(tcp, tcp_receive_reset)
+{
+	struct fs_flow_event ev = {};
+
+	if (!fs_own_flow(&ev.flow, args->saddr_v6, args->daddr_v6, args->saddr, args->daddr))
+		return 0;
+	ev.ts_ns = bpf_ktime_get_ns();
+	ev.flow.sport = args->sport;
+	ev.flow.dport = args->dport;
+	ev.family = args->family;
+	ev.type = FS_EV_RST_RECV;
+	emit_flow(&ev);
+	return 0;
+}
+#endif

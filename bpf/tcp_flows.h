@@ -1,0 +1,84 @@
+/* Shared between bpf/tcp_flows.bpf.c and agent/probes/tcp_flow_layout.py
+ * (ctypes mirrors; sizes and offsets are checked at load time and in tests). */
+#ifndef FABRICSCOPE_TCP_FLOWS_H
+#define FABRICSCOPE_TCP_FLOWS_H
+
+#include "fs_common.h"
+
+#define FS_RTT_BUCKETS 24    /* log2 of microseconds: [2^i, 2^(i+1)); the last is open */
+#define FS_CWND_BUCKETS 16   /* log2 of segments */
+#define FS_SSTHRESH_INFINITE 0x7fffffff   /* TCP_INFINITE_SSTHRESH: not set yet */
+
+/* flow event types */
+#define FS_EV_OPEN 1         /* -> ESTABLISHED */
+#define FS_EV_CLOSE 2        /* -> CLOSE */
+#define FS_EV_RST_SENT 3     /* tcp/tcp_send_reset */
+#define FS_EV_RST_RECV 4     /* tcp/tcp_receive_reset */
+
+/* indexes of the per-CPU `flow_stats` array */
+#define FS_FSTAT_PROBE_HITS 0    /* tcp_probe hits on own flows (segments received) */
+#define FS_FSTAT_RTT_SAMPLES 1   /* of which advanced snd_una: RTT samples */
+#define FS_FSTAT_EMITTED 2       /* flow events written */
+#define FS_FSTAT_LOST 3          /* flow events lost: ring buffer full */
+#define FS_FSTAT_NO_SLOT 4       /* tcp_probe hits not counted: flow map update failed */
+#define FS_FSTAT_STATE_HITS 5    /* inet_sock_set_state hits on own TCP sockets */
+#define FS_NFSTATS 6
+
+/* One flow's aggregates over one window, on one CPU. */
+struct fs_flow_slot {
+	__u32 gen;            /* window generation these numbers belong to */
+	__u32 segs_in;        /* tcp_probe hits: segments received while established */
+	__u32 rtt_samples;    /* hits that saw snd_una advance (srtt was updated) */
+	__u32 rtt_min_us;
+	__u32 rtt_max_us;
+	__u32 cwnd_min;
+	__u32 cwnd_max;
+	__u32 ssthresh_min;   /* FS_SSTHRESH_INFINITE values are left out */
+	__u32 ssthresh_max;
+	__u32 pad;
+	__u64 acked;          /* bytes: sum of snd_una advances */
+	__u64 rtt_sum_us;
+	__u64 rtt_sumsq_us;   /* us^2 */
+	__u32 rtt_hist[FS_RTT_BUCKETS];
+	__u32 cwnd_hist[FS_CWND_BUCKETS];
+};
+
+/* Two slots, written by generation parity: user space reads the one not being
+ * written (see bpf/tcp_flows.bpf.c). */
+struct fs_flow_stat {
+	struct fs_flow_slot slot[2];
+};
+
+/* Per own socket (key: skaddr): lifecycle and snd_una/snd_nxt tracking. */
+struct fs_sock {
+	__u64 start_ns;       /* SYN_SENT seen (active open); 0: not seen */
+	__u64 est_ns;         /* ESTABLISHED seen; 0: not seen */
+	__u64 acked;          /* bytes: snd_una advances since first seen */
+	__u64 sent;           /* bytes: snd_nxt advances since the first snd_una seen */
+	__u32 last_una;
+	__u32 last_nxt;
+	__u8 has_una;         /* last_una/last_nxt are set */
+	__u8 active;          /* 1: this side connected */
+	__u8 pad[6];
+};
+
+struct fs_flow_event {
+	__u64 ts_ns;          /* bpf_ktime_get_ns */
+	struct fs_flow flow;
+	__u16 family;         /* AF_INET 2, AF_INET6 10; 0 for resets (sockaddr gives it) */
+	__u8 type;            /* FS_EV_* */
+	__u8 active;          /* open/close: 1 when this side connected */
+	__s32 oldstate;       /* open/close: state before */
+	__s32 state;          /* open/close: new state; resets: socket state (0: none) */
+	__u32 reason;         /* sent resets: enum sk_rst_reason (6.10+); FS_RST_REASON_NONE */
+	__u32 flags;          /* close: 1 established seen, 2 snd_una seen */
+	__u64 duration_ns;    /* open: SYN_SENT -> ESTABLISHED; close: ESTABLISHED -> CLOSE */
+	__u64 bytes_acked;    /* close: sum of snd_una advances seen */
+	__u64 bytes_sent;     /* close: sum of snd_nxt advances seen */
+};
+
+#define FS_RST_REASON_NONE 0xffffffff   /* the kernel's tcp_send_reset has no reason */
+#define FS_CLOSE_ESTABLISHED 1
+#define FS_CLOSE_UNA 2
+
+#endif

@@ -1,0 +1,122 @@
+"""tcp_flows: C header vs ctypes mirrors (host cc), flow event decoding from raw bytes,
+and the BPF source inliner."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import struct
+import subprocess
+
+import pytest
+
+from agent import bpf
+from agent.probes import tcp_flow_layout as fl
+from agent.probes.tcp_common import addr_key
+from fabricscope import schema
+
+# struct fs_flow_event, packed by hand from bpf/tcp_flows.h (not via ctypes).
+EVENT = struct.Struct("<Q16s16sHHHBBiiIIQQQ")
+
+
+def raw(ev_type, saddr="198.18.0.1", daddr="198.18.0.2", sport=40000, dport=29500, active=1,
+        oldstate=2, state=1, reason=0xFFFFFFFF, flags=0, duration_ns=0, acked=0, sent=0):
+    return EVENT.pack(1_000, addr_key(saddr), addr_key(daddr), sport, dport, 2, ev_type,
+                      active, oldstate, state, reason, flags, duration_ns, acked, sent)
+
+
+def wall(ns):
+    return ns + 10 ** 18
+
+
+def valid(rec):
+    rec.tags["node"] = "n0"
+    schema.validate(rec)
+    return rec
+
+
+def test_open_event():
+    rec = valid(fl.decode_flow_event(raw(fl.EV_OPEN, duration_ns=250_000), wall))
+    assert (rec.measurement, rec.time_ns) == ("tcp_flow_open", 10 ** 18 + 1_000)
+    assert rec.tags["side"] == "client" and rec.tags["sport"] == "40000"
+    assert rec.fields == {"active": True, "handshake_us": 250.0}
+    passive = fl.decode_flow_event(raw(fl.EV_OPEN, active=0, oldstate=3), wall)
+    assert passive.tags["side"] == "server" and "handshake_us" not in passive.fields
+
+
+def test_close_event_with_and_without_what_the_probe_saw():
+    rec = valid(fl.decode_flow_event(raw(
+        fl.EV_CLOSE, oldstate=9, state=7, flags=fl.CLOSE_ESTABLISHED | fl.CLOSE_UNA,
+        duration_ns=3 * 10 ** 9, acked=1 << 33, sent=(1 << 33) + 5), wall))
+    assert rec.tags["from_state"] == "LAST_ACK"
+    assert rec.fields == {"established": True, "active": True, "duration_s": 3.0,
+                          "bytes_acked": 1 << 33, "bytes_sent": (1 << 33) + 5}
+    failed = valid(fl.decode_flow_event(raw(fl.EV_CLOSE, oldstate=2, state=7), wall))
+    assert failed.tags["from_state"] == "SYN_SENT"
+    assert failed.fields == {"established": False, "active": True}
+
+
+def test_reset_events():
+    sent = valid(fl.decode_flow_event(raw(fl.EV_RST_SENT, state=0, reason=1), wall))
+    assert sent.tags["direction"] == "sent" and sent.tags["reason"] == "NO_SOCKET"
+    assert "state" not in sent.tags and sent.fields == {"count": 1}
+    got = valid(fl.decode_flow_event(raw(fl.EV_RST_RECV, state=0), wall))
+    assert got.tags["direction"] == "received" and "reason" not in got.tags
+    old_kernel = fl.decode_flow_event(raw(fl.EV_RST_SENT, state=1), wall)
+    assert "reason" not in old_kernel.tags and old_kernel.tags["state"] == "ESTABLISHED"
+
+
+def test_bad_events_are_errors_not_guesses():
+    with pytest.raises(ValueError):
+        fl.decode_flow_event(b"\0" * 20, wall)
+    with pytest.raises(ValueError, match="unknown type"):
+        fl.decode_flow_event(raw(9), wall)
+
+
+def test_mirror_sizes():
+    assert ctypes.sizeof(fl.FlowEvent) == EVENT.size == 88
+    assert ctypes.sizeof(fl.FlowSlot) == 224 and ctypes.sizeof(fl.FlowStat) == 448
+    assert fl.STAT_DTYPE.itemsize == 448 and fl.FLOW_DTYPE.itemsize == 36
+
+
+def _offsets(tmp_path, struct_name, mirror):
+    fields = [name for name, _ in mirror._fields_]
+    prog = tmp_path / f"{struct_name}.c"
+    prog.write_text(
+        '#include <stdio.h>\n#include <stddef.h>\n#include "tcp_flows.h"\nint main(void) {\n'
+        f'  printf("size %zu\\n", sizeof(struct {struct_name}));\n'
+        + "".join(f'  printf("{f} %zu\\n", offsetof(struct {struct_name}, {f}));\n'
+                  for f in fields) + "  return 0;\n}\n")
+    exe = tmp_path / struct_name
+    subprocess.run(["cc", f"-I{bpf.BPF_DIR}", "-o", str(exe), str(prog)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    return {k: int(v) for k, v in (line.split() for line in out.splitlines())}
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+@pytest.mark.parametrize("struct_name,mirror", [
+    ("fs_flow_event", fl.FlowEvent), ("fs_flow_slot", fl.FlowSlot), ("fs_flow_stat", fl.FlowStat),
+    ("fs_sock", fl.Sock)])
+def test_ctypes_mirrors_match_the_c_header(tmp_path, struct_name, mirror):
+    got = _offsets(tmp_path, struct_name, mirror)
+    assert got.pop("size") == ctypes.sizeof(mirror)
+    for name, offset in got.items():
+        assert offset == getattr(mirror, name).offset, name
+
+
+def test_inline_includes_pastes_local_headers_once_with_line_markers(tmp_path):
+    (tmp_path / "a.h").write_text("#define A 1\n")
+    (tmp_path / "b.h").write_text('#include "a.h"\nint b;\n')
+    (tmp_path / "p.bpf.c").write_text('#include <linux/types.h>\n#include "a.h"\n'
+                                      '#include "b.h"\nint main;\n')
+    text = bpf.inline_includes(tmp_path / "p.bpf.c")
+    assert text.count("#define A 1") == 1 and "int b;" in text
+    assert "#include <linux/types.h>" in text and '#include "a.h"' not in text
+    assert text.splitlines()[-2:] == ['#line 4 "p.bpf.c"', "int main;"]
+
+
+def test_the_real_programs_inline_the_shared_helpers_once():
+    text = bpf.inline_includes(bpf.BPF_DIR / "tcp_flows.bpf.c")
+    assert text.count("BPF_HASH(own_addrs") == 1
+    assert "TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)" in text
+    assert "TRACEPOINT_PROBE(tcp, tcp_probe)" in text

@@ -1,0 +1,142 @@
+"""Flow ownership from a fake /proc tree: /proc/net/tcp{,6} -> inode -> pid -> owner."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agent.owners import Owners, describe_process, parse_cgroup, parse_proc_net_tcp
+
+# Real lines (this machine's /proc/net/tcp and tcp6 format; x86_64, little endian).
+TCP = (
+    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+    "timeout inode\n"
+    "   0: 0100007F:8577 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0  "
+    "      0 155517 1 0000000021c9031c 100 0 0 10 0\n"
+    "   1: 010012C6:9C40 020012C6:733C 01 00000000:00000000 00:00000000 00000000     0  "
+    "      0 4242 1 0000000021c9031c 20 4 30 10 -1\n"
+    "   2: 010012C6:9C41 020012C6:733C 06 00000000:00000000 03:00000000 00000000     0  "
+    "      0 0 3 0000000021c9031c\n")
+TCP6 = (
+    "  sl  local_address                         remote_address                        st "
+    "tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    "   0: 0000000000000000FFFF0000030012C6:8C5B 0000000000000000FFFF0000040012C6:1F90 01 "
+    "00000000:00000000 00:00000000 00000000     0        0 5151 1 00000000b36182dc 100 0 0 "
+    "10 0\n"
+    "   1: 000000FD000000000000000001000000:0050 000000FD000000000000000002000000:D431 01 "
+    "00000000:00000000 00:00000000 00000000     0        0 6161 1 00000000b36182dc 100 0 0 "
+    "10 0\n")
+
+V4_FLOW = ("198.18.0.1", 40000, "198.18.0.2", 29500)
+V6_FLOW = ("198.18.0.3", 35931, "198.18.0.4", 8080)
+
+
+def test_proc_net_tcp_lines_map_flows_to_inodes():
+    assert parse_proc_net_tcp(TCP) == {("127.0.0.1", 34167, "0.0.0.0", 0): 155517,
+                                       V4_FLOW: 4242}         # TIME_WAIT (inode 0) left out
+    got = parse_proc_net_tcp(TCP6)
+    assert got[V6_FLOW] == 5151                               # v4-mapped shown as v4
+    assert got[("fd00::1", 80, "fd00::2", 54321)] == 6161
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("0::/user.slice/user-0.slice/session-1.scope\n", ("/user.slice/user-0.slice/session-1.scope", "")),
+    ("0::/system.slice/docker-" + "ab" * 32 + ".scope\n",
+     ("/system.slice/docker-" + "ab" * 32 + ".scope", "ab" * 6)),
+    ("12:memory:/docker/" + "cd" * 32 + "\n0::/\n", ("/docker/" + "cd" * 32, "cd" * 6)),
+    ("4:memory:/process_api/e4be4ada3b2092311cbabbf03658e52e\n1:cpu:/\n0::/\n",
+     ("/process_api/e4be4ada3b2092311cbabbf03658e52e", "")),
+    ("0::/\n", ("/", "")),
+])
+def test_cgroup_path_and_container(text, expected):
+    assert parse_cgroup(text) == expected
+
+
+def test_rank_and_job_come_from_the_environment_only_for_training_processes():
+    env = {"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "198.18.0.1",
+           "MASTER_PORT": "29500"}
+    owner = describe_process(77, "python3", ("/", ""), env)
+    assert owner.tags() == {"pid": "77", "comm": "python3", "cgroup": "/", "rank": "2",
+                            "local_rank": "0", "world_size": "3", "job": "198.18.0.1:29500"}
+    assert describe_process(5, "iperf3", ("", ""), {"PATH": "/bin"}).tags() == \
+        {"pid": "5", "comm": "iperf3"}
+    assert describe_process(5, "x", ("/", ""), {"FABRICSCOPE_JOB": "j1"}).job == "j1"
+
+
+class FakeProc:
+    """A /proc tree: net/tcp{,6}, PID/{comm,cgroup,environ,fd/N -> socket:[I]}, ns/net."""
+
+    def __init__(self, root):
+        self.root = root
+        (root / "self" / "net").mkdir(parents=True)      # /proc/net -> self/net
+        (root / "self" / "net" / "tcp").write_text(TCP)
+        (root / "self" / "net" / "tcp6").write_text(TCP6)
+        self.netns = root / "netns-inode"
+        self.netns.write_text("")
+        (root / "self" / "ns").mkdir()
+        os.symlink(self.netns, root / "self" / "ns" / "net")
+
+    def process(self, pid, comm, inodes, env=None):
+        base = self.root / str(pid)
+        (base / "fd").mkdir(parents=True)
+        (base / "ns").mkdir()
+        os.symlink(self.netns, base / "ns" / "net")
+        (base / "comm").write_text(comm + "\n")
+        (base / "cgroup").write_text("0::/lab\n")
+        (base / "environ").write_bytes(b"\0".join(f"{k}={v}".encode()
+                                                  for k, v in (env or {}).items()) + b"\0")
+        os.symlink("/dev/null", base / "fd" / "0")
+        for n, inode in enumerate(inodes, 3):
+            os.symlink(f"socket:[{inode}]", base / "fd" / str(n))
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_owners_resolve_flows_to_the_process_holding_the_socket(tmp_path):
+    proc = FakeProc(tmp_path)
+    proc.process(10, "sshd", [155517])
+    proc.process(20, "python3", [4242, 5151], {"RANK": "1", "FABRICSCOPE_JOB": "llm"})
+    owners = Owners(proc=tmp_path, clock=Clock())
+    found = owners.resolve([V4_FLOW, V6_FLOW])
+    assert found[V4_FLOW].tags() == {"pid": "20", "comm": "python3", "cgroup": "/lab",
+                                     "rank": "1", "job": "llm"}
+    assert found[V6_FLOW].pid == 20
+    assert owners.stats.resolved == 2 and owners.stats.scans == 1
+    # cached: no second scan
+    owners.resolve([V4_FLOW])
+    assert owners.stats.scans == 1 and owners.get(V4_FLOW).pid == 20
+
+
+def test_unknown_flows_rescan_at_most_once_per_interval_then_give_up(tmp_path):
+    FakeProc(tmp_path)
+    clock = Clock()
+    owners = Owners(proc=tmp_path, clock=clock, rescan_s=1.0, max_attempts=2)
+    unknown = ("198.18.0.9", 1, "198.18.0.8", 2)
+    assert owners.resolve([unknown]) == {}
+    assert owners.resolve([unknown]) == {}          # too soon: no scan
+    assert owners.stats.scans == 1
+    clock.now += 1.0
+    owners.resolve([unknown])
+    assert (owners.stats.scans, owners.stats.unresolved) == (2, 1)
+    clock.now += 5.0
+    owners.resolve([unknown])                        # given up: never scanned again
+    assert owners.stats.scans == 2
+
+
+def test_a_flow_seen_late_is_found_on_the_next_scan_and_forget_drops_it(tmp_path):
+    proc = FakeProc(tmp_path)
+    clock = Clock()
+    owners = Owners(proc=tmp_path, clock=clock)
+    assert owners.resolve([V4_FLOW]) == {}           # no process holds inode 4242 yet
+    proc.process(30, "worker", [4242])
+    clock.now += 1.0
+    assert owners.resolve([V4_FLOW])[V4_FLOW].comm == "worker"
+    owners.forget(V4_FLOW)
+    assert owners.get(V4_FLOW) is None
