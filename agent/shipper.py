@@ -237,6 +237,7 @@ class Shipper:
         import grpc
 
         while True:
+            began = time.monotonic()
             try:
                 await self._session()
                 reason, code = "the collector closed the stream", None
@@ -246,9 +247,15 @@ class Shipper:
                 reason, code = f"no connection within {self.connect_timeout_s:g} s", None
             except Exception as exc:   # a broken stream surfaces as various grpc errors
                 reason, code = f"{type(exc).__name__}: {exc}", None
-            self._set_connected(False, reason)
             self.spool.unsend_all()
             refused = code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+            if self._connected and not refused and time.monotonic() - began >= 1.0:
+                # A stream that worked for a while ended (a collector restart, or its
+                # max_connection_age moving us to another replica): reconnect at once and
+                # warn only if that fails.
+                log.info("stream to %s ended (%s); reconnecting", self.target, reason)
+                continue
+            self._set_connected(False, reason)
             # Refused credentials will not fix themselves soon: wait the longest backoff.
             await asyncio.sleep(self.backoff.max_s if refused else self.backoff.next())
 

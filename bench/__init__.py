@@ -9,4 +9,7 @@ REGISTRY: dict[str, str] = {
     "iperf3-overhead": "bench.iperf3_overhead",
     "marker-cost": "bench.marker_cost",
     "uprobe-cost": "bench.uprobe_cost",
+    "collector-ingest": "bench.collector_ingest",
+    "influx-write": "bench.influx_write",
+    "wire-bytes": "bench.wire_bytes",
 }

@@ -17,6 +17,7 @@ serialization, the transport and the collector. Memory-only spools (nothing on d
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -110,6 +111,17 @@ def _total(metrics: list[AgentMetrics], name: str, **labels) -> float:
 
 
 async def run_load(spec: LoadSpec) -> LoadResult:
+    # Hundreds of "connected" lines say nothing; warnings (unreachable, refused) still show.
+    shipper_log = logging.getLogger("fabricscope.agent.shipper")
+    level = shipper_log.level
+    shipper_log.setLevel(max(logging.WARNING, level))
+    try:
+        return await _run_load(spec)
+    finally:
+        shipper_log.setLevel(level)
+
+
+async def _run_load(spec: LoadSpec) -> LoadResult:
     batches = [build_batches(spec, i) for i in range(spec.agents)]
     metrics = [AgentMetrics() for _ in range(spec.agents)]
     start = asyncio.Event()

@@ -8,8 +8,9 @@
  *
  * Hooks (stable ABI only; no kernel struct is read), each optional (-D flags):
  *   tcp/tcp_probe           FS_WITH_TCP_PROBE   per segment received on an
- *       established socket, before it is processed: snd_una, snd_nxt, srtt
- *       (usec << 3), snd_cwnd, ssthresh of the socket as the previous segment left it
+ *       established socket, before it is processed: snd_una, snd_nxt, srtt (in
+ *       microseconds: the tracepoint stores tp->srtt_us >> 3; tp->srtt_us itself is
+ *       usec << 3), snd_cwnd, ssthresh of the socket as the previous segment left it
  *   sock/inet_sock_set_state FS_WITH_SET_STATE  opens (-> ESTABLISHED), closes (-> CLOSE)
  *   tcp/tcp_send_reset       FS_WITH_SEND_RESET  resets sent
  *   tcp/tcp_receive_reset    FS_WITH_RECV_RESET  resets received
@@ -170,7 +171,7 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
 	if (!acked)
 		return 0;
 	s->acked += acked;
-	__u32 rtt = args->srtt >> 3;
+	__u32 rtt = args->srtt;     /* the tracepoint stores tp->srtt_us >> 3: microseconds */
 	s->rtt_samples++;
 	s->rtt_sum_us += rtt;
 	s->rtt_sumsq_us += (__u64)rtt * rtt;

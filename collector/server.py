@@ -76,8 +76,10 @@ def server_options(config) -> list[tuple[str, int]]:
                ("grpc.keepalive_permit_without_calls", 1)]
     if config.max_connection_age_s > 0:
         options += [("grpc.max_connection_age_ms", int(config.max_connection_age_s * 1000)),
-                    # In-flight batches get this long to be acked before the cut.
-                    ("grpc.max_connection_age_grace_ms", 30_000)]
+                    # In-flight batches get this long to be acked before the cut (what
+                    # is cut is resent by the agent); at most the age itself.
+                    ("grpc.max_connection_age_grace_ms",
+                     int(min(30.0, config.max_connection_age_s) * 1000))]
     return options
 
 

@@ -12,8 +12,8 @@ synchronised burst of gradient exchange, once per step. Three numbers describe i
   burst onsets: rising edges out of silence (through ONSET_LEVEL x the robust
   peak; placed below one bin by how full the edge bins are compared to the
   burst's rate). Onsets are first merged only within the autocorrelation's
-  zero-lag lobe (one per burst), and that median is kept when the
-  autocorrelation near it is at least ONSET_ACF x the peak; otherwise (several bursts
+  zero-lag lobe (one per burst), and that median is kept unless the
+  autocorrelation near 2x or 3x it is clearly stronger; otherwise (several bursts
   per step) onsets closer than half the coarse period are merged. With fewer
   than MIN_ONSETS onsets the coarse period stands.
 * B, the burst bandwidth: the mean rate of the bins "in a burst", i.e. at or above
@@ -41,7 +41,7 @@ MIN_ACF_PEAK = 0.2         # below this the series is not periodic enough to nam
 MAX_HARMONICS = 8          # peaks at m x T used to refine T
 MAX_SUBHARMONIC = 4        # a peak at up to 4T may stand for T ...
 SUBHARMONIC_HEIGHT = 0.75  # ... when the one near T is at least this high relative to it
-ONSET_ACF = 0.8            # per-burst onsets give T when the acf there is this x the peak
+ONSET_ACF = 0.8            # several bursts per period: acf at 2T or 3T above acf(T) / this
 ONSET_LEVEL = 0.1          # a burst starts where the rate rises through this x the peak
 MIN_ONSETS = 5             # onsets needed before their median interval is T
 
@@ -181,6 +181,17 @@ def _acf_near(acf: np.ndarray, lag: float) -> float:
     return float(acf[a:b + 1].max()) if b >= a else -1.0
 
 
+def _one_burst_per_period(acf: np.ndarray, lag: float) -> bool:
+    """Is `lag` the period, rather than the spacing of several bursts per period?
+    The autocorrelation near it must be positive and not clearly weaker than near
+    2 or 3 times it (where several bursts per period would line up)."""
+    here = _acf_near(acf, lag)
+    if here <= 0:
+        return False
+    return all(_acf_near(acf, m * lag) < here / ONSET_ACF
+               for m in (2, 3) if m * lag * 1.15 < len(acf) - 1)
+
+
 def _onset_median(series: np.ndarray, min_gap_bins: float) -> float | None:
     onsets = burst_onsets(series, min_gap_bins)
     if len(onsets) < MIN_ONSETS:
@@ -194,8 +205,8 @@ def sync_period(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
 
     The autocorrelation decides whether there is a period and gives a coarse one;
     burst onsets give T (see the module doc), first merged only within the zero-lag
-    lobe (one onset per burst), kept when the autocorrelation near that lag is at
-    least ONSET_ACF x its peak; else merged within half the coarse period."""
+    lobe (one onset per burst), kept unless the autocorrelation says several bursts
+    make one period; else merged within half the coarse period."""
     x = np.asarray(series, dtype=float)
     acf = autocorrelation(x)
     coarse = _acf_period(acf, bin_s, min_period_s, max_period_s)
@@ -204,12 +215,11 @@ def sync_period(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
     lag, peak, lobe, hi = coarse
     lo = max(lobe, min_period_s / bin_s)
     per_burst = _onset_median(x, lobe)
-    if per_burst is not None and lo <= per_burst <= hi \
-            and _acf_near(acf, per_burst) >= ONSET_ACF * peak:
-        return per_burst * bin_s, peak
+    if per_burst is not None and lo <= per_burst <= hi and _one_burst_per_period(acf, per_burst):
+        return per_burst * bin_s, _acf_near(acf, per_burst)
     merged = _onset_median(x, 0.5 * lag)
     if merged is not None and 0.5 * lag <= merged <= 1.5 * lag:
-        return merged * bin_s, peak
+        return merged * bin_s, _acf_near(acf, merged)
     return lag * bin_s, peak
 
 

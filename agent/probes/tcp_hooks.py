@@ -51,13 +51,13 @@ def hook_cflags(hooks, tracefs=None) -> list[str]:
     kw = {"tracefs": tracefs} if tracefs is not None else {}
     flags: list[str] = []
     for hook in hooks:
-        if hook not in HOOKS:
-            raise ProbeUnavailable(f"tcp_flow_hooks: {hook} is not a hook tcp_flows knows "
-                                   f"(known: {', '.join(HOOKS)})")
         category, _, event = hook.partition("/")
         types = tracepoint_field_types(category, event, **kw)
         if types is None:
             raise ProbeUnavailable(f"tracepoint {hook} does not exist on this kernel")
+        if hook not in HOOKS:
+            raise ProbeUnavailable(f"tcp_flow_hooks: {hook} is not a hook tcp_flows knows "
+                                   f"(known: {', '.join(HOOKS)})")
         flag, needed = HOOKS[hook]
         missing = [f for f in needed if f not in types]
         if missing:

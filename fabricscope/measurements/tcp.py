@@ -57,8 +57,8 @@ MEASUREMENTS = [
                        "segments retransmitted (tcp_skb_pcount, read as gso_segs at TC "
                        "egress); 1 when TC egress did not see the packet (counted in "
                        "fabricscope_agent_probe_events_total{event=\"segs_unknown\"})"),
-            "payload_bytes": _i("bytes", "TCP payload bytes retransmitted (absent when TC egress "
-                                 "did not see the packet)"),
+            "payload_bytes": _i("bytes", "TCP payload bytes retransmitted (absent when TC "
+                                         "egress did not see the packet)"),
             "err": _i("code", "0: sent; > 0: the qdisc dropped it (1 NET_XMIT_DROP); < 0: "
                               "-errno of the transmit (ENOBUFS, EPERM from netfilter); "
                               "failures are also in TcpExtTCPRetransFail"),

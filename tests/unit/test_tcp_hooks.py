@@ -42,11 +42,13 @@ def test_reset_reason_enum_is_declared_for_bcc(tmp_path):
 
 
 @pytest.mark.parametrize("hooks,message", [
-    (["tcp/tcp_nope"], "tcp_flow_hooks: tcp/tcp_nope is not a hook tcp_flows knows"),
+    (["tcp/tcp_bad_csum"], "tcp_flow_hooks: tcp/tcp_bad_csum is not a hook tcp_flows knows"),
     (["tcp/tcp_receive_reset"], "tracepoint tcp/tcp_receive_reset does not exist"),
+    (["tcp/tcp_nope"], "tracepoint tcp/tcp_nope does not exist on this kernel"),
 ])
 def test_unknown_or_missing_tracepoints_make_the_probe_unavailable(tmp_path, hooks, message):
-    fs = tracefs(tmp_path, {"tcp/tcp_probe": fields_of("tcp/tcp_probe")})
+    fs = tracefs(tmp_path, {"tcp/tcp_probe": fields_of("tcp/tcp_probe"),
+                            "tcp/tcp_bad_csum": {"skbaddr": "const void *"}})
     with pytest.raises(ProbeUnavailable, match=message):
         hook_cflags(hooks, fs)
 

@@ -170,7 +170,7 @@ def test_refusal_reasons_name_the_problem():
     assert check(tcp.replace(f" {NOW}", " 5"))[1].reason == "time_past"
     assert check(tcp.replace(f" {NOW}", " -5"))[1].reason == "bad_time"
     assert check(tcp.replace("segs=1i", "segs=1"))[1].reason == "field_type"
-    assert check(tcp.replace("segs=1i", "bytes=1i"))[1].reason == "unknown_field"
+    assert check(tcp.replace("segs=1i", "zz_unknown=1i"))[1].reason == "unknown_field"
     assert check(tcp.replace("state=E", "state=E,zz=1"))[1].reason == "unknown_tag"
     assert check(tcp.replace(",dport=2", ""))[1].reason == "missing_tag"
     assert check("nope,node=n1 v=1i 5")[1].reason == "unknown_measurement"

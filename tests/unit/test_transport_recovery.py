@@ -133,12 +133,15 @@ def test_agent_killed_while_the_collector_is_down_resends_from_its_spool(influx,
 
 def test_two_replicas_on_one_port_share_the_agents_and_survive_one_dying(influx, procs):
     port = free_port()      # both bind it (SO_REUSEPORT): one address, as behind a Service
-    age = ("--max-connection-age-s", "1")       # streams move between replicas every ~1 s
+    age = ("--max-connection-age-s", "1")       # streams move between replicas every ~2 s
     a = procs.collector("replica-a", port, influx.url, *age).start()
     b = procs.collector("replica-b", port, influx.url, *age).start()
-    agents = [procs.agent(node, port, count=N).start() for node in NODES]
+    nodes = [f"n{i}" for i in range(5)]
+    n = 30_000                                   # 15 s at 2000/s
+    agents = [procs.agent(node, port, count=n).start() for node in nodes]
+    # ~5 connections per agent in this time: both replicas get some (p(not) ~ 2^-25).
     wait_for(lambda: min(r.metric("fabricscope_collector_batches_received_total")
                          for r in (a, b)) > 0, 60, "both replicas to receive batches")
     a.kill()
-    assert_exactly_once(influx)
+    assert_exactly_once(influx, nodes=nodes, n=n)
     no_agent_loss(agents)

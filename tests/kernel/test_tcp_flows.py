@@ -1,0 +1,225 @@
+"""Acceptance of the tcp_flows probe on the real kernel, in a 3-node lab sharing it.
+
+One lab and one probe per node (attached in the node's namespace) serve the module;
+each test measures deltas, uses its own ports and clears its faults in `finally`.
+- retransmits per node, by kind, against nstat (TcpRetransSegs, TcpExtTCPFastRetrans,
+  ...TCPSlowStartRetrans, ...TCPTimeouts, ...TCPLossProbes) and TC egress against
+  TcpOutSegs; no node is charged with another's flows;
+- RTT percentiles against `ss -ti`, within a log2 bucket;
+- opens, closes and resets, with exact byte counts;
+- DDP ranks' flows carry their pid, command and rank.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from fabricscope.records import Record
+from fabricscope.schema import validate
+from tests.kernel.tcp_lab import (Collector, await_up, finish, nstat, probes_on, send_argv,
+                                  sink_argv, traffic)
+
+pytestmark = pytest.mark.root
+
+COUNTERS = ("TcpRetransSegs", "TcpOutSegs", "TcpExtTCPFastRetrans",
+            "TcpExtTCPSlowStartRetrans", "TcpExtTCPTimeouts", "TcpExtTCPLossProbes")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    from lab.testing import running_lab
+    with running_lab(f"tf{uuid.uuid4().hex[:6]}", 3) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def probes(lab):
+    with probes_on(lab) as probes:
+        yield probes
+
+
+@pytest.fixture
+def col(lab, probes):
+    c = Collector(lab, probes)
+    c.clear()
+    return c
+
+
+def segs(records, kind=None):
+    return sum(r.fields["segs"] for r in records
+               if r.measurement == "tcp_retransmit" and kind in (None, r.tags["kind"]))
+
+
+def close_to(got, want, rel=0.02, slack=1):
+    return abs(got - want) <= max(slack, rel * want)
+
+
+def test_retransmits_per_node_match_nstat_by_kind(lab, probes, col):
+    from lab.faults import clear, loss
+    n0, n1, n2 = lab.nodes
+    before = [nstat(n.netns) for n in lab.nodes]
+    try:
+        loss(lab, 1, 2.0)                      # frames node 1 sends and receives
+        with traffic([(n0, sink_argv(5301)), (n1, sink_argv(5302)), (n1, sink_argv(5303))]) \
+                as sinks:
+            for s in sinks:
+                await_up(s)
+            with traffic([(n1, send_argv(n0.address, 5301, 24 << 20)),
+                          (n0, send_argv(n1.address, 5302, 16 << 20)),
+                          (n2, send_argv(n1.address, 5303, 16 << 20))]) as senders:
+                for p in senders + sinks:
+                    finish(p)
+    finally:
+        clear(lab, 1)
+    kernel = [{k: after.get(k, 0) - b.get(k, 0) for k in COUNTERS}
+              for b, after in zip(before, (nstat(n.netns) for n in lab.nodes))]
+    assert all(k["TcpRetransSegs"] > 20 for k in kernel), kernel
+    start = time.time_ns()
+    # A window started after the traffic: every event before it has been drained.
+    col.until(lambda c: all(any(r.time_ns > start for r in c.of(i, "tcp_node"))
+                            for i in range(3)), 30, "a window after the traffic on every node")
+    for i, node in enumerate(lab.nodes):
+        recs, k = col.records[i], kernel[i]
+        why = (i, k, {kind: segs(recs, kind) for kind in ("fast", "rto", "slow_start", "tlp")},
+               probes[i].stats(), [(r.time_ns, r.fields) for r in recs
+                                   if r.measurement.startswith("tcp_retransmit")], start)
+        assert close_to(segs(recs), k["TcpRetransSegs"]), why
+        assert close_to(segs(recs, "fast"), k["TcpExtTCPFastRetrans"]), why
+        assert close_to(segs(recs, "slow_start"), k["TcpExtTCPSlowStartRetrans"]), why
+        timeouts = sum(r.tags["kind"] in ("rto", "syn", "synack") for r in recs
+                       if r.measurement == "tcp_retransmit")
+        assert close_to(timeouts, k["TcpExtTCPTimeouts"]), why
+        tlps = sum(r.tags["kind"] == "tlp" for r in recs if r.measurement == "tcp_retransmit")
+        assert tlps <= k["TcpExtTCPLossProbes"], why
+        windows = col.of(i, "tcp_node")
+        out = sum(w.fields["segs_out"] - w.fields["retrans_segs"] for w in windows)
+        assert close_to(out, k["TcpOutSegs"]), (i, out, k)
+        ratio = sum(w.fields["retrans_bytes"] for w in windows) / \
+            sum(w.fields["bytes_out"] for w in windows)
+        assert 0.002 < ratio < 0.2, ratio
+        # attribution: only this node's flows, on this node only
+        assert {r.tags["saddr"] for r in recs if "saddr" in r.tags} == {node.address}
+        for r in recs:
+            validate(Record(r.measurement, r.time_ns, {**r.tags, "node": node.name}, r.fields))
+
+
+def _ss_rtts_ms(netns: str, dport: int) -> list[float]:
+    out = subprocess.run(["ip", "netns", "exec", netns, "ss", "-tinH", "state", "established",
+                          f"( dport = :{dport} )"], capture_output=True, text=True).stdout
+    return [float(m.group(1)) for m in re.finditer(r"\brtt:([0-9.]+)/", out)]
+
+
+def test_rtt_percentiles_agree_with_ss(lab, col):
+    from lab.faults import clear, shape
+    n0, n1 = lab.nodes[0], lab.nodes[1]
+    samples: list[tuple[int, float]] = []        # (wall ns, srtt us) from ss
+    try:
+        shape(lab, 1, "40mbit", "16kb")          # a standing queue toward node 1: ms RTTs
+        with traffic([(n1, sink_argv(5311))]) as (sink,):
+            await_up(sink)
+            with traffic([(n0, send_argv(n1.address, 5311, seconds=4.0))]) as (sender,):
+                while sender.poll() is None:
+                    samples += [(time.time_ns(), ms * 1000) for ms in _ss_rtts_ms(n0.netns, 5311)]
+                    col.poll()
+                    time.sleep(0.05)
+                finish(sender)
+            finish(sink)
+    finally:
+        clear(lab, 1)
+    col.until(lambda c: any(r.time_ns > samples[-1][0] for r in c.of(0, "tcp_node")), 10,
+              "a window after the transfer")
+    windows = [r for r in col.of(0, "tcp_flow") if r.tags["dport"] == "5311"
+               and r.fields["rtt_samples"] >= 20]
+    compared = 0
+    for w in windows:
+        end = w.time_ns + int(w.fields["seconds"] * 1e9)
+        ss = [us for t, us in samples if w.time_ns <= t < end]
+        if len(ss) < 5:
+            continue
+        ours, theirs = w.fields["rtt_p50_us"], statistics.median(ss)
+        assert abs(math.log2(ours) - math.log2(theirs)) <= 1, (w.fields, theirs)
+        assert w.fields["rtt_min_us"] <= ours <= w.fields["rtt_max_us"]
+        assert w.fields["rtt_p50_us"] <= w.fields["rtt_p90_us"] <= w.fields["rtt_p99_us"]
+        compared += 1
+    assert compared >= 2, (windows, len(samples))
+    assert statistics.median(us for _, us in samples) > 500    # the shaper made ms RTTs
+
+
+def test_opens_closes_and_resets_with_exact_bytes(lab, col):
+    n0, n1 = lab.nodes[0], lab.nodes[1]
+    nbytes = 3_000_000
+    with traffic([(n1, sink_argv(5321, exact=nbytes))]) as (sink,):
+        await_up(sink)
+        with traffic([(n0, send_argv(n1.address, 5321, nbytes, exact=nbytes, hold=1.0))]) \
+                as (sender,):
+            client_pid = sender.pid
+            while sender.poll() is None:       # as the agent does: owners found while open
+                col.poll()
+                time.sleep(0.1)
+            assert int(finish(sender)) == nbytes
+        assert int(finish(sink)) == nbytes + 1
+    # a refused connection: node 1 sends a RST without a socket, node 0 receives it
+    refused = subprocess.run(["ip", "netns", "exec", n0.netns, "python3", "-c",
+                              "import socket\ntry:\n socket.create_connection("
+                              f"('{n1.address}', 5329))\nexcept ConnectionRefusedError:\n"
+                              " print('refused')"], capture_output=True, text=True)
+    assert refused.stdout.strip() == "refused", refused.stderr
+
+    def flow_closed(c):
+        return any(r.tags["dport"] == "5321" for r in c.of(0, "tcp_flow_close")) and \
+            any(r.tags["dport"] == "5329" for r in c.of(0, "tcp_flow_close")) and \
+            c.of(1, "tcp_reset") and c.of(0, "tcp_reset")
+    col.until(flow_closed, 20, "closes and resets")
+    (opened,) = [r for r in col.of(0, "tcp_flow_open") if r.tags["dport"] == "5321"]
+    assert opened.tags["side"] == "client" and opened.fields["handshake_us"] > 0
+    assert opened.tags["pid"] == str(client_pid)    # ip netns exec execs python: same pid
+    (closed,) = [r for r in col.of(0, "tcp_flow_close") if r.tags["dport"] == "5321"]
+    assert closed.fields["bytes_acked"] == nbytes and closed.fields["bytes_sent"] == nbytes + 1
+    assert closed.fields["established"] and closed.fields["duration_s"] >= 1.0
+    assert any(r.tags["sport"] == "5321" and r.tags["side"] == "server"
+               for r in col.of(1, "tcp_flow_open"))
+    (failed,) = [r for r in col.of(0, "tcp_flow_close") if r.tags["dport"] == "5329"]
+    assert failed.tags["from_state"] == "SYN_SENT" and failed.fields["established"] is False
+    sent = [r for r in col.of(1, "tcp_reset") if r.tags["sport"] == "5329"]
+    assert sent and sent[0].tags["direction"] == "sent" and "state" not in sent[0].tags
+    got = [r for r in col.of(0, "tcp_reset") if r.tags["dport"] == "5329"]
+    assert got and got[0].tags["direction"] == "received"
+    col.until(lambda c: sum(r.fields["bytes_acked"] for r in c.of(0, "tcp_flow")
+                            if r.tags["dport"] == "5321") >= nbytes, 10, "the flow's windows")
+    assert sum(r.fields["bytes_acked"] for r in col.of(0, "tcp_flow")
+               if r.tags["dport"] == "5321") == nbytes
+
+
+def test_ddp_rank_flows_carry_pid_comm_and_rank(lab, col):
+    from lab.training import start_training
+    with start_training(lab, 6, model_mb=1) as run:
+        comms = {}
+        while run.poll() is None:     # polled as the agent does, while the flows exist
+            col.poll()
+            if not comms and run.records:     # training: read the ranks' command names
+                comms = {i: open(f"/proc/{p.pid}/comm").read().strip()
+                         for i, p in enumerate(run.procs)}
+            time.sleep(0.1)
+        pids = [p.pid for p in run.procs]
+        assert run.wait() == 0, run.error
+    col.until(lambda c: all(any(r.tags.get("pid") == str(pids[i]) for r in c.of(i, "tcp_flow"))
+                            for i in range(3)), 20, "every rank's flow windows")
+    job = f"{lab.nodes[0].address}:"
+    for i, node in enumerate(lab.nodes):
+        mine = [r for r in col.records[i] if r.tags.get("pid") == str(pids[i])]
+        assert {r.tags["comm"] for r in mine} == {comms[i]}
+        assert {r.tags["rank"] for r in mine} == {str(i)}
+        assert all(r.tags["job"].startswith(job) and r.tags["world_size"] == "3" for r in mine)
+        # the rank's traffic is charged to its own node only
+        assert all(r.tags["saddr"] == node.address for r in col.records[i] if "saddr" in r.tags)
+        others = [r for j in range(3) if j != i for r in col.records[j]]
+        assert not any(r.tags.get("pid") == str(pids[i]) for r in others)
+    assert sum(r.fields["bytes_acked"] for r in col.of(1, "tcp_flow")
+               if r.tags.get("pid") == str(pids[1])) > 1 << 20
