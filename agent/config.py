@@ -57,10 +57,12 @@ class AgentConfig:
     flush_interval_s: float = field(default=1.0, metadata=doc(
         "longest time a record waits before its batch is sent"))
     queue_max_records: int = field(default=200_000, metadata=doc(
-        "records kept in memory until the collector acknowledges them; when full the "
-        "oldest batches are dropped and counted"))
+        "records of unacknowledged batches kept in memory: with spool_dir a cache (the "
+        "others are read back from disk when sent); without, the cap (when full the oldest "
+        "batches are dropped, counted and reported as agent_loss)"))
     shutdown_timeout_s: float = field(default=5.0, metadata=doc(
-        "on SIGTERM/SIGINT, longest wait for queued batches to be acknowledged"))
+        "on SIGTERM/SIGINT, longest wait for queued batches to be acknowledged (what is "
+        "left stays in spool_dir for the next start)"))
     # --- transport to the collector (agent/shipper.py, agent/spool.py) ---
     spool_dir: str = field(default="/var/lib/fabricscope/spool/{node}", metadata=doc(
         "directory where batches wait, fsynced, until the collector acknowledges them, so "

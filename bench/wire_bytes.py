@@ -29,7 +29,9 @@ from bench.harness import Benchmark
 
 
 def _nft(script: str) -> None:
-    subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True, capture_output=True)
+    proc = subprocess.run(["nft", "-f", "-"], input=script, text=True, capture_output=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"nft failed: {proc.stderr.strip().splitlines()[0]}")
 
 
 class _Counter:
@@ -37,8 +39,9 @@ class _Counter:
 
     def __init__(self, port: int):
         self.table = f"fsbench_wb_{uuid.uuid4().hex[:8]}"
-        _nft(f"table inet {self.table} {{ chain input {{ type filter hook input priority 0; "
-             f"policy accept; tcp dport {port} counter }} }}")
+        _nft(f"table inet {self.table} {{\n chain input {{\n"
+             f"  type filter hook input priority 0; policy accept;\n"
+             f"  tcp dport {port} counter\n }}\n}}\n")
 
     def bytes(self) -> int:
         out = subprocess.run(["nft", "-j", "list", "table", "inet", self.table],

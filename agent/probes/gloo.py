@@ -39,6 +39,7 @@ import re
 import time
 from pathlib import Path
 
+from agent import bpf
 from agent.probes import gloo_layout as layout
 from agent.probes import nccl_procs
 from agent.probes.base import Probe, ProbeContext, ProbeUnavailable
@@ -49,7 +50,6 @@ from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.gloo")
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 LIB_NAME = re.compile(r"^libtorch_cpu\.so(\.\d+)*$")
 RETURN_FN = "collective_return"
 _SYMBOLS_RE = "^(" + "|".join(re.escape(s) for s in
@@ -105,23 +105,9 @@ class GlooProbe(Probe):
     # --- lifecycle ---------------------------------------------------------------------
 
     def attach(self) -> None:
-        try:
-            from bcc import BPF
-        except ImportError as exc:
-            raise ProbeUnavailable(f"BCC is not importable: {exc}") from None
-        cflags = [f"-I{BPF_DIR}", f"-DRINGBUF_PAGES={self.ringbuf_pages}", *layout.cflags(),
-                  *self.ctx.cflags]
-        try:
-            self._bpf = BPF(src_file=str(BPF_DIR / "gloo.bpf.c").encode(), cflags=cflags)
-        except Exception as exc:   # BCC raises bare Exception on compile errors
-            raise ProbeUnavailable(f"cannot compile bpf/gloo.bpf.c: "
-                                   f"{str(exc).splitlines()[0]}") from None
-        size = ctypes.sizeof(self._bpf[b"event_layout"].Leaf)
-        if size != ctypes.sizeof(layout.GlooEvent):
-            self.detach()
-            raise ProbeUnavailable(f"event layout mismatch: BPF {size} bytes, Python "
-                                   f"{ctypes.sizeof(layout.GlooEvent)}; bpf/gloo.h and "
-                                   "gloo_layout.py disagree")
+        self._bpf = bpf.compile_program("gloo", [f"-DRINGBUF_PAGES={self.ringbuf_pages}",
+                                                 *layout.cflags(), *self.ctx.cflags])
+        bpf.check_layout(layout.GlooEvent, self._bpf[b"event_layout"].Leaf)
         self._bpf[b"events"].open_ring_buffer(self._on_event)
         own = own_torch_library()
         for path in self.paths + ([own] if own else []):

@@ -275,7 +275,8 @@ class StepTracker:
                                     step.index))
         if ready:
             self.bursts = [b for g in groups[ready:] for b in g]
-            self.frozen_ns = self.bursts[0].start_ns if self.bursts else groups[ready - 1][-1].end_ns
+            self.frozen_ns = (self.bursts[0].start_ns if self.bursts
+                              else groups[ready - 1][-1].end_ns)
         return steps, phases
 
     def _resync(self) -> bool:

@@ -12,7 +12,6 @@ namespaces) must not appear in its records.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import statistics
@@ -97,8 +96,8 @@ def collect(tmp: Path, steps: int = STEPS, extra_agent_args: tuple = ()) -> Run:
             agent = subprocess.Popen(argv, stdout=fo, stderr=fe, env=exec_env(lab, node),
                                      cwd=str(Path(__file__).resolve().parents[2]))
         try:
-            _await(lambda: "running probes: gloo, markers" in err.read_text() or agent.poll() is not None,
-                   120, "the agent to attach")
+            _await(lambda: "running probes: gloo, markers" in err.read_text()
+                   or agent.poll() is not None, 120, "the agent to attach")
             assert agent.poll() is None, err.read_text()[-2000:]
             job = f"{node.address}:{29400 + os.getpid() % 500}"
             with start_training(lab, steps, model_mb=MODEL_MB,

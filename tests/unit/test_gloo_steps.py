@@ -46,9 +46,11 @@ def ddp_run(steps: int, grad: int = 8_396_800, overlap: bool = True, period: flo
     for _ in range(1, steps):
         t += period
         if overlap:
-            out += [coll("AllReduce", t + 5, t + 30, grad // 2), coll("AllReduce", t + 6, t + 31, grad // 2)]
+            out += [coll("AllReduce", t + 5, t + 30, grad // 2),
+                    coll("AllReduce", t + 6, t + 31, grad // 2)]
         else:
-            out += [coll("AllReduce", t + 5, t + 15, grad // 2), coll("AllReduce", t + 17, t + 27, grad // 2)]
+            out += [coll("AllReduce", t + 5, t + 15, grad // 2),
+                    coll("AllReduce", t + 17, t + 27, grad // 2)]
     out.append(coll("Barrier", t + 40, t + 41, 0))
     return out
 

@@ -29,12 +29,12 @@ def writer(tmp_path, monkeypatch):
     monkeypatch.setenv("FABRICSCOPE_MARKERS_DIR", str(tmp_path))
     for k in ("RANK", "FABRICSCOPE_JOB", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr(markers, "_ring_pid", -1)
+    monkeypatch.setattr(markers, "_opened", False)
     monkeypatch.setattr(markers, "_disabled", False)
     now = [1_800_000_000_000_000_000]
     monkeypatch.setattr(markers.time, "time_ns", lambda: now[0])
     yield now
-    if markers._ring is not None and markers._ring_pid == os.getpid():
+    if markers._ring is not None:
         markers._ring.map.close()
     monkeypatch.setattr(markers, "_ring", None)
 
