@@ -4,13 +4,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit setup proto docs clean-labs
+.PHONY: demo test test-unit lint setup proto docs clean-labs
 
 demo: setup
 	$(VENV)/bin/fabricscope demo
 
-test: setup
+test: setup lint
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check --quiet .
 
 # Tests that need no root, no BPF and no network namespaces.
 test-unit: setup

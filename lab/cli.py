@@ -10,7 +10,6 @@
     fabricscope lab train --name NAME --steps K [--model-mb M] [--batch B] [--json-summary]
     fabricscope lab exec  --name NAME --node I -- CMD...
 
-`python -m lab ...` runs the same commands without the other components.
 torch is imported only by the ranks that `lab train` starts, never here.
 """
 
@@ -281,21 +280,3 @@ def cmd_exec(args) -> int:
         os.execvpe(argv[0], argv, exec_env(lab, node))
     except FileNotFoundError:
         raise UserError("the ip command is missing", "install iproute2 (make setup)") from None
-
-
-# -- standalone entry point: python -m lab ----------------------------------------------
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fabricscope lab", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    try:
-        return int(args.func(args) or 0)
-    except UserError as exc:
-        print(exc.one_line(), file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130

@@ -246,7 +246,7 @@ def read_ring(path: Path) -> tuple[dict, list[tuple[int, int]]]:
 
 def test_lab_train_runs_ddp_and_writes_markers_on_every_node():
     with running_lab(nodes=3) as lab:
-        out = subprocess.run([PY, "-m", "lab", "train", "--name", lab.name, "--steps", "3",
+        out = subprocess.run([PY, "-m", "fabricscope", "lab", "train", "--name", lab.name, "--steps", "3",
                               "--model-mb", "1"], cwd=ROOT, capture_output=True, text=True,
                              timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]

@@ -13,11 +13,14 @@ each test measures deltas, uses its own ports and clears its faults in `finally`
 from __future__ import annotations
 
 import math
+import os
 import re
 import statistics
 import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +31,7 @@ from tests.kernel.tcp_lab import (Collector, await_up, finish, nstat, probes_on,
 
 pytestmark = pytest.mark.root
 
+ROOT = Path(__file__).resolve().parents[2]
 COUNTERS = ("TcpRetransSegs", "TcpOutSegs", "TcpExtTCPFastRetrans",
             "TcpExtTCPSlowStartRetrans", "TcpExtTCPTimeouts", "TcpExtTCPLossProbes")
 
@@ -223,3 +227,39 @@ def test_ddp_rank_flows_carry_pid_comm_and_rank(lab, col):
         assert not any(r.tags.get("pid") == str(pids[i]) for r in others)
     assert sum(r.fields["bytes_acked"] for r in col.of(1, "tcp_flow")
                if r.tags.get("pid") == str(pids[1])) > 1 << 20
+
+
+def test_a_bogus_tracepoint_makes_the_probe_unavailable_and_the_agent_runs_on(lab, tmp_path):
+    from fabricscope.labstack import metric_value
+    from tests.kernel.test_agent_kernel import AgentProc, sh
+    node = lab.nodes[2]
+    agent = AgentProc(node.netns, [
+        "--node", node.name, "--output", "jsonl", "--metrics-host", "127.0.0.1",
+        "--metrics-port", "0", "--markers-dir", str(tmp_path), "--flush-interval-s", "0.1",
+        "--probes", "tcp_flows,markers",
+        "--tcp-flow-hooks", "tcp/tcp_probe,tcp/fabricscope_bogus"])
+    try:
+        port = agent.await_port()
+        deadline = time.monotonic() + 60
+        while agent.readyz(port) != "200":
+            assert time.monotonic() < deadline and agent.proc.poll() is None, \
+                "".join(agent.stderr)
+            time.sleep(0.1)
+        text = sh("ip", "netns", "exec", node.netns, "curl", "-s",
+                  f"http://127.0.0.1:{port}/metrics").stdout
+        attached = {p: metric_value(text, "fabricscope_agent_probe_attached", {"probe": p})
+                    for p in ("tcp_flows", "markers")}
+        assert attached == {"tcp_flows": 0, "markers": 1}
+        subprocess.run([sys.executable, "-c", "from fabricscope import markers\n"
+                        "markers.step(0)\nmarkers.done()"], check=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT),
+                            "FABRICSCOPE_MARKERS_DIR": str(tmp_path), "RANK": "0"})
+        recs = agent.records_until(lambda r: any(x.measurement == "train_step" for x in r))
+        assert [r.fields["step"] for r in recs if r.measurement == "train_step"] == [0]
+    finally:
+        rc = agent.stop()
+    assert rc == 0, "".join(agent.stderr)
+    said = [line for line in agent.stderr if "tcp_flows" in line and "unavailable" in line]
+    assert len(said) == 1, said
+    assert "tracepoint tcp/fabricscope_bogus does not exist on this kernel" in said[0]
+    assert not any("Traceback" in line for line in agent.stderr)

@@ -140,7 +140,7 @@ def test_importing_the_lab_cli_does_not_import_torch_or_pyroute2():
 
 
 def _lab_cli(*argv, env=None):
-    return subprocess.run([sys.executable, "-m", "lab", *argv], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fabricscope", "lab", *argv], cwd=ROOT, capture_output=True,
                           text=True, env=env)
 
 
