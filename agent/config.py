@@ -104,9 +104,9 @@ class AgentConfig:
         "tcp_flows aggregation window in seconds: one tcp_flow record per flow with traffic "
         "and one tcp_node record per window (at least poll_interval_s)"))
     tcp_max_flows: int = field(default=4096, metadata=doc(
-        "flows tcp_flows aggregates at once (per-CPU LRU hash, 448 bytes per flow and CPU; "
-        "when full the least recently active are evicted and the window is counted in "
-        "probe_events_total{event=\"flow_table_full\"})"))
+        "flows tcp_flows aggregates at once (per-CPU LRU hash, 448 bytes per flow and CPU, "
+        "shrunk with a log line to fit 256 MiB; when full the least recently active are "
+        "evicted and the window is counted in probe_events_total{event=\"flow_table_full\"})"))
     tcp_flow_hooks: list[str] = field(
         default_factory=lambda: ["tcp/tcp_probe", "sock/inet_sock_set_state",
                                  "tcp/tcp_send_reset", "tcp/tcp_receive_reset"],

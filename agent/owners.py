@@ -4,13 +4,14 @@ Kernel events name a flow by its addresses and ports only. The owner is found
 from user space, in the agent's network namespace:
 
 1. /proc/net/tcp and /proc/net/tcp6 (of the agent's namespace: they list only
-   its sockets; read through /proc/thread-self) map local and remote address:port to the socket's inode;
+   its sockets; read through /proc/thread-self) map local and remote
+   address:port to the socket's inode;
 2. /proc/PID/fd/* links `socket:[INODE]` map the inode to the process holding it
    (processes of the agent's namespace are scanned first; the scan stops when
    every wanted inode is found);
 3. /proc/PID/comm, /proc/PID/cgroup and, for rank and job, /proc/PID/environ
    (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/MASTER_PORT or FABRICSCOPE_JOB, the
-   same rules as the markers source and the gloo probe).
+   rule of fabricscope/jobs.py, as the markers source and the gloo probe).
 
 Answers are cached per flow; only unknown flows trigger a rescan, at most one per
 `rescan_s`, and a flow still unknown after `max_attempts` scans is given up
@@ -29,9 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from agent.probes.gloo_procs import parse_environ
-from agent.sources.markers import tags_from_meta
-from fabricscope.markers import META_ENV
+from agent.procmaps import parse_environ
+from fabricscope.jobs import tags_from_env
 
 #: (local address, local port, remote address, remote port); addresses as text
 FlowKey = tuple[str, int, str, int]
@@ -109,10 +109,8 @@ def describe_process(pid: int, comm: str, cgroup: tuple[str, str],
     """cgroup: parse_cgroup's (path, container)."""
     rank = local_rank = world = job = ""
     if "RANK" in env or "FABRICSCOPE_JOB" in env:
-        meta = {k.lower(): env[k] for k in META_ENV if k in env}
-        tags = tags_from_meta(meta, pid)
         rank = env.get("RANK", "")
-        job = tags["job"]
+        job = tags_from_env(env, pid)["job"]
         local_rank = env.get("LOCAL_RANK", "")
         world = env.get("WORLD_SIZE", "")
     return Owner(pid, comm, cgroup[0], cgroup[1], rank, local_rank, world, job)

@@ -100,6 +100,7 @@ class Shipper:
         self._changed = asyncio.Event()        # an ack or drop happened (close() waits on it)
         self._paused_until = 0.0
         self._connected: bool | None = None
+        self._up_since: float | None = None
         self._task: asyncio.Task | None = None
 
     # --- pipeline side ------------------------------------------------------------------
@@ -237,7 +238,7 @@ class Shipper:
         import grpc
 
         while True:
-            began = time.monotonic()
+            self._up_since = None          # set by _session once the stream is open
             try:
                 await self._session()
                 reason, code = "the collector closed the stream", None
@@ -249,7 +250,8 @@ class Shipper:
                 reason, code = f"{type(exc).__name__}: {exc}", None
             self.spool.unsend_all()
             refused = code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
-            if self._connected and not refused and time.monotonic() - began >= 1.0:
+            up = self._up_since is not None and time.monotonic() - self._up_since >= 1.0
+            if up and not refused:
                 # A stream that worked for a while ended (a collector restart, or its
                 # max_connection_age moving us to another replica): reconnect at once and
                 # warn only if that fails.
@@ -284,6 +286,7 @@ class Shipper:
                                            response_deserializer=pb.Ack.FromString)
             call = stream(metadata=(bearer(self._token),) if self._token else None)
             self._set_connected(True)
+            self._up_since = time.monotonic()
             tasks = [asyncio.create_task(self._write_loop(call)),
                      asyncio.create_task(self._read_loop(call))]
             try:

@@ -12,4 +12,6 @@ REGISTRY: dict[str, str] = {
     "collector-ingest": "bench.collector_ingest",
     "influx-write": "bench.influx_write",
     "wire-bytes": "bench.wire_bytes",
+    "agent-footprint": "bench.agent_footprint",
+    "startup": "bench.startup",
 }

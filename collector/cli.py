@@ -11,6 +11,9 @@ examples:
   fabricscope collector --influx-url http://127.0.0.1:8086
   fabricscope collector --listen 127.0.0.1:0 --metrics-port 0
   fabricscope collector --influx-api v2 --influx-url http://127.0.0.1:8428 --influx-db fs
+  fabricscope collector --spool-dir /var/lib/fabricscope/collector-spool \
+      --tls-cert server.crt --tls-key server.key --tls-client-ca agents-ca.crt \
+      --tokens-file /etc/fabricscope/tokens.yaml
 
 The first log line names the bound address: `collector listening on HOST:PORT`.
 Configuration: docs/config.md (flags > FABRICSCOPE_COLLECTOR_* > YAML > defaults).

@@ -142,6 +142,9 @@ def start_agent(stack: Stack, node, extra_args: list[str] = ()) -> Proc:
     argv = exec_argv(node, _FABRICSCOPE + [
         "agent", "--node", f"node{node.index}", "--markers-dir", str(node.markers_dir),
         "--metrics-port", str(AGENT_METRICS_PORT),
+        # One spool per agent of this stack: labs running side by side never share one,
+        # and nothing from an earlier run is resent to this run's collector.
+        "--spool-dir", str(stack.workdir / f"spool-node{node.index}"),
         *(["--collector", stack.collector_addr] if stack.collector_addr else []),
         *extra_args])
     proc = start_proc(f"agent-node{node.index}", argv, stack.workdir)

@@ -38,7 +38,8 @@ def read_file(path: str, what: str, fix: str) -> bytes:
 
 def read_secret(path: str, what: str = "token file") -> str:
     """The file's content without surrounding whitespace (a trailing newline is usual)."""
-    text = read_file(path, what, "write the token into the file (one line)").decode(
+    text = read_file(path, what, "point the token_file setting at a readable file holding "
+                     "the token (one line)").decode(
         "utf-8", errors="replace").strip()
     if any(c.isspace() or not c.isprintable() for c in text):
         raise UserError(f"{what} {path} must hold one token without spaces",

@@ -34,27 +34,27 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import logging
-import os
 import re
 import time
 from pathlib import Path
 
 from agent import bpf
 from agent.probes import gloo_layout as layout
-from agent.probes import nccl_procs
-from agent.probes.base import Probe, ProbeContext, ProbeUnavailable
+from agent.probes.base import ProbeContext, ProbeUnavailable
 from agent.probes.gloo_procs import ProcessTable
 from agent.probes.gloo_records import ProcessState
+from agent.uprobes import Hook, LibraryUprobes, UprobeProbe
 from fabricscope.errors import UserError
-from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.gloo")
 
 LIB_NAME = re.compile(r"^libtorch_cpu\.so(\.\d+)*$")
 RETURN_FN = "collective_return"
-_SYMBOLS_RE = "^(" + "|".join(re.escape(s) for s in
-                              [op.symbol for op in layout.OPS] + [layout.SEND_SYM,
-                                                                   *layout.RECV_SYMS]) + ")$"
+#: collectives at entry and return (their window); transfers at entry only (their size)
+HOOKS = ([Hook(op.symbol, op.bpf_fn + "_entry", RETURN_FN) for op in layout.OPS]
+         + [Hook(layout.SEND_SYM, "buffer_send")]
+         + [Hook(sym, "buffer_recv") for sym in layout.RECV_SYMS])
+_COLLECTIVES = frozenset(op.symbol for op in layout.OPS)
 
 
 def own_torch_library() -> str | None:
@@ -72,13 +72,13 @@ def own_torch_library() -> str | None:
     return None
 
 
-class GlooProbe(Probe):
+class GlooProbe(UprobeProbe):
     name = "gloo"
-    needs_bpf = True
 
     def __init__(self, ctx: ProbeContext, *, proc: Path = Path("/proc"), rescan_s: float = 2.0,
                  ringbuf_pages: int = 64):
-        super().__init__(ctx)
+        # configured files and the agent's own torch are pinned: never detached by rescans
+        super().__init__(ctx, LibraryUprobes("gloo", HOOKS, log, proc=proc, rescan_s=rescan_s))
         cfg = ctx.config
         self.paths = list(getattr(cfg, "gloo_paths", []) or [])
         self.model_window_s = float(getattr(cfg, "gloo_model_window_s", 10.0))
@@ -86,21 +86,14 @@ class GlooProbe(Probe):
         if not self.model_window_s > 0 or not self.model_interval_s > 0:
             raise UserError("gloo_model_window_s and gloo_model_interval_s must be positive",
                             "e.g. --gloo-model-window-s 10 --gloo-model-interval-s 5")
-        self.proc, self.rescan_s, self.ringbuf_pages = proc, rescan_s, ringbuf_pages
-        self._bpf = None
-        self._files: dict[tuple[int, int], nccl_procs.Sighting] = {}
-        self._attached: dict[tuple[int, int], list[str]] = {}
-        self._pinned: set[tuple[int, int]] = set()      # configured or own: never detached
+        self.ringbuf_pages = ringbuf_pages
         self._procs = ProcessTable(proc)
         self._states: dict[int, ProcessState] = {}
         self._denied: set[int] = set()
-        self._pending: list[Record] = []
-        self._last_scan = float("-inf")
         self._last_model = time.monotonic()
-        self._counters = {"decode_errors": 0, "attach_errors": 0, "scans": 0,
-                          "unattributed": 0, "foreign_processes": 0, "records": 0,
-                          "bytes_from_transfers": 0, "bytes_unknown": 0, "late_windows": 0,
-                          "step_resyncs": 0}
+        self._counters.update(decode_errors=0, unattributed=0, foreign_processes=0,
+                              bytes_from_transfers=0, bytes_unknown=0, late_windows=0,
+                              step_resyncs=0)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -109,40 +102,27 @@ class GlooProbe(Probe):
                                                  *layout.cflags(), *self.ctx.cflags])
         bpf.check_layout(layout.GlooEvent, self._bpf[b"event_layout"].Leaf)
         self._bpf[b"events"].open_ring_buffer(self._on_event)
+        self._uprobes.bpf = self._bpf
         own = own_torch_library()
         for path in self.paths + ([own] if own else []):
             self._attach_path(path, configured=path in self.paths)
-        self._rescan()
+        self._uprobes.rescan(LIB_NAME)
 
-    def detach(self) -> None:
-        for key in list(self._attached):
-            self._detach_file(key)
-        for s in self._files.values():
-            _close(s.fd)
-        self._files.clear()
-        self._pinned.clear()
-        if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = None
+    def _rescan(self) -> None:
+        self._uprobes.rescan(LIB_NAME)
+        self._reap()
 
-    def poll(self) -> list[Record]:
-        if self._bpf is None:
-            return []
-        self._bpf.ring_buffer_consume()
+    def _after_rescan(self) -> None:
         now = time.monotonic()
-        if now - self._last_scan >= self.rescan_s:
-            self._rescan()
-            self._reap()
         if now - self._last_model >= self.model_interval_s:
             self._last_model = now
             self._models()
-        out, self._pending = self._pending, []
-        self._counters["records"] += len(out)
-        return out
 
     def stats(self) -> dict[str, int]:
         out = dict(self._counters)
-        out["libraries_attached"] = len(self._attached)
+        out["attach_errors"] = self._uprobes.counters["attach_errors"]
+        out["scans"] = self._uprobes.counters["scans"]
+        out["libraries_attached"] = len(self._uprobes.attached)   # a gauge, as before
         out["processes"] = len(self._states)
         if self._bpf is not None:
             table = self._bpf[b"stats"]
@@ -215,84 +195,11 @@ class GlooProbe(Probe):
 
     def _attach_path(self, path: str, configured: bool) -> None:
         try:
-            s = nccl_procs.open_path(path)
+            s = self._uprobes.pin(path)
         except OSError as exc:
             raise ProbeUnavailable(f"gloo_paths: cannot open {path}: {exc.strerror}") from None
-        if s.key in self._files:
-            _close(s.fd)
+        if s is None:
             return
-        self._files[s.key] = s
-        self._pinned.add(s.key)
-        if not self._attach_file(s) and configured:
+        if not _COLLECTIVES & set(self._uprobes.attach(s)) and configured:
             raise ProbeUnavailable(f"gloo_paths: {path} exports none of gloo's collectives "
                                    "(check with nm -D --defined-only | grep gloo)")
-
-    def _rescan(self) -> None:
-        self._last_scan = time.monotonic()
-        result = nccl_procs.scan(self.proc, LIB_NAME, self._files,
-                                 skip_pids=frozenset({os.getpid()}))
-        self._counters["scans"] += 1
-        for key, s in result.files.items():
-            if key not in self._attached and key not in self._pinned:
-                self._files[key] = s
-                log.info("gloo: %s mapped by pid %s", s.shown_path, min(s.pids))
-                self._attach_file(s)
-        for key in [k for k, s in self._files.items() if not s.pids and k not in self._pinned]:
-            log.info("gloo: no process maps %s any more; detaching", self._files[key].shown_path)
-            self._detach_file(key)
-            _close(self._files.pop(key).fd)
-
-    def _attach_file(self, s: nccl_procs.Sighting) -> list[str]:
-        from bcc import BPF
-        path = f"/proc/self/fd/{s.fd}"   # stays valid while we hold the fd
-        try:
-            present = {name.decode() for name, _ in
-                       BPF.get_user_functions_and_addresses(path.encode(),
-                                                            _SYMBOLS_RE.encode())}
-        except Exception as exc:
-            self._counters["attach_errors"] += 1
-            log.warning("gloo: cannot read symbols of %s: %s", s.shown_path, exc)
-            return []
-        done: list[str] = []
-        self._attached[s.key] = done
-        probes = [(op.symbol, op.bpf_fn + "_entry", True) for op in layout.OPS]
-        probes += [(layout.SEND_SYM, "buffer_send", False)]
-        probes += [(sym, "buffer_recv", False) for sym in layout.RECV_SYMS]
-        for sym, fn, with_return in probes:
-            if sym not in present:
-                continue
-            try:
-                self._bpf.attach_uprobe(name=path.encode(), sym=sym.encode(), fn_name=fn.encode())
-                done.append(sym)
-                if with_return:
-                    self._bpf.attach_uretprobe(name=path.encode(), sym=sym.encode(),
-                                               fn_name=RETURN_FN.encode())
-            except Exception as exc:
-                self._counters["attach_errors"] += 1
-                log.warning("gloo: cannot probe %s in %s: %s", sym, s.shown_path, exc)
-        collectives = sum(1 for op in layout.OPS if op.symbol in done)
-        log.info("gloo: probing %d collectives in %s", collectives, s.shown_path)
-        return done if collectives else []
-
-    def _detach_file(self, key: tuple[int, int]) -> None:
-        symbols = self._attached.pop(key, [])
-        s = self._files.get(key)
-        if s is None or self._bpf is None:
-            return
-        path = f"/proc/self/fd/{s.fd}"
-        returns = {op.symbol for op in layout.OPS}
-        for sym in symbols:
-            detaches = [self._bpf.detach_uprobe] + \
-                ([self._bpf.detach_uretprobe] if sym in returns else [])
-            for detach in detaches:
-                try:
-                    detach(name=path.encode(), sym=sym.encode())
-                except Exception as exc:   # already gone: nothing left to release
-                    log.debug("gloo: detach %s in %s: %s", sym, s.shown_path, exc)
-
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass

@@ -4,8 +4,8 @@ Uprobes on a library fire in every process on the kernel that maps it, and one
 kernel serves every lab node; a node's agent keeps only processes in its own
 network namespace (compared by the inode of /proc/PID/ns/net). Job and rank come
 from the process's environment (/proc/PID/environ, readable by root) with the
-same rules as the markers source (agent.sources.markers.tags_from_meta), so
-gloo records and train_step records of one process carry the same tags.
+rule of fabricscope/jobs.py, which the markers source uses too, so gloo records
+and train_step records of one process carry the same tags.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.sources.markers import tags_from_meta
-from fabricscope.markers import META_ENV
+from agent.procmaps import parse_environ
+from fabricscope.jobs import tags_from_env
 
 
 @dataclass(frozen=True)
@@ -27,19 +27,8 @@ class ProcessInfo:
     world_size: int | None     # WORLD_SIZE, None when unset or not a number
 
 
-def parse_environ(raw: bytes) -> dict[str, str]:
-    """/proc/PID/environ content (NUL-separated KEY=VALUE) -> dict."""
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key:
-            out[key.decode(errors="replace")] = value.decode(errors="replace")
-    return out
-
-
 def describe(pid: int, env: dict[str, str], local: bool) -> ProcessInfo:
-    meta = {k.lower(): env[k] for k in META_ENV if k in env}
-    tags = tags_from_meta(meta, pid)
+    tags = tags_from_env(env, pid)
     world = env.get("WORLD_SIZE", "")
     return ProcessInfo(pid=pid, local=local, job=tags["job"], rank=tags["rank"],
                        world_size=int(world) if world.isdigit() and int(world) > 0 else None)

@@ -34,51 +34,41 @@ import ctypes
 import logging
 import os
 import re
-import time
 from pathlib import Path
 
 from agent import bpf
-from agent.probes import nccl_procs
-from agent.probes.base import Probe, ProbeContext
+from agent.probes.base import ProbeContext
 from agent.probes.nccl_layout import APIS, STAT_NAMES, DecodeError, NcclEventC, decode
 from agent.probes.nccl_records import CommTable, observe, to_record
+from agent.uprobes import Hook, LibraryUprobes, UprobeProbe
 from fabricscope.errors import UserError
-from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.nccl")
 
+#: basenames treated as NCCL: libnccl.so, libnccl.so.2, libnccl.so.2.32.3
+LIB_NAME = re.compile(r"^libnccl\.so(\.\d+)*$")
 RETURN_FN = "nccl_return"
-_SYMBOLS_RE = "^(" + "|".join(a.symbol for a in APIS) + ")$"
 
 
-class NcclProbe(Probe):
+class NcclProbe(UprobeProbe):
     name = "nccl"
-    needs_bpf = True
 
     def __init__(self, ctx: ProbeContext, *, pids: set[int] | None = None,
                  rescan_s: float = 2.0, entry_only: bool = False, ringbuf_pages: int = 64,
                  proc: Path = Path("/proc")):
         """pids: record only these processes (None: all). entry_only: no uretprobes
         (no return code or duration; for the overhead benchmark)."""
-        super().__init__(ctx)
+        hooks = [Hook(api.symbol, api.entry_fn, None if entry_only else RETURN_FN)
+                 for api in APIS]
+        super().__init__(ctx, LibraryUprobes("nccl", hooks, log, proc=proc, rescan_s=rescan_s))
         self.paths = list(getattr(ctx.config, "nccl_paths", []) or [])
         self.pid_filter = set(pids) if pids is not None else None
-        self.rescan_s = rescan_s
         self.entry_only = entry_only
         self.ringbuf_pages = ringbuf_pages
-        self.proc = proc
-        self._bpf = None
-        self._files: dict[tuple[int, int], nccl_procs.Sighting] = {}
-        self._attached: dict[tuple[int, int], list[str]] = {}
-        self._configured: set[tuple[int, int]] = set()
         self._comms = CommTable()
-        self._pending: list[Record] = []
-        self._last_scan = float("-inf")
-        self._name_re = nccl_procs.DEFAULT_NAME
+        self._name_re = LIB_NAME
         self._needles: tuple[str, ...] = ("libnccl",)
-        self._counters = {"decode_errors": 0, "attach_errors": 0, "scans": 0,
-                          "scan_unreadable": 0, "paths_missing": 0, "records": 0,
-                          "libraries_attached": 0, "libraries_detached": 0}
+        self._counters.update(decode_errors=0, paths_missing=0)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -95,35 +85,14 @@ class NcclProbe(Probe):
             for pid in self.pid_filter:
                 table[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
         self._bpf[b"events"].open_ring_buffer(self._on_event)
+        self._uprobes.bpf = self._bpf
         self._attach_configured()
         self._rescan()
-
-    def detach(self) -> None:
-        for key in list(self._attached):
-            self._detach_file(key)
-        for s in self._files.values():
-            _close(s.fd)
-        self._files.clear()
-        self._configured.clear()
-        if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = None
-
-    def poll(self) -> list[Record]:
-        if self._bpf is None:
-            return []
-        # Drain first: events of a process that just exited still find its comms.
-        self._bpf.ring_buffer_consume()
-        if time.monotonic() - self._last_scan >= self.rescan_s:
-            self._rescan()
-        out, self._pending = self._pending, []
-        self._counters["records"] += len(out)
-        return out
 
     def stats(self) -> dict[str, int]:
         """Counters only (exported as fabricscope_agent_probe_events_total); `lost` is
         events_lost_total. Gauges (files attached, known comms) are in libraries()."""
-        out = dict(self._counters)
+        out = {**self._counters, **self._uprobes.counters}
         out["comms_evicted"] = self._comms.evicted
         if self._bpf is not None:
             out.update(zip(STAT_NAMES, bpf.percpu_sums(self._bpf[b"stats"], len(STAT_NAMES))))
@@ -132,11 +101,6 @@ class NcclProbe(Probe):
             out["bpf_run_ns"], out["bpf_runs"] = bpf.prog_run_stats(
                 fn.fd for fn in self._bpf.funcs.values())
         return out
-
-    def libraries(self) -> list[tuple[str, frozenset[int], tuple[str, ...]]]:
-        """(path as first seen, pids mapping it, symbols probed) per attached file."""
-        return [(self._files[k].shown_path, frozenset(self._files[k].pids), tuple(syms))
-                for k, syms in self._attached.items()]
 
     # --- events ------------------------------------------------------------------------
 
@@ -157,97 +121,22 @@ class NcclProbe(Probe):
         names = []
         for path in self.paths:
             try:
-                sighting = nccl_procs.open_path(path)
+                sighting = self._uprobes.pin(path)
             except OSError as exc:
                 self._counters["paths_missing"] += 1
                 log.warning("nccl_paths: cannot open %s: %s (skipped)", path, exc.strerror)
                 continue
             # maps show the resolved file: match a symlink's target name too
             names += {os.path.basename(path), os.path.basename(os.path.realpath(path))}
-            if sighting.key in self._files:
-                _close(sighting.fd)
-                continue
-            self._files[sighting.key] = sighting
-            self._configured.add(sighting.key)
-            if not self._attach_file(sighting):
+            if sighting is not None and not self._uprobes.attach(sighting):
                 raise UserError(f"nccl_paths: {path} exports none of the NCCL functions",
                                 "point nccl_paths at a libnccl.so (check with nm -D)")
         if names:
             alternatives = "|".join(re.escape(n) for n in names)
-            self._name_re = re.compile(f"{nccl_procs.DEFAULT_NAME.pattern}|^({alternatives})$")
+            self._name_re = re.compile(f"{LIB_NAME.pattern}|^({alternatives})$")
             self._needles += tuple(names)
 
     def _rescan(self) -> None:
-        self._last_scan = time.monotonic()
-        result = nccl_procs.scan(self.proc, self._name_re, self._files,
-                                 skip_pids=frozenset({os.getpid()}), needles=self._needles)
-        self._counters["scans"] += 1
-        self._counters["scan_unreadable"] += result.unreadable
-        for key, s in result.files.items():
-            if key not in self._files:
-                self._files[key] = s
-                log.info("nccl: %s mapped by pid %s", s.shown_path, min(s.pids))
-                self._attach_file(s)
-        for key in [k for k, s in self._files.items()
-                    if not s.pids and k not in self._configured]:
-            log.info("nccl: no process maps %s any more; detaching", self._files[key].shown_path)
-            self._detach_file(key)
-            _close(self._files.pop(key).fd)
-        alive = {p for s in self._files.values() for p in s.pids}
-        self._comms.drop_pids(alive)
-
-    def _attach_file(self, s: nccl_procs.Sighting) -> list[str]:
-        from bcc import BPF
-        path = f"/proc/self/fd/{s.fd}".encode()   # stays valid while we hold the fd
-        try:
-            present = {name.decode() for name, _ in
-                       BPF.get_user_functions_and_addresses(path, _SYMBOLS_RE.encode())}
-        except Exception as exc:
-            self._counters["attach_errors"] += 1
-            log.warning("nccl: cannot read symbols of %s: %s", s.shown_path, exc)
-            return []
-        done: list[str] = []
-        self._attached[s.key] = done
-        for api in APIS:
-            if api.symbol not in present:
-                continue
-            try:
-                self._bpf.attach_uprobe(name=path, sym=api.symbol.encode(),
-                                        fn_name=api.entry_fn.encode())
-                if not self.entry_only:
-                    self._bpf.attach_uretprobe(name=path, sym=api.symbol.encode(),
-                                               fn_name=RETURN_FN.encode())
-            except Exception as exc:
-                self._counters["attach_errors"] += 1
-                log.warning("nccl: cannot probe %s in %s: %s", api.symbol, s.shown_path, exc)
-                continue
-            done.append(api.symbol)
-        self._counters["libraries_attached"] += 1
-        log.info("nccl: probing %d functions in %s", len(done), s.shown_path)
-        return done
-
-    def _detach_file(self, key: tuple[int, int]) -> None:
-        if key not in self._attached:
-            return
-        symbols = self._attached.pop(key)
-        self._counters["libraries_detached"] += 1
-        s = self._files.get(key)
-        if s is None or self._bpf is None:
-            return
-        path = f"/proc/self/fd/{s.fd}".encode()
-        for sym in symbols:
-            for detach in (self._bpf.detach_uprobe,
-                           None if self.entry_only else self._bpf.detach_uretprobe):
-                if detach is None:
-                    continue
-                try:
-                    detach(name=path, sym=sym.encode())
-                except Exception as exc:   # already gone: nothing left to release
-                    log.debug("nccl: detach %s in %s: %s", sym, s.shown_path, exc)
-
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
+        self._uprobes.rescan(self._name_re, self._needles)
+        # poll() drained first, so the last events of a process that exited found its comms
+        self._comms.drop_pids(self._uprobes.pids())

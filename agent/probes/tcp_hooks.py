@@ -28,7 +28,7 @@ HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {
                                "daddr_v6")),
 }
 DEFAULT_HOOKS = tuple(HOOKS)
-#: per-CPU flow map bytes above which the probe refuses to load
+#: budget of the per-CPU flow map: tcp_max_flows shrinks (logged) to fit it
 MAX_FLOW_MAP_BYTES = 256 << 20
 
 

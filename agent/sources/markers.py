@@ -28,6 +28,7 @@ from pathlib import Path
 
 from agent.probes.base import Probe, ProbeUnavailable
 from fabricscope import markers as fmt
+from fabricscope.jobs import tags_from_meta
 from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.markers")
@@ -47,17 +48,6 @@ class Entry:
     kind: int
     value: int
     name: str
-
-
-def tags_from_meta(meta: dict, pid: int) -> dict[str, str]:
-    """rank/job tags from a ring's JSON metadata (see the train_step measurement)."""
-    if meta.get("fabricscope_job"):
-        job = str(meta["fabricscope_job"])
-    elif meta.get("master_addr") and meta.get("master_port"):
-        job = f"{meta['master_addr']}:{meta['master_port']}"
-    else:
-        job = str(pid)
-    return {"rank": str(meta.get("rank", "-")), "job": job}
 
 
 class RingReader:

@@ -121,7 +121,9 @@ MEASUREMENTS = [
             "flows": _i("flows", "flows with a tcp_flow record in the window"),
             "bytes_acked": _i("bytes", "sum of the flows' bytes_acked"),
             "segs_out": _i("segments", "own TCP segments leaving on TC egress (gso_segs; "
-                                       "data, ACKs, retransmits: like TcpOutSegs)"),
+                                       "data, ACKs and retransmits: segs_out - retrans_segs "
+                                       "equals nstat's TcpOutSegs, which leaves "
+                                       "retransmits out)"),
             "bytes_out": _i("bytes", "their TCP payload bytes (retransmits included)"),
             "retrans_segs": _i("segments", "segments retransmitted (like TcpRetransSegs)"),
             "retrans_bytes": _i("bytes", "payload bytes retransmitted"),

@@ -49,7 +49,7 @@ def test_attach_probes_the_own_torch_and_detaches_twice():
 
 
 def _attached(probe):
-    return [(probe._files[k].shown_path, syms) for k, syms in probe._attached.items()]
+    return [(path, syms) for path, _pids, syms in probe.libraries()]
 
 
 def test_missing_configured_library_is_unavailable(tmp_path):

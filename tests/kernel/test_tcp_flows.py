@@ -69,6 +69,7 @@ def test_retransmits_per_node_match_nstat_by_kind(lab, probes, col):
     from lab.faults import clear, loss
     n0, n1, n2 = lab.nodes
     before = [nstat(n.netns) for n in lab.nodes]
+    missed_before = [p.stats()["missed_retransmits"] for p in probes]
     try:
         loss(lab, 1, 2.0)                      # frames node 1 sends and receives
         with traffic([(n0, sink_argv(5301)), (n1, sink_argv(5302)), (n1, sink_argv(5303))]) \
@@ -94,6 +95,18 @@ def test_retransmits_per_node_match_nstat_by_kind(lab, probes, col):
         why = (i, k, {kind: segs(recs, kind) for kind in ("fast", "rto", "slow_start", "tlp")},
                probes[i].stats(), [(r.time_ns, r.fields) for r in recs
                                    if r.measurement.startswith("tcp_retransmit")], start)
+        # attribution: only this node's flows, on this node only
+        assert {r.tags["saddr"] for r in recs if "saddr" in r.tags} == {node.address}
+        for r in recs:
+            validate(Record(r.measurement, r.time_ns, {**r.tags, "node": node.name}, r.fields))
+        missed = probes[i].stats()["missed_retransmits"] - missed_before[i]
+        if missed:
+            # Another tracing program (a uprobe of a concurrent test, ...) ran on the CPU
+            # when a retransmit fired, so the kernel skipped ours: it must be counted
+            # (in events_lost_total), and explain the shortfall (<= 45 segments per skb).
+            short = k["TcpRetransSegs"] - segs(recs)
+            assert 0 <= short <= 45 * missed, why
+            continue
         assert close_to(segs(recs), k["TcpRetransSegs"]), why
         assert close_to(segs(recs, "fast"), k["TcpExtTCPFastRetrans"]), why
         assert close_to(segs(recs, "slow_start"), k["TcpExtTCPSlowStartRetrans"]), why
@@ -108,10 +121,6 @@ def test_retransmits_per_node_match_nstat_by_kind(lab, probes, col):
         ratio = sum(w.fields["retrans_bytes"] for w in windows) / \
             sum(w.fields["bytes_out"] for w in windows)
         assert 0.002 < ratio < 0.2, ratio
-        # attribution: only this node's flows, on this node only
-        assert {r.tags["saddr"] for r in recs if "saddr" in r.tags} == {node.address}
-        for r in recs:
-            validate(Record(r.measurement, r.time_ns, {**r.tags, "node": node.name}, r.fields))
 
 
 def _ss_rtts_ms(netns: str, dport: int) -> list[float]:

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from agent.probes.gloo_layout import Collective
-from agent.probes.gloo_procs import ProcessTable, describe, parse_environ
+from agent.probes.gloo_procs import ProcessTable, describe
 from agent.probes.gloo_records import ProcessState, collective_record
+from agent.procmaps import parse_environ
 from fabricscope import schema
 
 MS = 1_000_000

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.probes.base import Clock, ProbeContext
-from agent.sources.markers import MarkersSource, tags_from_meta
+from agent.sources.markers import MarkersSource
 from fabricscope import markers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,11 +126,6 @@ def test_bad_rings_are_counted_once_and_skipped(tmp_path):
     assert src.poll() == []
     assert src.poll() == []
     assert src.stats()["bad_rings"] == 2
-
-
-def test_job_tag_falls_back_to_pid():
-    assert tags_from_meta({}, 42) == {"rank": "-", "job": "42"}
-    assert tags_from_meta({"rank": "0", "fabricscope_job": "j"}, 42) == {"rank": "0", "job": "j"}
 
 
 def test_unwritable_directory_makes_the_source_unavailable(tmp_path):

@@ -41,7 +41,7 @@ def test_proc_net_tcp_lines_map_flows_to_inodes():
 
 
 @pytest.mark.parametrize("text,expected", [
-    ("0::/user.slice/user-0.slice/session-1.scope\n", ("/user.slice/user-0.slice/session-1.scope", "")),
+    ("0::/user.slice/session-1.scope\n", ("/user.slice/session-1.scope", "")),
     ("0::/system.slice/docker-" + "ab" * 32 + ".scope\n",
      ("/system.slice/docker-" + "ab" * 32 + ".scope", "ab" * 6)),
     ("12:memory:/docker/" + "cd" * 32 + "\n0::/\n", ("/docker/" + "cd" * 32, "cd" * 6)),

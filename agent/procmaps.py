@@ -1,11 +1,12 @@
-"""Find the libraries of interest that running processes map (/proc/PID/maps).
+"""Which library files running processes map (/proc/PID/maps), and their environment.
 
-Written for libnccl (agent/probes/nccl.py); the gloo probe uses it for
-libtorch_cpu.so with its own name pattern, so nothing here is NCCL-specific.
+Shared by the uprobe probes: nccl (libnccl.so) and gloo (libtorch_cpu.so) pass
+their own basename pattern; nothing here knows a library. parse_environ() reads
+/proc/PID/environ for the gloo probe and the TCP flow owners.
 
-Uprobes are per file (inode), not per process: one attachment to a libnccl.so
+Uprobes are per file (inode), not per process: one attachment to a library
 file covers every process that maps it, now or later. So discovery answers
-"which library files are in use, by which pids", and the probe attaches once
+"which library files are in use, by which pids", and a probe attaches once
 per file. A process in a container maps a path of its own mount namespace; the
 file is opened through /proc/PID/map_files/<range> (the very mapped file, even
 when deleted or in another mount namespace; needs CAP_SYS_ADMIN) or, failing
@@ -21,9 +22,6 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-
-#: basenames treated as NCCL: libnccl.so, libnccl.so.2, libnccl.so.2.32.3
-DEFAULT_NAME = re.compile(r"^libnccl\.so(\.\d+)*$")
 
 _MAPS_LINE = re.compile(
     r"^(?P<start>[0-9a-f]+)-(?P<end>[0-9a-f]+)\s+\S+\s+[0-9a-f]+\s+"
@@ -46,7 +44,7 @@ class Mapping:
         return (self.dev, self.inode)
 
 
-def parse_maps(text: str, name: re.Pattern = DEFAULT_NAME) -> list[Mapping]:
+def parse_maps(text: str, name: re.Pattern) -> list[Mapping]:
     """Mappings of files whose basename matches `name`, one per distinct inode."""
     seen: dict[tuple[str, int], Mapping] = {}
     for line in text.splitlines():
@@ -93,15 +91,16 @@ def _open_mapping(proc: Path, pid: int, m: Mapping) -> int | None:
     return None
 
 
-def scan(proc: Path = Path("/proc"), name: re.Pattern = DEFAULT_NAME,
+def scan(proc: Path, name: re.Pattern,
          known: dict[tuple[int, int], Sighting] | None = None,
          skip_pids: frozenset[int] = frozenset(),
          needles: tuple[str, ...] | None = None) -> ScanResult:
     """Read every process's maps; returns the library files in use, with fds open.
 
-    `needles`: substrings one of which every matching path contains (e.g. "libnccl");
-    maps without any are skipped before the line parsing, which is most of the cost
-    (about 100 -> 30 us per process here). None: parse every process's maps.
+    `name`: the basenames of interest. `needles`: substrings one of which every
+    matching path contains (e.g. "libnccl"); maps without any are skipped before the
+    line parsing, which is most of the cost (about 100 -> 30 us per process here).
+    None: parse every process's maps.
 
     Files already in `known` are not opened again: their pids are refreshed in place
     (in the returned objects, which are the `known` ones). The caller owns the new fds.
@@ -150,3 +149,13 @@ def open_path(path: str) -> Sighting:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     st = os.fstat(fd)
     return Sighting((st.st_dev, st.st_ino), fd, path)
+
+
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """/proc/PID/environ content (NUL-separated KEY=VALUE) -> dict."""
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out

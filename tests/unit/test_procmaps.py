@@ -1,9 +1,11 @@
-"""Discovery of NCCL libraries in process maps: parsing and a fake /proc tree (no root)."""
+"""Discovery of library files in process maps (agent/procmaps.py), with the NCCL
+probe's name pattern: parsing and a fake /proc tree (no root)."""
 
 import os
 import re
 
-from agent.probes import nccl_procs
+from agent import procmaps
+from agent.probes.nccl import LIB_NAME
 
 MAPS = """\
 55d0c7a00000-55d0c7a21000 r--p 00000000 fd:01 1311 /usr/bin/python3.11
@@ -17,7 +19,7 @@ MAPS = """\
 
 
 def test_parse_maps_finds_each_nccl_file_once():
-    found = nccl_procs.parse_maps(MAPS)
+    found = procmaps.parse_maps(MAPS, LIB_NAME)
     assert [(m.dev, m.inode, m.path, m.deleted) for m in found] == [
         ("fd:01", 4242, "/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2",
          False),
@@ -28,7 +30,7 @@ def test_parse_maps_finds_each_nccl_file_once():
 
 
 def test_parse_maps_with_a_configured_name():
-    found = nccl_procs.parse_maps(MAPS, re.compile(r"^libnccl-net\.so$"))
+    found = procmaps.parse_maps(MAPS, re.compile(r"^libnccl-net\.so$"))
     assert [m.inode for m in found] == [88]
 
 
@@ -52,7 +54,7 @@ def test_scan_groups_pids_by_file_and_keeps_known_files(tmp_path):
     make_proc(tmp_path, 102, "/other/libnccl.so.2", inode="5")            # another file
     (tmp_path / "proc" / "self").mkdir()                                  # not a pid
     proc = tmp_path / "proc"
-    first = nccl_procs.scan(proc)
+    first = procmaps.scan(proc, LIB_NAME)
     try:
         assert first.scanned == 3
         groups = sorted(sorted(s.pids) for s in first.files.values())
@@ -61,7 +63,7 @@ def test_scan_groups_pids_by_file_and_keeps_known_files(tmp_path):
         assert key == (os.stat(lib).st_dev, os.stat(lib).st_ino)
         # pid 101 exits; a rescan reuses the open file and only updates pids
         (proc / "101" / "maps").write_text("")
-        again = nccl_procs.scan(proc, known=first.files)
+        again = procmaps.scan(proc, LIB_NAME, known=first.files)
         assert again.files[key] is first.files[key] and again.files[key].pids == {100}
         assert len(again.files) == 2
     finally:
@@ -74,21 +76,21 @@ def test_scan_counts_unopenable_mappings(tmp_path):
     d.mkdir(parents=True)
     (d / "maps").write_text(
         "7f0000000000-7f0000001000 r-xp 00000000 fd:01 1 /gone/libnccl.so.2 (deleted)\n")
-    result = nccl_procs.scan(tmp_path / "proc")
+    result = procmaps.scan(tmp_path / "proc", LIB_NAME)
     assert result.files == {} and result.unreadable == 1
 
 
 def test_skip_pids(tmp_path):
     make_proc(tmp_path, 100, "/lib/libnccl.so.2")
-    result = nccl_procs.scan(tmp_path / "proc", skip_pids=frozenset({100}))
+    result = procmaps.scan(tmp_path / "proc", LIB_NAME, skip_pids=frozenset({100}))
     assert result.files == {} and result.scanned == 0
 
 
 def test_needles_skip_maps_without_them(tmp_path):
     make_proc(tmp_path, 100, "/lib/libnccl.so.2")
     proc = tmp_path / "proc"
-    assert nccl_procs.scan(proc, needles=("libtorch_cpu",)).files == {}
-    found = nccl_procs.scan(proc, needles=("libnccl",))
+    assert procmaps.scan(proc, LIB_NAME, needles=("libtorch_cpu",)).files == {}
+    found = procmaps.scan(proc, LIB_NAME, needles=("libnccl",))
     try:
         assert [s.pids for s in found.files.values()] == [{100}]
     finally:

@@ -1,0 +1,29 @@
+"""Which training job and rank a process belongs to: the one rule every source uses.
+
+The markers ring (its JSON metadata), the gloo probe and the TCP flow owners
+(a process's environment) all tag records with `job` and `rank`; they must agree,
+or records of one process would not join. The job id is FABRICSCOPE_JOB, else
+MASTER_ADDR:MASTER_PORT (what every rank of a torch.distributed job shares),
+else the pid (a process on its own). The rank is RANK, '-' when unset.
+"""
+
+from __future__ import annotations
+
+from fabricscope.markers import META_ENV
+
+
+def tags_from_meta(meta: dict, pid: int) -> dict[str, str]:
+    """rank/job tags from lower-cased META_ENV keys (a ring's JSON metadata)."""
+    if meta.get("fabricscope_job"):
+        job = str(meta["fabricscope_job"])
+    elif meta.get("master_addr") and meta.get("master_port"):
+        job = f"{meta['master_addr']}:{meta['master_port']}"
+    else:
+        job = str(pid)
+    return {"rank": str(meta.get("rank", "-")), "job": job}
+
+
+def tags_from_env(env: dict[str, str], pid: int) -> dict[str, str]:
+    """rank/job tags from a process's environment, with the rule of tags_from_meta
+    (the markers writer copies the same META_ENV variables into its metadata)."""
+    return tags_from_meta({k.lower(): env[k] for k in META_ENV if k in env}, pid)
