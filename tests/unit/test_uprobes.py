@@ -10,7 +10,7 @@ import re
 import pytest
 
 from agent import uprobes
-from agent.uprobes import Hook, LibraryUprobes
+from agent.uprobes import Hook, LibraryUprobes, UprobeProbe
 
 LIB = re.compile(r"^libdemo\.so(\.\d+)*$")
 HOOKS = [Hook("op_a", "a_entry", "op_return"), Hook("op_b", "b_entry"),
@@ -162,3 +162,50 @@ def test_close_detaches_everything_and_closes_every_fd(tmp_path, exports, probes
         os.fstat(s.fd)
     with pytest.raises(OSError):
         u.pin(str(tmp_path / "missing.so"))
+
+
+class DrainingBPF(RecordingBPF):
+    """Also a ring buffer: each consume delivers one event to the probe."""
+
+    def __init__(self, probe):
+        super().__init__()
+        self.probe, self.cleaned = probe, 0
+
+    def ring_buffer_consume(self):
+        self.probe._pending.append(f"event {len(self.probe._pending)}")
+
+    def cleanup(self):
+        self.cleaned += 1
+
+
+class DemoProbe(UprobeProbe):
+    name = "demo"
+
+    def __init__(self, proc, rescan_s):
+        super().__init__(None, LibraryUprobes("demo", HOOKS, log, proc=proc, rescan_s=rescan_s))
+        self.calls: list[str] = []
+
+    def attach(self):
+        self._bpf = self._uprobes.bpf = DrainingBPF(self)
+
+    def _rescan(self):
+        self.calls.append("rescan")
+        self._uprobes.rescan(LIB)
+
+    def _after_rescan(self):
+        self.calls.append("after")
+
+
+def test_probe_skeleton_drains_rescans_at_the_cadence_and_detaches_once(tmp_path):
+    (tmp_path / "proc").mkdir()
+    probe = DemoProbe(tmp_path / "proc", rescan_s=3600)
+    assert probe.poll() == [] and probe.libraries() == []
+    probe.detach()                                     # safe before attach
+    probe.attach()
+    bpf = probe._bpf
+    assert probe.poll() == ["event 0"] and probe.calls == ["rescan", "after"]
+    assert probe.poll() == ["event 0"] and probe.calls == ["rescan", "after", "after"]
+    assert probe._counters["records"] == 2
+    probe.detach()
+    probe.detach()
+    assert bpf.cleaned == 1 and probe.poll() == []
