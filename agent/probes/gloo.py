@@ -106,10 +106,10 @@ class GlooProbe(UprobeProbe):
         own = own_torch_library()
         for path in self.paths + ([own] if own else []):
             self._attach_path(path, configured=path in self.paths)
-        self._uprobes.rescan(LIB_NAME)
+        self._uprobes.rescan(LIB_NAME, ("libtorch_cpu",))  # skip maps without it early
 
     def _rescan(self) -> None:
-        self._uprobes.rescan(LIB_NAME)
+        self._uprobes.rescan(LIB_NAME, ("libtorch_cpu",))  # skip maps without it early
         self._reap()
 
     def _after_rescan(self) -> None:
