@@ -44,6 +44,23 @@ def await_condition(check, timeout_s: float, what: str, interval_s: float = 0.1)
         time.sleep(interval_s)
 
 
+def await_stable(read, quiet_s: float, timeout_s: float, what: str, interval_s: float = 0.25):
+    """Poll `read()` until its value has not changed for `quiet_s`; return that value.
+
+    For counters that settle after an activity ends (e.g. retransmits of a closing
+    connection, records still being shipped)."""
+    deadline = time.monotonic() + timeout_s
+    value, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} still changing after {timeout_s:.0f} s (last {value!r})")
+        time.sleep(interval_s)
+        now = read()
+        if now != value:
+            value, since = now, time.monotonic()
+    return value
+
+
 def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
