@@ -24,7 +24,9 @@ from tests.kernel.nic_lab import BURSTGEN, PYTHON, netns_pair, running, sh
 pytestmark = pytest.mark.root
 
 QUIET_S = 10
-BURSTS = ["1000", "200"] * 10
+BIN_NS = 100_000          # the probe's default bin (nic_bin_us)
+HOT = 0.5                 # its default burst threshold (nic_burst_threshold)
+BURSTS = ["1000", "200"] * 20
 START_TOL_NS = 200_000
 BYTES_TOL = 0.05
 
@@ -36,6 +38,15 @@ def match(truth: dict, bursts: list[dict], offset_ns: int) -> dict | None:
                 abs(b["fields"]["bytes"] - truth["bytes"]) <= BYTES_TOL * truth["bytes"]:
             return b
     return None
+
+
+def disturbed(truth: dict) -> bool:
+    """The sender itself stalled mid-burst (this VM's vCPUs get preempted for
+    100-300 us at times) long enough to leave a bin below the utilization
+    threshold: the wire then carried a gap and the ground truth of that burst is
+    unknown, so it is judged neither found nor missed, and what the probe reported
+    during it is not counted as extra."""
+    return truth["max_late_ns"] > BIN_NS * (1 - HOT)
 
 
 def test_microbursts_found_with_start_and_size():
@@ -66,17 +77,23 @@ def test_microbursts_found_with_start_and_size():
     first_start = min(t["start_ns"] for t in truth) + offset
     reported = [b for b in probe.records("nic_burst") if b["time_ns"] >= first_start - 10**6
                 and b["tags"] == {"interface": pair.if_a, "direction": "tx"}]
-    matched = {i: match(t, reported, offset) for i, t in enumerate(truth)}
+    clean = [t for t in truth if not disturbed(t)]
+    assert len(clean) >= 0.25 * len(truth), f"the sender stalled too often: {truth}"
+    matched = {i: match(t, reported, offset) for i, t in enumerate(clean)}
     found = [i for i, b in matched.items() if b is not None]
-    errors_us = [abs(matched[i]["time_ns"] - offset - truth[i]["start_ns"]) / 1000 for i in found]
-    detail = [(t["planned_us"], t["start_ns"], t["bytes"], t["max_late_ns"]) for t in truth]
-    print(f"bursts found {len(found)}/{len(truth)}, start error median "
-          f"{statistics.median(errors_us):.1f} us max {max(errors_us):.1f} us, "
-          f"reported {len(reported)}")
-    assert len(found) >= 0.95 * len(truth), f"missed: {detail} reported: {reported}"
+    errors_us = [abs(matched[i]["time_ns"] - offset - clean[i]["start_ns"]) / 1000
+                 for i in found]
+    detail = [(t["planned_us"], t["start_ns"], t["bytes"], t["max_late_ns"]) for t in clean]
+    print(f"bursts found {len(found)}/{len(clean)} ({len(truth) - len(clean)} disturbed by "
+          f"sender stalls), start error median {statistics.median(errors_us):.1f} us "
+          f"max {max(errors_us):.1f} us, reported {len(reported)}")
+    assert len(found) >= 0.95 * len(clean), f"missed: {detail} reported: {reported}"
     used = {id(b) for b in matched.values() if b is not None}
-    extra = [b for b in reported if id(b) not in used]
-    assert len(extra) <= 0.05 * len(truth), f"bursts that were not sent: {extra}"
+    stalled = [(t["start_ns"] + offset - START_TOL_NS, t["end_ns"] + offset + START_TOL_NS)
+               for t in truth if disturbed(t)]
+    extra = [b for b in reported if id(b) not in used
+             and not any(lo <= b["time_ns"] <= hi for lo, hi in stalled)]
+    assert len(extra) <= 0.05 * len(clean), f"bursts that were not sent: {extra}"
     for record in probe.lines:
         if "measurement" in record:
             validate(Record(record["measurement"], record["time_ns"],
