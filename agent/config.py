@@ -10,6 +10,11 @@ from fabricscope.config import doc
 from fabricscope.errors import UserError
 
 
+#: Every probe that needs no extra input. Those whose library or interface is
+#: absent attach nothing and cost a /proc rescan every few seconds.
+DEFAULT_PROBES = ("tcp_flows", "nic", "markers", "gloo", "nccl")
+
+
 @dataclass
 class AgentConfig:
     """Configuration of the per-node agent (`fabricscope agent`)."""
@@ -21,10 +26,12 @@ class AgentConfig:
     output: str = field(default="none", metadata=doc(
         "also print every record as one JSON object per line on stdout: jsonl or none",
         choices=["none", "jsonl"]))
-    probes: list[str] = field(default_factory=lambda: ["tcp_flows", "markers"],
+    probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES),
                               metadata=doc("probes and sources to run (tcp_flows includes "
-                                           "tcp_retransmit: enable one of the two)",
-                                           default_doc=["tcp_flows", "markers"]))
+                                           "tcp_retransmit: enable one of the two; nccl_log "
+                                           "needs nccl_log_paths; synthetic is a load "
+                                           "generator for tests)",
+                                           default_doc=list(DEFAULT_PROBES)))
     addresses: list[str] = field(default_factory=list, metadata=doc(
         "IP addresses that belong to this node (events are attributed by them); "
         "empty: every address of the agent's network namespace"))
