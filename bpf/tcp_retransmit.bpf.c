@@ -48,7 +48,11 @@
 
 #define FS_CA_LOSS 4
 
+#ifdef FS_RAW_RETRANSMIT
+BPF_TABLE("lru_hash", __u64, struct fs_sock_tx, socks_tx, FLOW_ENTRIES);
+#else
 BPF_TABLE("lru_hash", struct fs_flow, struct fs_egress, egress, FLOW_ENTRIES);
+#endif
 BPF_TABLE("lru_hash", __u64, struct fs_cong, cong, FLOW_ENTRIES);
 BPF_PERCPU_ARRAY(stats, __u64, FS_NSTATS);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
@@ -88,11 +92,62 @@ static __always_inline void take_cong(struct fs_retransmit_event *ev, __u64 sk)
 #endif
 }
 
+#ifdef FS_RAW_RETRANSMIT
+/* Raw tracepoint: args (const struct sock *sk, const struct sk_buff *skb, int err);
+ * only the values are used (sk as an opaque key, err), no struct is read. Unlike a
+ * tracepoint program it is guarded per program, not by the per-CPU "one tracing
+ * program at a time" flag, so tcp_probe running on this CPU does not make it miss.
+ * The flow, segments and payload come from TC egress (socks_tx, keyed by the same
+ * sk). Negative err (given up before the count) goes to the tracepoint below,
+ * which has the flow. */
+RAW_TRACEPOINT_PROBE(tcp_retransmit_skb)
+{
+	__u64 sk = ctx->args[0];
+	struct fs_retransmit_event ev = {};
+
+	stat_add(FS_STAT_HITS, 1);
+#ifdef FS_TP_HAS_ERR
+	ev.err = (__s32)ctx->args[2];
+#endif
+	if (ev.err < 0)
+		return 0;
+	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
+	if (!tx)
+		return 0;        /* not one of our sockets (no own packet left through TC) */
+	ev.ts_ns = bpf_ktime_get_ns();
+	ev.flow = tx->flow;
+	ev.family = tx->family;
+	ev.state = tx->state;
+	ev.hook = FS_HOOK_SKB;
+	take_cong(&ev, sk);
+	/* err 0: sent; err > 0: NET_XMIT_DROP from the qdisc, which runs after TC
+	 * egress. Both passed TC, so the socket's last egress packet is this one,
+	 * unless an earlier retransmit already took it. */
+	if (tx->fresh) {
+		ev.segs = tx->gso_segs;
+		ev.bytes = tx->bytes;
+		tx->fresh = 0;
+	} else {
+		stat_add(FS_STAT_SEGS_UNKNOWN, 1);
+	}
+	emit(&ev);
+	return 0;
+}
+#endif
+
 TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 {
 	struct fs_retransmit_event ev = {};
 
+#ifdef FS_TP_HAS_ERR
+	ev.err = args->err;
+#endif
+#ifdef FS_RAW_RETRANSMIT
+	if (ev.err >= 0)
+		return 0;        /* the raw tracepoint above reports these */
+#else
 	stat_add(FS_STAT_HITS, 1);
+#endif
 	if (!fs_own_flow(&ev.flow, args->saddr_v6, args->daddr_v6, args->saddr, args->daddr))
 		return 0;
 	ev.ts_ns = bpf_ktime_get_ns();
@@ -100,11 +155,9 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 	ev.flow.dport = args->dport;
 	ev.family = args->family;
 	ev.state = args->state;
-#ifdef FS_TP_HAS_ERR
-	ev.err = args->err;
-#endif
 	ev.hook = FS_HOOK_SKB;
 	take_cong(&ev, (__u64)args->skaddr);
+#ifndef FS_RAW_RETRANSMIT
 	/* err 0: sent; err > 0: NET_XMIT_DROP from the qdisc, which runs after TC
 	 * egress. Both passed TC, so the flow's last egress packet is this one. */
 	if (ev.err >= 0) {
@@ -117,6 +170,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 			stat_add(FS_STAT_SEGS_UNKNOWN, 1);
 		}
 	}
+#endif
 	emit(&ev);
 	return 0;
 }
@@ -172,6 +226,31 @@ TRACEPOINT_PROBE(tcp, tcp_destroy_sock)
 }
 #endif
 
+#ifdef FS_RAW_RETRANSMIT
+/* Keep the packet as its socket's last one (key: the socket's address, the value
+ * the raw tracepoint gets as sk; the kernel sets skb->sk on every skb TCP sends).
+ * The TCP flags stand in for the socket state the raw tracepoint cannot read:
+ * a SYN without ACK is SYN_SENT, anything else is reported as ESTABLISHED. */
+static __always_inline void remember_tx(struct __sk_buff *skb, struct fs_flow *flow,
+					struct fs_egress *seen, __u8 flags, __u16 proto)
+{
+	struct bpf_sock *bsk = skb->sk;
+
+	if (!bsk)
+		return;
+	__u64 sk = (__u64)(long)bsk;
+	struct fs_sock_tx tx = {
+		.flow = *flow,
+		.family = proto == bpf_htons(ETH_P_IP) ? FS_AF_INET : FS_AF_INET6,
+		.state = (flags & 0x12) == 0x02 ? 2 : 1,
+		.fresh = 1,
+		.gso_segs = seen->gso_segs,
+		.bytes = seen->bytes,
+	};
+	socks_tx.update(&sk, &tx);
+}
+#endif
+
 /* TC egress, direct action: remember gso_segs and payload of the last own TCP packet
  * per flow, and add them to the node totals. Returns TC_ACT_UNSPEC (not OK) so
  * filters of other tools behind ours still run. */
@@ -204,7 +283,7 @@ int tc_egress(struct __sk_buff *skb)
 	} else {
 		return TC_ACT_UNSPEC;
 	}
-	if ((void *)(l4 + 13) > data_end)
+	if ((void *)(l4 + 14) > data_end)     /* through the flags byte */
 		return TC_ACT_UNSPEC;
 	if (!own_addrs.lookup(&flow.saddr))
 		return TC_ACT_UNSPEC;
@@ -218,7 +297,11 @@ int tc_egress(struct __sk_buff *skb)
 		.gso_segs = skb->gso_segs ? skb->gso_segs : 1,
 		.bytes = skb->len > headers ? skb->len - headers : 0,
 	};
+#ifdef FS_RAW_RETRANSMIT
+	remember_tx(skb, &flow, &seen, l4[13], eth->h_proto);
+#else
 	egress.update(&flow, &seen);
+#endif
 	stat_add(FS_STAT_TC_PACKETS, 1);
 	stat_add(FS_STAT_TC_SEGS, seen.gso_segs);
 	stat_add(FS_STAT_TC_BYTES, seen.bytes);

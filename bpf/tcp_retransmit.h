@@ -30,6 +30,17 @@ struct fs_egress {
 	__u32 bytes;      /* TCP payload bytes of the skb (all its segments) */
 };
 
+/* Last packet of an own socket seen leaving on TC egress (key: the socket's
+ * address), for the raw tracepoint, which gets only that address. */
+struct fs_sock_tx {
+	struct fs_flow flow;
+	__u16 family;     /* AF_INET 2, AF_INET6 10 (of the packet) */
+	__u8 state;       /* from the TCP flags: SYN_SENT 2 for a SYN, else ESTABLISHED 1 */
+	__u8 fresh;       /* 1: no retransmit took this packet yet */
+	__u32 gso_segs;
+	__u32 bytes;
+};
+
 /* Congestion state of one own socket (key: skaddr), from tcp/tcp_cong_state_set. */
 struct fs_cong {
 	__u8 ca_state;    /* TCP_CA_Open 0, Disorder 1, CWR 2, Recovery 3, Loss 4 */

@@ -155,6 +155,7 @@ class TcpRetransmitProbe(Probe):
         self._decode_errors = 0
         self.owners = Owners()
         self.kinds_known = False
+        self.raw_retransmit = False
 
     def _cflags(self) -> list[str]:
         fields = bpf.tracepoint_fields("tcp", "tcp_retransmit_skb")
@@ -179,7 +180,18 @@ class TcpRetransmitProbe(Probe):
     def attach(self) -> None:
         if not self.ctx.addresses:
             raise ProbeUnavailable("no node addresses to attribute retransmits to")
-        self._bpf = bpf.compile_program(self.family, self._cflags())
+        flags = self._cflags()
+        try:
+            self._bpf = bpf.compile_program(self.family, flags + ["-DFS_RAW_RETRANSMIT"])
+            self.raw_retransmit = True
+        except ProbeUnavailable as exc:
+            # Raw tracepoints came with 4.17; the tracepoint alone misses retransmits
+            # that fire while another tracing program runs on their CPU.
+            log.warning("%s: raw tracepoint tcp_retransmit_skb unavailable (%s); using the "
+                        "tracepoint, which can miss retransmits (missed_retransmits)",
+                        self.name, exc)
+            self._bpf = bpf.compile_program(self.family, flags)
+            self.raw_retransmit = False
         try:
             self._setup()
             self._attach_tc()
