@@ -132,7 +132,7 @@ def plan(name: str, nodes: int, subnet, link_rate_bps: int | None = None) -> Lab
 
 def require_root(what: str = "lab commands") -> None:
     if os.geteuid() != 0:
-        raise UserError(f"{what} need root (network namespaces, links, nftables)",
+        raise UserError(f"{what} needs root (network namespaces, links, nftables)",
                         "run as root, e.g. sudo fabricscope lab ...")
 
 

@@ -241,7 +241,12 @@ class TcpRetransmitProbe(Probe):
         misses = {name: recursion_misses(fn.fd) for name, fn in self._bpf.funcs.items()}
         # retransmits our program never saw are lost events; the rest are counted apart
         out["missed_retransmits"] = sum(n for name, n in misses.items()
-                                        if b"tcp_retransmit" in name)
+                                        if b"tcp_retransmit" in name
+                                        and not self._skipped_only(name))
+        # With the raw tracepoint the tracepoint reports only attempts given up before
+        # the count; its misses are mostly sent retransmits the raw one reported.
+        out["missed_skipped_hits"] = sum(n for name, n in misses.items()
+                                         if self._skipped_only(name))
         out["lost"] += out["missed_retransmits"]
         out["missed_hits"] = sum(misses.values())
         o = self.owners.stats
@@ -251,6 +256,9 @@ class TcpRetransmitProbe(Probe):
         out["bpf_run_ns"], out["bpf_runs"] = bpf.prog_run_stats(
             fn.fd for fn in self._bpf.funcs.values())
         return out
+
+    def _skipped_only(self, name: bytes) -> bool:
+        return self.raw_retransmit and name == b"tracepoint__tcp__tcp_retransmit_skb"
 
     def detach(self) -> None:
         if self._tc is not None:
