@@ -3,7 +3,9 @@
  * with its kind (fast retransmit, RTO, slow start after RTO, tail loss probe).
  *
  * Hooks (stable ABI only; no kernel struct is read):
- *   tracepoint tcp/tcp_retransmit_skb     one hit per retransmitted skb (with err)
+ *   raw tracepoint tcp_retransmit_skb     one hit per retransmitted skb (sk, err);
+ *       -DFS_RAW_RETRANSMIT (else the tracepoint, which misses hits while another
+ *       tracing program runs on the CPU); flow/segs from socks_tx (TC egress)
  *   tracepoint tcp/tcp_retransmit_synack  SYN-ACK retransmits (RetransSegs counts them)
  *   tracepoint tcp/tcp_cong_state_set     congestion state per socket: the kind
  *   tracepoint tcp/tcp_destroy_sock       forgets a socket's congestion state
@@ -47,6 +49,10 @@
 #endif
 
 #define FS_CA_LOSS 4
+/* TC egress runs synchronously before the raw tracepoint (with, at most, the
+ * softirqs that the transmit's local_bh_enable runs, ~2 ms at most); older
+ * entries are not this retransmit's packet. */
+#define FS_TX_FRESH_NS 50000000ULL
 
 #ifdef FS_RAW_RETRANSMIT
 BPF_TABLE("lru_hash", __u64, struct fs_sock_tx, socks_tx, FLOW_ENTRIES);
@@ -98,8 +104,8 @@ static __always_inline void take_cong(struct fs_retransmit_event *ev, __u64 sk)
  * tracepoint program it is guarded per program, not by the per-CPU "one tracing
  * program at a time" flag, so tcp_probe running on this CPU does not make it miss.
  * The flow, segments and payload come from TC egress (socks_tx, keyed by the same
- * sk). Negative err (given up before the count) goes to the tracepoint below,
- * which has the flow. */
+ * sk). Negative err (no packet left): the event has segs 0. Without raw
+ * tracepoints (before 4.17) the tracepoint below does it all. */
 RAW_TRACEPOINT_PROBE(tcp_retransmit_skb)
 {
 	__u64 sk = ctx->args[0];
@@ -109,12 +115,13 @@ RAW_TRACEPOINT_PROBE(tcp_retransmit_skb)
 #ifdef FS_TP_HAS_ERR
 	ev.err = (__s32)ctx->args[2];
 #endif
-	if (ev.err < 0)
-		return 0;
 	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
 	if (!tx)
 		return 0;        /* not one of our sockets (no own packet left through TC) */
 	ev.ts_ns = bpf_ktime_get_ns();
+	/* Only a packet TC saw just now, in this same call, is this retransmit: a
+	 * stale entry may be a freed socket whose address another node's socket now
+	 * has (tcp_destroy_sock forgets entries, but tracepoints can miss). */
 	ev.flow = tx->flow;
 	ev.family = tx->family;
 	ev.state = tx->state;
@@ -123,18 +130,23 @@ RAW_TRACEPOINT_PROBE(tcp_retransmit_skb)
 	/* err 0: sent; err > 0: NET_XMIT_DROP from the qdisc, which runs after TC
 	 * egress. Both passed TC, so the socket's last egress packet is this one,
 	 * unless an earlier retransmit already took it. */
-	if (tx->fresh) {
-		ev.segs = tx->gso_segs;
-		ev.bytes = tx->bytes;
-		tx->fresh = 0;
-	} else {
-		stat_add(FS_STAT_SEGS_UNKNOWN, 1);
+	if (ev.err < 0) {
+		emit(&ev);       /* failed before or in the transmit: no packet to count */
+		return 0;
 	}
+	if (!tx->fresh || ev.ts_ns - tx->ts_ns > FS_TX_FRESH_NS) {
+		stat_add(FS_STAT_SEGS_UNKNOWN, 1);
+		return 0;
+	}
+	ev.segs = tx->gso_segs;
+	ev.bytes = tx->bytes;
+	tx->fresh = 0;
 	emit(&ev);
 	return 0;
 }
 #endif
 
+#ifndef FS_RAW_RETRANSMIT
 TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 {
 	struct fs_retransmit_event ev = {};
@@ -142,12 +154,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 #ifdef FS_TP_HAS_ERR
 	ev.err = args->err;
 #endif
-#ifdef FS_RAW_RETRANSMIT
-	if (ev.err >= 0)
-		return 0;        /* the raw tracepoint above reports these */
-#else
 	stat_add(FS_STAT_HITS, 1);
-#endif
 	if (!fs_own_flow(&ev.flow, args->saddr_v6, args->daddr_v6, args->saddr, args->daddr))
 		return 0;
 	ev.ts_ns = bpf_ktime_get_ns();
@@ -157,7 +164,6 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 	ev.state = args->state;
 	ev.hook = FS_HOOK_SKB;
 	take_cong(&ev, (__u64)args->skaddr);
-#ifndef FS_RAW_RETRANSMIT
 	/* err 0: sent; err > 0: NET_XMIT_DROP from the qdisc, which runs after TC
 	 * egress. Both passed TC, so the flow's last egress packet is this one. */
 	if (ev.err >= 0) {
@@ -170,10 +176,10 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 			stat_add(FS_STAT_SEGS_UNKNOWN, 1);
 		}
 	}
-#endif
 	emit(&ev);
 	return 0;
 }
+#endif /* !FS_RAW_RETRANSMIT */
 
 #ifdef FS_TP_SYNACK
 TRACEPOINT_PROBE(tcp, tcp_retransmit_synack)
@@ -215,13 +221,19 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
 }
 #endif
 
-#if defined(FS_TP_CONG_STATE) && defined(FS_TP_DESTROY)
-/* A freed socket's address is reused by the next one, which starts in Open. */
+#if (defined(FS_TP_CONG_STATE) || defined(FS_RAW_RETRANSMIT)) && defined(FS_TP_DESTROY)
+/* A freed socket's address is reused by the next one (maybe another node's),
+ * which starts in Open. */
 TRACEPOINT_PROBE(tcp, tcp_destroy_sock)
 {
 	__u64 sk = (__u64)args->skaddr;
 
+#ifdef FS_TP_CONG_STATE
 	cong.delete(&sk);
+#endif
+#ifdef FS_RAW_RETRANSMIT
+	socks_tx.delete(&sk);
+#endif
 	return 0;
 }
 #endif
@@ -240,6 +252,7 @@ static __always_inline void remember_tx(struct __sk_buff *skb, struct fs_flow *f
 		return;
 	__u64 sk = (__u64)(long)bsk;
 	struct fs_sock_tx tx = {
+		.ts_ns = seen->ts_ns,
 		.flow = *flow,
 		.family = proto == bpf_htons(ETH_P_IP) ? FS_AF_INET : FS_AF_INET6,
 		.state = (flags & 0x12) == 0x02 ? 2 : 1,
@@ -247,7 +260,13 @@ static __always_inline void remember_tx(struct __sk_buff *skb, struct fs_flow *f
 		.gso_segs = seen->gso_segs,
 		.bytes = seen->bytes,
 	};
-	socks_tx.update(&sk, &tx);
+	/* In place when the socket is known: an LRU update allocates a new element
+	 * per packet, and that churn can evict other live sockets' entries. */
+	struct fs_sock_tx *old = socks_tx.lookup(&sk);
+	if (old)
+		*old = tx;
+	else
+		socks_tx.update(&sk, &tx);
 }
 #endif
 

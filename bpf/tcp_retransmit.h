@@ -16,7 +16,10 @@
 #define FS_STAT_HITS 0          /* tracepoint hits, before the address filter */
 #define FS_STAT_EMITTED 1       /* events written to the ring buffer */
 #define FS_STAT_LOST 2          /* events lost: ring buffer full */
-#define FS_STAT_SEGS_UNKNOWN 3  /* events whose segment count TC egress did not see */
+#define FS_STAT_SEGS_UNKNOWN 3  /* events whose segment count TC egress did not see; with
+				 * the raw tracepoint: hits on a known socket address whose
+				 * packet TC did not see just before (not reported: it may be
+				 * another node's socket at a reused address) */
 #define FS_STAT_TC_PACKETS 4    /* own TCP packets (skbs) seen on TC egress */
 #define FS_STAT_TC_SEGS 5       /* their wire segments (gso_segs) */
 #define FS_STAT_TC_BYTES 6      /* their TCP payload bytes */
@@ -33,6 +36,7 @@ struct fs_egress {
 /* Last packet of an own socket seen leaving on TC egress (key: the socket's
  * address), for the raw tracepoint, which gets only that address. */
 struct fs_sock_tx {
+	__u64 ts_ns;      /* bpf_ktime_get_ns at TC egress */
 	struct fs_flow flow;
 	__u16 family;     /* AF_INET 2, AF_INET6 10 (of the packet) */
 	__u8 state;       /* from the TCP flags: SYN_SENT 2 for a SYN, else ESTABLISHED 1 */

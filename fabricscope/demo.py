@@ -42,7 +42,7 @@ def run(args) -> int:
     if args.nodes < 2 or args.steps < 4 or not 0 <= args.fault_node < args.nodes:
         raise UserError("demo needs --nodes >= 2, --steps >= 4 and a --fault-node within the lab",
                         "e.g. fabricscope demo --nodes 3 --steps 40 --fault-node 1")
-    from fabricscope.labstack import nstat_counter, running_stack
+    from fabricscope.labstack import await_stable, nstat_counter, running_stack
     from lab.faults import loss
     from lab.testing import running_lab
     from lab.training import start_training
@@ -71,7 +71,9 @@ def run(args) -> int:
                     if row["step"] % 5 == 0 or row["step"] == args.steps - 1:
                         say(f"  step {row['step']:>3}: {row['seconds']:.3f} s")
                 training.wait()
-            after = {n.index: nstat_counter(n.netns) for n in lab.nodes}
+            # closing connections may still retransmit: take the counts once settled
+            after = await_stable(lambda: {n.index: nstat_counter(n.netns) for n in lab.nodes},
+                                 quiet_s=2.0, timeout_s=60, what="the kernel's counters")
             say("waiting for the agents to ship everything to InfluxDB")
             summary = collect_summary(stack, lab, args.steps, before, after)
         print_summary(summary, steps, half, args)
@@ -80,33 +82,35 @@ def run(args) -> int:
 
 
 def collect_summary(stack, lab, steps: int, before: dict, after: dict) -> dict:
-    from fabricscope.labstack import await_condition
+    from fabricscope.labstack import await_condition, await_stable
     influx = stack.influx
 
     def count(query: str) -> int:
         rows = influx.query(query, db="fabricscope")
         return int(rows[0]["count"]) if rows else 0
 
+    def retransmits(name: str) -> int:
+        rows = influx.query(f"SELECT sum(segs) FROM tcp_retransmit WHERE node='{name}'",
+                            db="fabricscope")
+        return int(rows[0]["sum"]) if rows else 0
+
     def steps_landed():
         return count("SELECT count(seconds) FROM train_step WHERE rank='0'") >= steps - 1
     await_condition(steps_landed, 60, "rank 0's step records in InfluxDB", interval_s=0.5)
+    await_condition(lambda: all(stack.agent_metric(n.index, "fabricscope_agent_queue_records")
+                                == 0 for n in lab.nodes), 60, "the agents' queues to drain")
+    names = [f"node{n.index}" for n in lab.nodes]
+    stored = dict(zip(names, await_stable(lambda: [retransmits(n) for n in names], quiet_s=3.0,
+                                          timeout_s=60, what="retransmits in InfluxDB")))
     summary = {}
-    for node in lab.nodes:
-        name = f"node{node.index}"
-        kernel = after[node.index] - before[node.index]
-
-        def retrans_landed(name=name, kernel=kernel):
-            return count(f"SELECT count(segs) FROM tcp_retransmit WHERE node='{name}'") >= kernel
-        try:
-            await_condition(retrans_landed, 20, f"{name}'s retransmits in InfluxDB", 0.5)
-        except TimeoutError:
-            pass    # report what landed; the summary shows the difference
-        rows = influx.query(f"SELECT sum(segs) FROM tcp_retransmit WHERE node='{name}'",
-                            db="fabricscope")
-        stored = int(rows[0]["sum"]) if rows else 0
+    for node, name in zip(lab.nodes, names):
         step_rows = influx.query(f"SELECT step, seconds FROM train_step WHERE node='{name}'",
                                  db="fabricscope")
-        summary[name] = {"retransmits_influx": stored, "retransmits_kernel": kernel,
+        missed = stack.agent_metric(node.index, "fabricscope_agent_events_lost_total",
+                                    {"probe": "tcp_flows"})
+        summary[name] = {"retransmits_influx": stored[name],
+                         "retransmits_kernel": after[node.index] - before[node.index],
+                         "missed": int(missed),
                          "steps": {int(r["step"]): float(r["seconds"]) for r in step_rows}}
     return summary
 
@@ -117,13 +121,15 @@ def print_summary(summary: dict, steps: list[dict], half: int, args) -> None:
 
     print()
     print("What reached InfluxDB, per node")
-    print(f"{'node':<8}{'retransmits':>13}{'kernel says':>13}{'steps':>7}"
+    print(f"{'node':<8}{'retransmits':>13}{'kernel says':>13}{'lost*':>7}{'steps':>7}"
           f"{'median s/step before':>22}{'after fault':>13}")
     for name, s in summary.items():
         pre = [v for k, v in s["steps"].items() if k < half - 1]
         post = [v for k, v in s["steps"].items() if k >= half]
         print(f"{name:<8}{s['retransmits_influx']:>13}{s['retransmits_kernel']:>13}"
-              f"{len(s['steps']):>7}{median(pre):>22.3f}{median(post):>13.3f}")
+              f"{s['missed']:>7}{len(s['steps']):>7}{median(pre):>22.3f}{median(post):>13.3f}")
+    print("* TCP events the kernel skipped or the agent lost, counted by the agent "
+          "(fabricscope_agent_events_lost_total{probe=\"tcp_flows\"})")
     pre = median([r["seconds"] for r in steps if r["step"] < half - 1])
     post = median([r["seconds"] for r in steps if r["step"] >= half])
     print()

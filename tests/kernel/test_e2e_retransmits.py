@@ -85,9 +85,9 @@ def test_step_markers_reach_influx(stack):
         assert training.wait() == 0
 
     def landed():
-        r = _rows(stack, "SELECT count(seconds) FROM train_step WHERE rank='0'")
-        return r and int(r[0]["count"]) >= 5
-    await_condition(landed, 60, "step records of rank 0")
+        r = _rows(stack, "SELECT count(seconds) FROM train_step GROUP BY node")
+        return len(r) == 3 and all(int(row["count"]) >= 5 for row in r)
+    await_condition(landed, 60, "step records of every rank")
     rows = _rows(stack, "SELECT step, seconds, node FROM train_step")
     by_node = {}
     for r in rows:
