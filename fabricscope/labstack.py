@@ -21,8 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,13 +60,14 @@ def await_stable(read, quiet_s: float, timeout_s: float, what: str, interval_s: 
 
 
 def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, str]:
+    """fabricscope.services.http_get for pollers: text body, and (0, "") when
+    nothing answers yet instead of an exception."""
+    from fabricscope.services import http_get as get
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError):
+        status, body = get(url, timeout=timeout_s)
+    except OSError:          # URLError, refused, timed out
         return 0, ""
+    return status, body.decode(errors="replace")
 
 
 @dataclass
