@@ -60,6 +60,12 @@ class AgentConfig:
         "distribution's linux-headers package"))
     poll_interval_s: float = field(default=0.2, metadata=doc(
         "how often probes are drained into records"))
+    nice: int = field(default=10, metadata=doc(
+        "CPU priority (nice, 0..19) the agent drops to once its probes are attached, so "
+        "that training threads get the CPU first (a rank delayed by the agent delays every "
+        "rank at the next collective). Kernel maps buffer several poll intervals, so a late "
+        "poll loses nothing; what a far-too-late one loses is counted "
+        "(fabricscope_agent_events_lost_total). 0 keeps the priority it started with"))
     batch_max_records: int = field(default=5000, metadata=doc("most records in one batch"))
     flush_interval_s: float = field(default=1.0, metadata=doc(
         "longest time a record waits before its batch is sent"))
@@ -111,9 +117,17 @@ class AgentConfig:
         "tcp_flows aggregation window in seconds: one tcp_flow record per flow with traffic "
         "and one tcp_node record per window (at least poll_interval_s)"))
     tcp_max_flows: int = field(default=4096, metadata=doc(
-        "flows tcp_flows aggregates at once (per-CPU LRU hash, 448 bytes per flow and CPU, "
+        "flows tcp_flows aggregates at once (per-CPU LRU hash, 464 bytes per flow and CPU, "
         "shrunk with a log line to fit 256 MiB; when full the least recently active are "
         "evicted and the window is counted in probe_events_total{event=\"flow_table_full\"})"))
+    tcp_transfer_gap_us: int = field(default=2000, metadata=doc(
+        "tcp_flows transfers: a gap in a socket's traffic longer than this ends one "
+        "transfer (a tcp_transfer record: start, length, bytes each way) and the next "
+        "segment starts another (100..1000000)"))
+    tcp_transfer_min_bytes: int = field(default=65536, metadata=doc(
+        "transfers moving fewer bytes (in + out) are only counted "
+        "(probe_events_total{event=\"transfers_small\"}), not reported: bulk transfers "
+        "(data loading, checkpoints, collectives) stay, chatter does not"))
     tcp_flow_hooks: list[str] = field(
         default_factory=lambda: ["tcp/tcp_probe", "sock/inet_sock_set_state",
                                  "tcp/tcp_send_reset", "tcp/tcp_receive_reset"],
@@ -135,6 +149,11 @@ class AgentConfig:
     nic_burst_threshold: float = field(default=0.5, metadata=doc(
         "utilization (0..1] of the link speed above which a bin is hot; consecutive hot "
         "bins form a burst"))
+    nic_bursts_per_window: int = field(default=16, metadata=doc(
+        "nic_burst records per interface, direction and window at most: the largest bursts "
+        "(by bytes) that started in the window; nic_window counts them all (bursts, "
+        "bursts_listed). Bounds the records a busy link makes (a DDP job: hundreds of bursts "
+        "per second); 0 lists none"))
     link_speed_bps: list[str] = field(default_factory=list, metadata=doc(
         "link speeds for utilization: IF=RATE entries (e.g. eth0=25gbit) override what the "
         "kernel reports; a bare RATE is the default where the kernel reports none "
@@ -158,6 +177,8 @@ class AgentConfig:
                             "raise --queue-max-records or lower --batch-max-records")
         if self.shutdown_timeout_s < 0:
             raise UserError("shutdown_timeout_s must not be negative", "use 0 or more")
+        if not 0 <= self.nice <= 19:
+            raise UserError(f"nice {self.nice} is outside 0..19", "give e.g. --nice 10")
         self.check_transport()
         if not 0 <= self.metrics_port <= 65535:
             raise UserError(f"metrics port {self.metrics_port} is out of range",
@@ -206,6 +227,12 @@ class AgentConfig:
         if not 64 <= self.tcp_max_flows <= 1 << 20:
             raise UserError(f"tcp_max_flows {self.tcp_max_flows} is out of range",
                             "give 64 to 1048576 (default 4096)")
+        if not 100 <= self.tcp_transfer_gap_us <= 1_000_000:
+            raise UserError(f"tcp_transfer_gap_us {self.tcp_transfer_gap_us} is outside "
+                            "100..1000000", "give e.g. --tcp-transfer-gap-us 2000")
+        if not 1 <= self.tcp_transfer_min_bytes <= 1 << 40:
+            raise UserError(f"tcp_transfer_min_bytes {self.tcp_transfer_min_bytes} is out of "
+                            "range", "give 1 or more, e.g. --tcp-transfer-min-bytes 65536")
         bad = [h for h in self.tcp_flow_hooks if not re.fullmatch(r"\w+/\w+", h)]
         if bad:
             raise UserError(f"tcp_flow_hooks: {bad[0]!r} is not CATEGORY/EVENT",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 from agent import addresses
@@ -19,6 +20,7 @@ from agent.outputs import JsonlOutput
 from agent.pipeline import run_pipeline
 from agent.probes import load_class
 from agent.probes.base import Clock, Probe, ProbeContext, ProbeUnavailable
+from agent.training_join import TrainingJoin
 from fabricscope.selfmetrics import Readiness, SelfMetricsServer
 
 log = logging.getLogger("fabricscope.agent")
@@ -76,6 +78,7 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
         from agent.shipper import build_shipper
         shipper = build_shipper(cfg, metrics)
     probes = await asyncio.to_thread(attach_all, classes, ctx, metrics)
+    lower_priority(cfg.nice)
     readiness.mark_ready()
     log.info("agent %s running probes: %s", cfg.node,
              ", ".join(p.name for p in probes) or "none")
@@ -86,16 +89,32 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
         # Sources that can replay (synthetic) learn which records are safely spooled.
         shipper.on_durable += [p.durable for p in probes if hasattr(p, "durable")]
         outputs.append(shipper.start())
+    names = {p.name for p in probes}
+    join = TrainingJoin(retransmits_known=bool(names & {"tcp_retransmit", "tcp_flows"}))
     try:
         await run_pipeline(probes, outputs, node=cfg.node, poll_interval_s=cfg.poll_interval_s,
                            batch_max_records=cfg.batch_max_records,
                            flush_interval_s=cfg.flush_interval_s, metrics=metrics, stop=stop,
-                           after_poll=lambda: detach_all(probes))
+                           after_poll=lambda: detach_all(probes), join=join)
     finally:
         detach_all(probes)      # no-op after a normal stop; frees BPF on errors
         readiness.mark_not_ready("stopped")
     log.info("agent %s stopped", cfg.node)
     return 0
+
+
+def lower_priority(nice: int) -> None:
+    """Drop every thread of the agent to `nice` (Linux priorities are per thread; threads
+    started later inherit their creator's). After attach: BCC compiles at full speed."""
+    if nice <= 0:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if os.getpriority(os.PRIO_PROCESS, int(tid)) < nice:
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        except OSError:      # a thread that just exited
+            pass
+    log.info("agent runs at nice %d from here on (config nice)", nice)
 
 
 def run_agent(cfg) -> int:

@@ -161,6 +161,10 @@ class Owners:
             self._scan(wanted)
         return {f: o for f in flows if (o := self._flows.get(f)) is not None}
 
+    def pending(self, flow: FlowKey) -> bool:
+        """Not known yet and not given up: a later rescan may still find its owner."""
+        return flow not in self._flows
+
     def forget(self, flow: FlowKey) -> None:
         self._flows.pop(flow, None)
         self._attempts.pop(flow, None)

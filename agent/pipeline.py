@@ -1,4 +1,4 @@
-"""The agent pipeline: probes -> tag node -> batcher -> outputs.
+"""The agent pipeline: probes -> tag node -> join -> batcher -> outputs.
 
 Each stage is a small async function between asyncio queues, so each can be
 tested alone; `run_pipeline` wires them. A stage ends by passing None (end of
@@ -62,8 +62,9 @@ class Batcher:
         return out
 
 
-def poll_once(probes, node: str, metrics) -> list[Record]:
-    """Drain every probe once (runs in a worker thread: BCC calls block briefly)."""
+def poll_once(probes, node: str, metrics, join=None, final: bool = False) -> list[Record]:
+    """Drain every probe once (runs in a worker thread: BCC calls block briefly), then
+    pass the records through `join` (agent/training_join.py; `final`: release all)."""
     start = time.perf_counter()
     out: list[Record] = []
     for probe in probes:
@@ -81,15 +82,20 @@ def poll_once(probes, node: str, metrics) -> list[Record]:
         metrics.records.labels(probe.name).inc(len(records))
         metrics.probe_stats.update(probe.name, probe.stats())
         out += tag_node(records, node)
+    if join is not None:
+        out = join.feed(out, time.monotonic()) + (join.flush() if final else [])
+        metrics.probe_stats.update("join", join.stats())
     metrics.poll_seconds.observe(time.perf_counter() - start)
     return out
 
 
 async def poll_stage(probes, node: str, interval_s: float, out: asyncio.Queue, metrics,
-                     stop: asyncio.Event, after_poll: Callable[[], object] | None = None) -> None:
+                     stop: asyncio.Event, after_poll: Callable[[], object] | None = None,
+                     join=None) -> None:
     while True:
         stopping = stop.is_set()
-        records = await asyncio.to_thread(poll_once, probes, node, metrics)
+        records = await asyncio.to_thread(poll_once, probes, node, metrics, join,
+                                          stopping and after_poll is None)
         if records:
             out.put_nowait(records)
         if stopping:
@@ -102,7 +108,7 @@ async def poll_stage(probes, node: str, interval_s: float, out: asyncio.Queue, m
         # Detaching drains what the kernel still holds (e.g. the NIC probe's open
         # window); the Probe contract hands those records out in one more poll().
         await asyncio.to_thread(after_poll)
-        records = await asyncio.to_thread(poll_once, probes, node, metrics)
+        records = await asyncio.to_thread(poll_once, probes, node, metrics, join, True)
         if records:
             out.put_nowait(records)
     out.put_nowait(None)
@@ -141,7 +147,8 @@ async def output_stage(inq: asyncio.Queue, outputs: list[Output]) -> None:
 
 async def run_pipeline(probes, outputs: list[Output], *, node: str, poll_interval_s: float,
                        batch_max_records: int, flush_interval_s: float, metrics,
-                       stop: asyncio.Event, after_poll: Callable[[], object] | None = None) -> None:
+                       stop: asyncio.Event, after_poll: Callable[[], object] | None = None,
+                       join=None) -> None:
     """Wire and run the stages until `stop` is set and everything is flushed.
 
     `after_poll` runs (in a thread) once the last poll is done: the agent detaches
@@ -149,7 +156,7 @@ async def run_pipeline(probes, outputs: list[Output], *, node: str, poll_interva
     records_q: asyncio.Queue = asyncio.Queue()
     batches_q: asyncio.Queue = asyncio.Queue()
     poller = asyncio.create_task(
-        poll_stage(probes, node, poll_interval_s, records_q, metrics, stop, after_poll),
+        poll_stage(probes, node, poll_interval_s, records_q, metrics, stop, after_poll, join),
         name="poll")
     batcher = asyncio.create_task(
         batch_stage(records_q, batches_q, Batcher(batch_max_records, flush_interval_s)),

@@ -42,6 +42,12 @@ enum sk_rst_reason { FS_SK_RST_REASON_PLACEHOLDER = 0 };
 #ifndef MAX_FLOWS
 #define MAX_FLOWS 4096
 #endif
+#ifndef FS_TRANSFER_GAP_NS
+#define FS_TRANSFER_GAP_NS 2000000       /* config tcp_transfer_gap_us */
+#endif
+#ifndef FS_TRANSFER_MIN_BYTES
+#define FS_TRANSFER_MIN_BYTES 65536      /* config tcp_transfer_min_bytes */
+#endif
 
 #define FS_TCP_ESTABLISHED 1
 #define FS_TCP_SYN_SENT 2
@@ -101,8 +107,57 @@ static __always_inline struct fs_flow_slot *slot_for(struct fs_flow *flow, __u32
 	return s;
 }
 
-/* snd_una/snd_nxt progress of the socket since its previous hit: (acked, sent). */
-static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt)
+/* Report the socket's transfer in progress, when it moved FS_TRANSFER_MIN_BYTES (else
+ * only count it), and end it. */
+static __always_inline void end_transfer(struct fs_sock *s, struct fs_flow *flow, __u16 family)
+{
+	if (!s->xfer_start)
+		return;
+	if (s->xfer_in + s->xfer_out >= FS_TRANSFER_MIN_BYTES) {
+		struct fs_flow_event ev = {};
+
+		ev.ts_ns = s->xfer_start;
+		ev.flow = *flow;
+		ev.family = family;
+		ev.type = FS_EV_TRANSFER;
+		ev.active = s->active;
+		ev.duration_ns = s->xfer_last - s->xfer_start;
+		ev.bytes_acked = s->xfer_out;
+		ev.bytes_received = s->xfer_in;
+		fstat_add(FS_FSTAT_TRANSFERS, 1);
+		emit_flow(&ev);
+	} else {
+		fstat_add(FS_FSTAT_TRANSFERS_SMALL, 1);
+	}
+	s->xfer_start = 0;
+	s->xfer_in = 0;
+	s->xfer_out = 0;
+}
+
+/* Transfers: a socket's hits that move bytes (payload in, or snd_una advancing) with
+ * no gap over FS_TRANSFER_GAP_NS between them. A gap ends the transfer before the
+ * hit (reported here, on the first hit after the gap) and the hit starts the next;
+ * a close ends it too. Nothing is sent while bytes flow: one event per transfer. */
+static __always_inline void add_transfer(struct fs_sock *s, struct fs_flow *flow, __u16 family,
+					 __u32 in, __u32 out)
+{
+	if (!in && !out)
+		return;
+	__u64 now = bpf_ktime_get_ns();
+	if (s->xfer_start && now - s->xfer_last > FS_TRANSFER_GAP_NS)
+		end_transfer(s, flow, family);
+	if (!s->xfer_start)
+		s->xfer_start = now;
+	s->xfer_last = now;
+	s->xfer_in += in;
+	s->xfer_out += out;
+	s->received += in;
+}
+
+/* snd_una/snd_nxt progress of the socket since its previous hit (returns the bytes
+ * newly acknowledged), and its transfer bookkeeping (`in`: payload of this segment). */
+static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
+				     struct fs_flow *flow, __u16 family)
 {
 	struct fs_sock *s = socks.lookup(&sk);
 
@@ -111,12 +166,16 @@ static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt)
 	if (!s) {
 		struct fs_sock init = {.last_una = una, .last_nxt = una, .has_una = 1};
 		socks.update(&sk, &init);
+		s = socks.lookup(&sk);
+		if (s)
+			add_transfer(s, flow, family, in, 0);
 		return 0;
 	}
 	if (!s->has_una) {
 		s->last_una = una;
 		s->last_nxt = una;
 		s->has_una = 1;
+		add_transfer(s, flow, family, in, 0);
 		return 0;
 	}
 	__u32 sent = nxt - s->last_nxt;
@@ -126,9 +185,12 @@ static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt)
 	}
 	__u32 acked = una - s->last_una;
 	if (!acked || acked >= 0x80000000)
-		return 0;
-	s->acked += acked;
-	s->last_una = una;
+		acked = 0;
+	else {
+		s->acked += acked;
+		s->last_una = una;
+	}
+	add_transfer(s, flow, family, in, acked);
 	return acked;
 }
 
@@ -143,7 +205,8 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
 	if (!g || *g == 0)
 		return 0;        /* user space has not started the first window yet */
 	__u32 gen = *g;
-	__u32 acked = advance((__u64)args->skaddr, args->snd_una, args->snd_nxt);
+	__u32 acked = advance((__u64)args->skaddr, args->snd_una, args->snd_nxt, args->data_len,
+			      &flow, args->family);
 	fstat_add(FS_FSTAT_PROBE_HITS, 1);
 
 	struct fs_flow_slot *s = slot_for(&flow, gen);
@@ -152,6 +215,7 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
 		return 0;
 	}
 	s->segs_in++;
+	s->received += args->data_len;
 	__u32 cwnd = args->snd_cwnd;
 	if (cwnd < s->cwnd_min)
 		s->cwnd_min = cwnd;
@@ -242,8 +306,12 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 		if (s->has_una) {
 			ev.bytes_acked = s->acked;
 			ev.bytes_sent = s->sent;
+			ev.bytes_received = s->received;
 			ev.flags |= FS_CLOSE_UNA;
 		}
+#ifdef FS_WITH_TCP_PROBE
+		end_transfer(s, &ev.flow, args->family);
+#endif
 		socks.delete(&sk);
 	}
 	emit_flow(&ev);

@@ -14,6 +14,7 @@
 #define FS_EV_CLOSE 2        /* -> CLOSE */
 #define FS_EV_RST_SENT 3     /* tcp/tcp_send_reset */
 #define FS_EV_RST_RECV 4     /* tcp/tcp_receive_reset */
+#define FS_EV_TRANSFER 5     /* a transfer ended: a run of a socket's traffic without a gap */
 
 /* indexes of the per-CPU `flow_stats` array */
 #define FS_FSTAT_PROBE_HITS 0    /* tcp_probe hits on own flows (segments received) */
@@ -22,7 +23,9 @@
 #define FS_FSTAT_LOST 3          /* flow events lost: ring buffer full */
 #define FS_FSTAT_NO_SLOT 4       /* tcp_probe hits not counted: flow map update failed */
 #define FS_FSTAT_STATE_HITS 5    /* inet_sock_set_state hits on own TCP sockets */
-#define FS_NFSTATS 6
+#define FS_FSTAT_TRANSFERS 6     /* transfers reported (also in EMITTED or LOST) */
+#define FS_FSTAT_TRANSFERS_SMALL 7   /* transfers under FS_TRANSFER_MIN_BYTES: not reported */
+#define FS_NFSTATS 8
 
 /* One flow's aggregates over one window, on one CPU. */
 struct fs_flow_slot {
@@ -39,6 +42,7 @@ struct fs_flow_slot {
 	__u64 acked;          /* bytes: sum of snd_una advances */
 	__u64 rtt_sum_us;
 	__u64 rtt_sumsq_us;   /* us^2 */
+	__u64 received;       /* bytes: TCP payload of the segments received */
 	__u32 rtt_hist[FS_RTT_BUCKETS];
 	__u32 cwnd_hist[FS_CWND_BUCKETS];
 };
@@ -55,6 +59,11 @@ struct fs_sock {
 	__u64 est_ns;         /* ESTABLISHED seen; 0: not seen */
 	__u64 acked;          /* bytes: snd_una advances since first seen */
 	__u64 sent;           /* bytes: snd_nxt advances since the first snd_una seen */
+	__u64 received;       /* bytes: payload of the segments received */
+	__u64 xfer_start;     /* the transfer in progress: first hit that moved bytes; 0: none */
+	__u64 xfer_last;      /* its last hit that moved bytes */
+	__u64 xfer_in;        /* its payload received */
+	__u64 xfer_out;       /* its bytes acknowledged by the peer */
 	__u32 last_una;
 	__u32 last_nxt;
 	__u8 has_una;         /* last_una/last_nxt are set */
@@ -72,9 +81,11 @@ struct fs_flow_event {
 	__s32 state;          /* open/close: new state; resets: socket state (0: none) */
 	__u32 reason;         /* sent resets: enum sk_rst_reason (6.10+); FS_RST_REASON_NONE */
 	__u32 flags;          /* close: 1 established seen, 2 snd_una seen */
-	__u64 duration_ns;    /* open: SYN_SENT -> ESTABLISHED; close: ESTABLISHED -> CLOSE */
-	__u64 bytes_acked;    /* close: sum of snd_una advances seen */
+	__u64 duration_ns;    /* open: SYN_SENT -> ESTABLISHED; close: ESTABLISHED -> CLOSE;
+	                       * transfer: first to last hit (ts_ns: its first) */
+	__u64 bytes_acked;    /* close: sum of snd_una advances seen; transfer: its share */
 	__u64 bytes_sent;     /* close: sum of snd_nxt advances seen */
+	__u64 bytes_received; /* close: payload received; transfer: its payload received */
 };
 
 #define FS_RST_REASON_NONE 0xffffffff   /* the kernel's tcp_send_reset has no reason */

@@ -1,6 +1,7 @@
 """One DDP rank of `fabricscope lab train` (started by lab/training.py, one per node).
 
     ip netns exec <netns> python -m lab.train_worker --steps K --model-mb M --batch B
+        [--data-server ADDR:PORT [--data-bytes N] [--checkpoint-every K]] [--io-log PATH]
 
 Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GLOO_SOCKET_IFNAME and
 FABRICSCOPE_MARKERS_DIR from the environment. Trains a plain MLP of about M MiB
@@ -8,12 +9,25 @@ of float32 parameters with DistributedDataParallel over gloo, one CPU thread.
 Every step: fabricscope.markers.step(n) first, then forward, backward (the
 gradient allreduce), optimizer step; rank 0 prints {"step": n, "seconds": s} on
 stdout. After the last step: markers.done(). Exits when its launcher dies.
+
+With --data-server (a lab.dataserver, playing remote storage) the rank keeps two
+persistent connections to it, opened after init_process_group, one for the
+dataset and one for checkpoints (as a job reading shards from one store and writing
+checkpoints to another would; on one connection a checkpoint and the next step's
+read can run together without a pause): every step, right
+after markers.step(n), it GETs N bytes (data loading); after opt.step() of every
+step with (n + 1) % K == 0 it PUTs torch.save(model.state_dict()) (a checkpoint).
+--io-log PATH gets one JSON line per transfer, the ground truth for the agent's
+phase inference: {"kind": "data_load"|"checkpoint", "step", "rank", "start_ns",
+"end_ns", "bytes"}; start_ns/end_ns (time.time_ns()) bracket the network transfer
+only (the checkpoint is serialized before start_ns).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import os
 import sys
@@ -21,7 +35,7 @@ import threading
 import time
 
 
-def _exit_with_parent() -> None:
+def exit_with_parent() -> None:
     """Leave when the launcher (FABRICSCOPE_LAB_PARENT) is gone, e.g. SIGKILLed."""
     parent = os.environ.get("FABRICSCOPE_LAB_PARENT")
     if not parent or not parent.isdigit():
@@ -37,14 +51,65 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+class _Storage:
+    """The rank's traffic to the data server, and its ground-truth log (both optional)."""
+
+    def __init__(self, args, rank: int):
+        from lab.dataserver import DataClient
+        self.rank, self.data_bytes = rank, args.data_bytes
+        self.client = DataClient(args.data_server) if args.data_server else None
+        self.writer = DataClient(args.data_server) if args.data_server and \
+            args.checkpoint_every else None
+        self.log = open(args.io_log, "a") if args.io_log else None
+
+    def load_data(self, step: int) -> None:
+        if self.client is not None and self.data_bytes:
+            self._timed("data_load", step, lambda: self.client.get(self.data_bytes))
+
+    def checkpoint(self, step: int, payload: bytes) -> None:
+        if self.writer is None:
+            return
+        acked = self._timed("checkpoint", step, lambda: self.writer.put(payload))
+        if acked != len(payload):
+            raise RuntimeError(f"data server acknowledged {acked} of {len(payload)} "
+                               f"checkpoint bytes at step {step}")
+
+    def _timed(self, kind: str, step: int, transfer) -> int:
+        start_ns = time.time_ns()
+        count = transfer()
+        end_ns = time.time_ns()
+        if self.log is not None:
+            self.log.write(json.dumps({"kind": kind, "step": step, "rank": self.rank,
+                                       "start_ns": start_ns, "end_ns": end_ns,
+                                       "bytes": count}) + "\n")
+            self.log.flush()
+        return count
+
+    def close(self) -> None:
+        for client in (self.client, self.writer):
+            if client is not None:
+                client.close()
+        if self.log is not None:
+            self.log.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.train_worker")
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--model-mb", type=float, default=8.0)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--pg-timeout-s", type=float, default=300.0)
+    parser.add_argument("--data-server", help="ADDR:PORT of a lab.dataserver")
+    parser.add_argument("--data-bytes", type=int, default=0, help="bytes to GET every step")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="PUT a checkpoint after every K-th step (0: never)")
+    parser.add_argument("--io-log", help="append one JSON line per transfer here")
     args = parser.parse_args(argv)
-    _exit_with_parent()
+    if (args.data_bytes or args.checkpoint_every) and not args.data_server:
+        parser.error("--data-bytes and --checkpoint-every need --data-server")
+    if args.data_bytes < 0 or args.checkpoint_every < 0:
+        parser.error("--data-bytes and --checkpoint-every must be 0 or more")
+    exit_with_parent()
 
     import torch
     import torch.distributed as dist
@@ -81,16 +146,25 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.randn(args.batch, width, generator=gen)
     y = torch.randn(args.batch, width, generator=gen)
 
-    for n in range(args.steps):
-        markers.step(n)
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(ddp(x), y)
-        loss.backward()                          # DDP allreduces the gradients here
-        opt.step()
-        seconds = time.perf_counter() - start
-        if rank == 0:
-            print(json.dumps({"step": n, "seconds": round(seconds, 6)}), flush=True)
+    storage = _Storage(args, rank)
+    try:
+        for n in range(args.steps):
+            markers.step(n)
+            start = time.perf_counter()
+            storage.load_data(n)
+            opt.zero_grad(set_to_none=True)
+            loss = F.mse_loss(ddp(x), y)
+            loss.backward()                      # DDP allreduces the gradients here
+            opt.step()
+            if args.checkpoint_every and (n + 1) % args.checkpoint_every == 0:
+                buf = io.BytesIO()
+                torch.save(model.state_dict(), buf)
+                storage.checkpoint(n, buf.getvalue())
+            seconds = time.perf_counter() - start
+            if rank == 0:
+                print(json.dumps({"step": n, "seconds": round(seconds, 6)}), flush=True)
+    finally:
+        storage.close()
     markers.done()
     dist.barrier()
     dist.destroy_process_group()

@@ -15,6 +15,11 @@ other ranks' stdout) goes to <node dir>/train.log. When one rank fails, the
 others are ended (SIGTERM, SIGKILL after 3 s), and the run's returncode is the
 failed rank's.
 
+With data_server (a lab.dataserver address, see running_dataserver) every rank
+also GETs data_bytes per step and PUTs a checkpoint every checkpoint_every steps
+over one persistent connection; with io_log_dir each rank logs every transfer to
+{io_log_dir}/rank{r}.jsonl, read back with TrainingRun.io_events(rank).
+
 This module does not import torch; only lab/train_worker.py (the rank) does.
 """
 
@@ -62,8 +67,10 @@ def param_bytes(width: int, layers: int) -> int:
 class TrainingRun:
     """A running DDP job, Popen-like. Use it as a context manager (ends ranks on exit)."""
 
-    def __init__(self, lab: Lab, argv: list[list[str]], envs: list[dict], timeout_s: float | None):
+    def __init__(self, lab: Lab, argv: list[list[str]], envs: list[dict], timeout_s: float | None,
+                 io_log_dir: str | None = None):
         self.lab = lab
+        self.io_log_dir = io_log_dir
         self.returncode: int | None = None
         self.error: str | None = None       # one line, set when a rank failed or timed out
         self.records: list[dict] = []        # every step line from rank 0 so far
@@ -113,6 +120,16 @@ class TrainingRun:
                 self._queue.put(None)       # later calls end at once too
                 return
             yield item
+
+    def io_log_path(self, rank: int) -> str | None:
+        self.lab.node(rank)                   # UserError for a rank the lab lacks
+        return io_log_path(self.io_log_dir, rank) if self.io_log_dir else None
+
+    def io_events(self, rank: int) -> list[dict]:
+        """Rank `rank`'s transfers so far ({"kind", "step", "rank", "start_ns", "end_ns",
+        "bytes"}, in order); [] without io_log_dir or before its first transfer."""
+        path = self.io_log_path(rank)
+        return read_io_log(path) if path else []
 
     def poll(self) -> int | None:
         return self.returncode if self._done.is_set() else None
@@ -234,6 +251,44 @@ def _last_line(path: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+def io_log_path(io_log_dir: str, rank: int) -> str:
+    return os.path.join(io_log_dir, f"rank{rank}.jsonl")
+
+
+def read_io_log(path: str) -> list[dict]:
+    """The complete JSON lines of a rank's I/O log ([] when it does not exist). A last
+    line without its newline is still being written and is left for the next read."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+def io_args(data_server: str | None, data_bytes: int, checkpoint_every: int) -> list[str]:
+    """train_worker flags for the data-server options; UserError when they do not fit."""
+    from lab.dataserver import MAX_LENGTH, parse_addr
+    for value, what, flag in ((data_bytes, "data size", "data_bytes"),
+                              (checkpoint_every, "checkpoint interval", "checkpoint_every")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UserError(f"{what} {value!r} is not valid", f"give {flag}=0 (none) or more")
+    if data_bytes > MAX_LENGTH:
+        raise UserError(f"data size {data_bytes} is over the data server's limit",
+                        f"give data_bytes up to {MAX_LENGTH} (1 GiB)")
+    if data_server is None:
+        if data_bytes or checkpoint_every:
+            raise UserError("data_bytes and checkpoint_every need a data server",
+                            "start one with lab.dataserver.running_dataserver(lab) and pass "
+                            "data_server=its ADDR:PORT")
+        return []
+    if not isinstance(data_server, str):
+        raise UserError(f"data server {data_server!r} is not ADDR:PORT", "give e.g. 198.18.0.1:9000")
+    parse_addr(data_server)
+    return ["--data-server", data_server, "--data-bytes", str(data_bytes),
+            "--checkpoint-every", str(checkpoint_every)]
+
+
 def rank_env(lab: Lab, rank: int, master_port: int, base: dict | None = None) -> dict:
     """The environment of rank `rank` (without extra_env)."""
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in RANK_ENV}
@@ -250,15 +305,39 @@ def rank_env(lab: Lab, rank: int, master_port: int, base: dict | None = None) ->
     return env
 
 
+def _prepare_io_logs(io_log_dir, world_size: int) -> str | None:
+    """Create io_log_dir and empty every rank's log (no lines from an earlier run)."""
+    if io_log_dir is None:
+        return None
+    if not isinstance(io_log_dir, (str, os.PathLike)) or not str(io_log_dir):
+        raise UserError(f"I/O log directory {io_log_dir!r} is not valid", "give a directory path")
+    path = os.path.abspath(os.fspath(io_log_dir))
+    try:
+        os.makedirs(path, exist_ok=True)
+        for rank in range(world_size):
+            open(io_log_path(path, rank), "w").close()
+    except OSError as exc:
+        raise UserError(f"cannot write I/O logs in {path}: {exc.strerror}",
+                        "give a writable io_log_dir") from None
+    return path
+
+
 def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: dict | None = None,
                    batch: int = 32, master_port: int | None = None,
-                   timeout_s: float | None = None, python: str | None = None) -> TrainingRun:
+                   timeout_s: float | None = None, python: str | None = None, *,
+                   data_server: str | None = None, data_bytes: int = 0,
+                   checkpoint_every: int = 0, io_log_dir: str | None = None) -> TrainingRun:
     """Start DDP on every node of `lab` for `steps` steps; returns the TrainingRun.
 
     model_mb: MLP parameter MiB (default 8); batch: samples per rank per step;
     master_port: rank 0's rendezvous port (default: random in 20000-39999);
     timeout_s: end all ranks when the run takes longer (default: no limit;
-    each rank's gloo collectives time out after 300 s anyway)."""
+    each rank's gloo collectives time out after 300 s anyway).
+    data_server: ADDR:PORT of a lab.dataserver; data_bytes: bytes each rank GETs
+    per step (0: none); checkpoint_every: each rank PUTs its state_dict after
+    every K-th step (0: never); io_log_dir: each rank's transfers go to
+    {io_log_dir}/rank{r}.jsonl (see TrainingRun.io_events)."""
+    io_flags = io_args(data_server, data_bytes, checkpoint_every)   # checked before root
     require_root("`lab train`")
     lab = load(lab if isinstance(lab, str) else lab.name)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -268,11 +347,14 @@ def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: d
     mlp_shape(model_mb)
     port = master_port or random.randint(20000, 39999)
     python = python or sys.executable
+    log_dir = _prepare_io_logs(io_log_dir, lab.world_size)
     argv, envs = [], []
     for node in lab.nodes:
+        log_flag = ["--io-log", io_log_path(log_dir, node.index)] if log_dir else []
         argv.append(exec_argv(node, [python, "-m", "lab.train_worker", "--steps", str(steps),
-                                     "--model-mb", repr(float(model_mb)), "--batch", str(batch)]))
+                                     "--model-mb", repr(float(model_mb)), "--batch", str(batch),
+                                     *io_flags, *log_flag]))
         env = rank_env(lab, node.index, port)
         env.update(extra_env or {})
         envs.append(env)
-    return TrainingRun(lab, argv, envs, timeout_s)
+    return TrainingRun(lab, argv, envs, timeout_s, io_log_dir=log_dir)

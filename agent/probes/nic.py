@@ -34,7 +34,8 @@ from agent.probes import nic_settings as settings_mod
 from agent.probes.base import Probe, ProbeUnavailable
 from agent.probes.nic_flows import KEY_DTYPE, VAL_DTYPE, FlowDelta, FlowTable
 from agent.probes.nic_ring import BIN_DTYPE, RingSet
-from agent.probes.nic_window import Burst, BurstDetector, WindowAssembler, WindowStats
+from agent.probes.nic_window import (Burst, BurstDetector, BurstSelector, WindowAssembler,
+                                     WindowStats)
 from fabricscope.errors import UserError
 from fabricscope.records import Record
 
@@ -63,8 +64,8 @@ class NicProbe(Probe):
         self._pending: list[Record] = []
         # `lost` (bins the ring overwrote before a drain) is fabricscope_agent_events_lost_total
         self._counts = {"lost": 0, "slots_read": 0, "flow_entries_read": 0, "windows": 0,
-                        "bursts": 0, "flows_evicted": 0, "flows_deleted": 0,
-                        "drops_host_wide": 0}
+                        "bursts": 0, "bursts_unlisted": 0, "flows_evicted": 0,
+                        "flows_deleted": 0, "drops_host_wide": 0}
         self._kernel_stats: dict[str, int] = {}
 
     # --- attach ---------------------------------------------------------------------
@@ -140,6 +141,7 @@ class NicProbe(Probe):
         self._windows = [WindowAssembler(s.bin_ns, s.bins_per_window, start)
                          for _ in rings.rings]
         self._bursts = [BurstDetector() for _ in rings.rings]
+        self._selectors = [BurstSelector(s.bursts_per_window) for _ in rings.rings]
         self._speeds = [s.speeds.speed_bps(link.name) for link in self._ifaces]
         self._window_index = (start + 1) // s.bins_per_window
         flows = self._bpf[b"fs_nic_flows"]
@@ -181,8 +183,15 @@ class NicProbe(Probe):
                 bursts += self._bursts[ring.ring_id].flush()
                 last = self._windows[ring.ring_id].flush(upto)
                 windows += [last] if last else []
-            self._pending += [self._burst_record(b, tags, speed, wall) for b in bursts]
-            self._pending += [self._window_record(w, tags, speed, wall) for w in windows]
+            selector = self._selectors[ring.ring_id]
+            selector.add(bursts)
+            for i, w in enumerate(windows):
+                listed, found = (selector.flush() if final and i == len(windows) - 1
+                                 else selector.close(w.start_ns + self.s.window_ns))
+                self._pending += [self._burst_record(b, tags, speed, wall) for b in listed]
+                self._pending.append(self._window_record(w, tags, speed, wall, found,
+                                                         len(listed)))
+                self._counts["bursts_unlisted"] += found - len(listed)
             self._counts["bursts"] += len(bursts)
             self._counts["windows"] += len(windows)
         self._upto = upto
@@ -221,7 +230,8 @@ class NicProbe(Probe):
         raw = nic_bpfmap.read_array_range(self._bpf[b"fs_nic_drops"].map_fd, 0, DROP_SLOTS, row)
         return np.frombuffer(raw, "<u8").reshape(DROP_SLOTS, self._cpus).sum(axis=1).tolist()
 
-    def _window_record(self, w: WindowStats, tags: dict, speed: int, wall) -> Record:
+    def _window_record(self, w: WindowStats, tags: dict, speed: int, wall, bursts: int,
+                       listed: int) -> Record:
         bin_s = self.s.bin_ns / 1e9
         peak_bps = w.peak_bytes * 8 / bin_s
         fields = {"bytes": w.bytes, "packets": w.packets,
@@ -229,7 +239,8 @@ class NicProbe(Probe):
                   "peak_bps": peak_bps, "p99_bps": w.p99_bytes * 8 / bin_s,
                   "peak_util": peak_bps / speed, "hot_bins": w.hot_bins,
                   "hot_s": w.hot_bins * bin_s, "link_speed_bps": speed,
-                  "bin_us": self.s.bin_ns // 1000, "lost_bins": w.lost_bins}
+                  "bin_us": self.s.bin_ns // 1000, "lost_bins": w.lost_bins,
+                  "bursts": bursts, "bursts_listed": listed}
         return Record("nic_window", wall(w.start_ns), dict(tags), fields)
 
     def _burst_record(self, b: Burst, tags: dict, speed: int, wall) -> Record:

@@ -96,6 +96,7 @@ class NicSettings:
     speeds: LinkSpeeds
     max_flows: int
     ring_slots: int
+    bursts_per_window: int = 16
 
     @property
     def bins_per_window(self) -> int:
@@ -125,10 +126,14 @@ def from_config(cfg) -> NicSettings:
     if not 16 <= cfg.nic_max_flows <= 1 << 22:
         raise UserError(f"nic_max_flows {cfg.nic_max_flows} is outside 16..4194304",
                         "give e.g. --nic-max-flows 8192")
+    if not 0 <= cfg.nic_bursts_per_window <= 100_000:
+        raise UserError(f"nic_bursts_per_window {cfg.nic_bursts_per_window} is outside "
+                        "0..100000", "give e.g. --nic-bursts-per-window 16")
     for name in cfg.interfaces:
         if not _IFNAME.match(name):
             raise UserError(f"interfaces: {name!r} is not an interface name",
                             "list names as `ip link` shows them, e.g. eth0,eth1")
     return NicSettings(tuple(dict.fromkeys(cfg.interfaces)), bin_ns, window_ns,
                        float(cfg.nic_burst_threshold), LinkSpeeds.parse(cfg.link_speed_bps),
-                       int(cfg.nic_max_flows), ring_slots(bin_ns, cfg.poll_interval_s))
+                       int(cfg.nic_max_flows), ring_slots(bin_ns, cfg.poll_interval_s),
+                       int(cfg.nic_bursts_per_window))

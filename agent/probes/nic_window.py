@@ -238,3 +238,35 @@ class WindowAssembler:
         self._covered_from = end_bin
         self._reset()
         return stats
+
+
+class BurstSelector:
+    """Which bursts of one ring become records: per window at most `limit`, the largest
+    by bytes (ties: the earlier), listed in time order. A burst belongs to the window its
+    first packet falls in; every burst is counted there, listed or not, so the window
+    record keeps the totals while a link that bursts all the time (a DDP job's every
+    bucket) makes a bounded number of records."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._held: list[Burst] = []
+
+    def add(self, bursts: list[Burst]) -> None:
+        self._held += bursts
+
+    def close(self, end_ns: int) -> tuple[list[Burst], int]:
+        """Take the bursts that started before end_ns (a window's end): (listed, found)."""
+        mine = [b for b in self._held if b.start_ns < end_ns]
+        self._held = [b for b in self._held if b.start_ns >= end_ns]
+        return self._pick(mine), len(mine)
+
+    def flush(self) -> tuple[list[Burst], int]:
+        """At shutdown: every burst still held, as one last window."""
+        mine, self._held = self._held, []
+        return self._pick(mine), len(mine)
+
+    def _pick(self, bursts: list[Burst]) -> list[Burst]:
+        if len(bursts) <= self.limit:
+            return bursts
+        order = sorted(range(len(bursts)), key=lambda i: (-bursts[i].bytes, i))[:self.limit]
+        return [bursts[i] for i in sorted(order)]

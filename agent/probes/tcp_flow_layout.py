@@ -16,12 +16,12 @@ from fabricscope.records import Record
 RTT_BUCKETS = 24          # FS_RTT_BUCKETS
 CWND_BUCKETS = 16         # FS_CWND_BUCKETS
 SSTHRESH_INFINITE = 0x7FFFFFFF
-EV_OPEN, EV_CLOSE, EV_RST_SENT, EV_RST_RECV = 1, 2, 3, 4
+EV_OPEN, EV_CLOSE, EV_RST_SENT, EV_RST_RECV, EV_TRANSFER = 1, 2, 3, 4, 5
 CLOSE_ESTABLISHED, CLOSE_UNA = 1, 2
 RST_REASON_NONE = 0xFFFFFFFF
 #: FS_FSTAT_* order
 FLOW_STATS = ("probe_hits", "rtt_samples", "flow_events_emitted", "flow_events_lost",
-              "no_slot", "state_hits")
+              "no_slot", "state_hits", "transfers", "transfers_small")
 
 #: enum sk_rst_reason (include/net/rstreason.h, 6.10+), as the tracepoint prints it
 RST_REASONS = ("NOT_SPECIFIED", "NO_SOCKET", "TCP_INVALID_ACK_SEQUENCE", "TCP_RFC7323_PAWS",
@@ -38,7 +38,7 @@ class FlowSlot(ctypes.Structure):
                 ("cwnd_max", ctypes.c_uint32), ("ssthresh_min", ctypes.c_uint32),
                 ("ssthresh_max", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("acked", ctypes.c_uint64), ("rtt_sum_us", ctypes.c_uint64),
-                ("rtt_sumsq_us", ctypes.c_uint64),
+                ("rtt_sumsq_us", ctypes.c_uint64), ("received", ctypes.c_uint64),
                 ("rtt_hist", ctypes.c_uint32 * RTT_BUCKETS),
                 ("cwnd_hist", ctypes.c_uint32 * CWND_BUCKETS)]
 
@@ -50,6 +50,9 @@ class FlowStat(ctypes.Structure):
 class Sock(ctypes.Structure):
     _fields_ = [("start_ns", ctypes.c_uint64), ("est_ns", ctypes.c_uint64),
                 ("acked", ctypes.c_uint64), ("sent", ctypes.c_uint64),
+                ("received", ctypes.c_uint64), ("xfer_start", ctypes.c_uint64),
+                ("xfer_last", ctypes.c_uint64), ("xfer_in", ctypes.c_uint64),
+                ("xfer_out", ctypes.c_uint64),
                 ("last_una", ctypes.c_uint32), ("last_nxt", ctypes.c_uint32),
                 ("has_una", ctypes.c_uint8), ("active", ctypes.c_uint8),
                 ("pad", ctypes.c_uint8 * 6)]
@@ -61,7 +64,7 @@ class FlowEvent(ctypes.Structure):
                 ("oldstate", ctypes.c_int32), ("state", ctypes.c_int32),
                 ("reason", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                 ("duration_ns", ctypes.c_uint64), ("bytes_acked", ctypes.c_uint64),
-                ("bytes_sent", ctypes.c_uint64)]
+                ("bytes_sent", ctypes.c_uint64), ("bytes_received", ctypes.c_uint64)]
 
 
 FLOW_DTYPE = np.dtype(FsFlow)
@@ -70,7 +73,8 @@ STAT_DTYPE = np.dtype(FlowStat)
 
 
 def decode_flow_event(raw: bytes, to_wall) -> Record:
-    """One flow_events ring buffer event -> tcp_flow_open, tcp_flow_close or tcp_reset."""
+    """One flow_events ring buffer event -> tcp_flow_open, tcp_flow_close, tcp_reset or
+    tcp_transfer."""
     size = ctypes.sizeof(FlowEvent)
     if len(raw) < size:
         raise ValueError(f"flow event of {len(raw)} bytes, expected {size}")
@@ -90,6 +94,7 @@ def decode_flow_event(raw: bytes, to_wall) -> Record:
         if ev.flags & CLOSE_UNA:
             fields["bytes_acked"] = int(ev.bytes_acked)
             fields["bytes_sent"] = int(ev.bytes_sent)
+            fields["bytes_received"] = int(ev.bytes_received)
         return Record("tcp_flow_close", time_ns,
                       {**tags, "side": side, "from_state": state_name(ev.oldstate)}, fields)
     if ev.type in (EV_RST_SENT, EV_RST_RECV):
@@ -100,4 +105,9 @@ def decode_flow_event(raw: bytes, to_wall) -> Record:
             tags["reason"] = (RST_REASONS[ev.reason] if ev.reason < len(RST_REASONS)
                               else str(ev.reason))
         return Record("tcp_reset", time_ns, tags, {"count": 1})
+    if ev.type == EV_TRANSFER:
+        seconds = ev.duration_ns / 1e9
+        fields = {"seconds": seconds, "bytes_in": int(ev.bytes_received),
+                  "bytes_out": int(ev.bytes_acked)}
+        return Record("tcp_transfer", time_ns, {**tags, "side": side}, fields)
     raise ValueError(f"flow event of unknown type {ev.type}")

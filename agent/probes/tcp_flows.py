@@ -40,7 +40,7 @@ from agent.probes.tcp_common import FsFlow, flow_key
 from agent.probes.tcp_flow_layout import (FLOW_DTYPE, FLOW_STATS, STAT_DTYPE, FlowEvent,
                                           FlowStat, Sock, decode_flow_event)
 from agent.probes.tcp_hooks import MAX_FLOW_MAP_BYTES, FlowSettings, hook_cflags
-from agent.probes.tcp_retransmit import STATS, TcpRetransmitProbe, record_flow, tag_owners
+from agent.probes.tcp_retransmit import STATS, TcpRetransmitProbe, record_flow
 from agent.probes.tcp_window import (FlowRetrans, NodeTally, flow_fields, flow_record,
                                      merge_slots, node_record, retrans_only_fields)
 from fabricscope.records import Record
@@ -83,7 +83,8 @@ class TcpFlowsProbe(TcpRetransmitProbe):
                         self.settings.max_flows, self._cpus,
                         self.settings.max_flows * per_flow >> 20, self._max_flows)
         return super()._cflags() + [f"-DMAX_FLOWS={self._max_flows}",
-                                    *hook_cflags(self.settings.hooks)]
+                                    *hook_cflags(self.settings.hooks),
+                                    *self.settings.transfer_cflags()]
 
     def _setup(self) -> None:
         super()._setup()
@@ -204,14 +205,16 @@ class TcpFlowsProbe(TcpRetransmitProbe):
 
     def poll(self) -> list[Record]:
         if self._bpf is None:
-            return []
+            return self._tagger.flush()
         now_ns = self._now_ns()
         finished = self._cut(now_ns) if now_ns / 1e9 >= self._next_due else None
         # Drained after the cut: every event stamped before it is in the buffers now.
         self._bpf.ring_buffer_consume()
-        out, self._pending = self._pending, []
-        tag_owners(out, self.owners)
-        self._windowed += [r for r in out if r.measurement in _WINDOWED]
+        fresh, self._pending = self._pending, []
+        # Tallied now (a record waiting for its owner's tags is the same object, tagged
+        # later); passed on once tagged.
+        self._windowed += [r for r in fresh if r.measurement in _WINDOWED]
+        out = self._tagger.tag(fresh)
         self._closed.update(record_flow(r) for r in out if r.measurement == "tcp_flow_close")
         if finished is not None:
             gen, start_ns, seconds = finished

@@ -17,7 +17,7 @@ from agent.probes.tcp_common import tracepoint_field_types
 HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "tcp/tcp_probe": ("-DFS_WITH_TCP_PROBE",
                       ("saddr", "daddr", "snd_una", "snd_nxt", "snd_cwnd", "ssthresh", "srtt",
-                       "skaddr")),
+                       "skaddr", "data_len", "family")),
     "sock/inet_sock_set_state": ("-DFS_WITH_SET_STATE",
                                  ("skaddr", "oldstate", "newstate", "sport", "dport",
                                   "family", "protocol", "saddr", "daddr", "saddr_v6",
@@ -37,13 +37,20 @@ class FlowSettings:
     window_s: float = 1.0
     max_flows: int = 4096
     hooks: tuple[str, ...] = DEFAULT_HOOKS
+    transfer_gap_us: int = 2000
+    transfer_min_bytes: int = 65536
 
     @classmethod
     def from_config(cls, cfg) -> "FlowSettings":
         """From AgentConfig (already checked); None (tests, benches): the defaults."""
         if cfg is None:
             return cls()
-        return cls(float(cfg.tcp_window_s), int(cfg.tcp_max_flows), tuple(cfg.tcp_flow_hooks))
+        return cls(float(cfg.tcp_window_s), int(cfg.tcp_max_flows), tuple(cfg.tcp_flow_hooks),
+                   int(cfg.tcp_transfer_gap_us), int(cfg.tcp_transfer_min_bytes))
+
+    def transfer_cflags(self) -> list[str]:
+        return [f"-DFS_TRANSFER_GAP_NS={self.transfer_gap_us * 1000}",
+                f"-DFS_TRANSFER_MIN_BYTES={self.transfer_min_bytes}"]
 
 
 def hook_cflags(hooks, tracefs=None) -> list[str]:

@@ -147,6 +147,37 @@ def tag_owners(records: list[Record], owners: Owners) -> None:
             rec.tags.update(owner.tags())
 
 
+class OwnerTagger:
+    """Owner tags for flow records, waiting for them when they may still come.
+
+    /proc is rescanned at most every Owners.rescan_s, so a flow that opened since the
+    last scan is unknown for up to that long. Its records wait for the next scan
+    rather than leave untagged (a short training job would otherwise lose the rank of
+    most of its flows), until the owner is found or given up (Owners.max_attempts
+    scans); records without a flow pass straight through."""
+
+    def __init__(self, owners: Owners):
+        self.owners = owners
+        self._waiting: list[Record] = []
+
+    def tag(self, records: list[Record]) -> list[Record]:
+        pool, self._waiting = self._waiting + records, []
+        tag_owners(pool, self.owners)
+        out = []
+        for r in pool:
+            if "sport" in r.tags and "pid" not in r.tags and \
+                    self.owners.pending(record_flow(r)):
+                self._waiting.append(r)
+            else:
+                out.append(r)
+        return out
+
+    def flush(self) -> list[Record]:
+        """Everything still waiting, untagged (the probe is going away)."""
+        out, self._waiting = self._waiting, []
+        return out
+
+
 class TcpRetransmitProbe(Probe):
     name = "tcp_retransmit"
     needs_bpf = True
@@ -159,6 +190,7 @@ class TcpRetransmitProbe(Probe):
         self._pending: list[Record] = []
         self._decode_errors = 0
         self.owners = Owners()
+        self._tagger = OwnerTagger(self.owners)
         self.kinds_known = False
         self.raw_retransmit = False
 
@@ -232,11 +264,10 @@ class TcpRetransmitProbe(Probe):
 
     def poll(self) -> list[Record]:
         if self._bpf is None:
-            return []
+            return self._tagger.flush()
         self._bpf.ring_buffer_consume()
         out, self._pending = self._pending, []
-        tag_owners(out, self.owners)
-        return out
+        return self._tagger.tag(out)
 
     def stats(self) -> dict[str, int]:
         if self._bpf is None:

@@ -25,7 +25,7 @@ from agent.probes.tcp_flow_layout import SSTHRESH_INFINITE
 from fabricscope.records import Record
 
 U32_MAX = 0xFFFFFFFF
-_SUM = ("segs_in", "rtt_samples", "acked", "rtt_sum_us", "rtt_sumsq_us")
+_SUM = ("segs_in", "rtt_samples", "acked", "rtt_sum_us", "rtt_sumsq_us", "received")
 _MIN = ("rtt_min_us", "cwnd_min", "ssthresh_min")
 _MAX = ("rtt_max_us", "cwnd_max", "ssthresh_max")
 
@@ -113,8 +113,12 @@ def flow_fields(m: dict[str, np.ndarray], i: int, seconds: float) -> dict[str, i
     """tcp_flow fields of merged flow i (without retransmits)."""
     segs_in = int(m["segs_in"][i])
     acked = int(m["acked"][i])
+    received = int(m["received"][i])
     out: dict[str, int | float] = {"seconds": seconds, "segs_in": segs_in, "bytes_acked": acked,
-                                   "acked_bps": acked * 8 / seconds if seconds > 0 else 0.0}
+                                   "acked_bps": acked * 8 / seconds if seconds > 0 else 0.0,
+                                   "bytes_received": received,
+                                   "received_bps": received * 8 / seconds if seconds > 0
+                                   else 0.0}
     if segs_in:
         out["cwnd_min"] = int(m["cwnd_min"][i])
         out["cwnd_max"] = int(m["cwnd_max"][i])
@@ -144,7 +148,7 @@ def flow_record(key, fields: dict, retrans: FlowRetrans | None, start_ns: int,
 def retrans_only_fields(seconds: float) -> dict[str, int | float]:
     """tcp_flow fields of a flow that only retransmitted in the window (no ACK seen)."""
     return {"seconds": seconds, "segs_in": 0, "bytes_acked": 0, "acked_bps": 0.0,
-            "rtt_samples": 0}
+            "bytes_received": 0, "received_bps": 0.0, "rtt_samples": 0}
 
 
 def node_record(start_ns: int, seconds: float, flows: int, bytes_acked: int,

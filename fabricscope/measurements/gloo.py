@@ -44,6 +44,10 @@ MEASUREMENTS = [
                                      "sent exactly the ring model, < 1 when it sent more"),
             "pid": Field(int, "", "process id"),
             "tid": Field(int, "", "thread id"),
+            "retransmits": Field(int, "events", "TCP retransmits of this process stamped "
+                                 "inside the window (agent/training_join.py; absent when no "
+                                 "tcp probe runs)"),
+            "retrans_segs": Field(int, "segments", "their segments"),
         },
     ),
     Measurement(
@@ -65,20 +69,36 @@ MEASUREMENTS = [
             "sent_bytes": Field(int, "B", "payload this rank handed to the transport"),
             "busbw_gbs": Field(float, "GB/s", "AllReduce bus bandwidth over sync_seconds"),
             "wire_efficiency": Field(float, "", "ring-model bytes / sent_bytes"),
+            "retransmits": Field(int, "events", "TCP retransmits of this process stamped "
+                                 "inside the step (agent/training_join.py; absent when no "
+                                 "tcp probe runs)"),
+            "retrans_segs": Field(int, "segments", "their segments"),
         },
     ),
     Measurement(
         name="gloo_phase",
-        doc="A training phase inferred from collective windows: param_broadcast (the "
-            "collectives before the first AllReduce: DDP's parameter broadcast and checks), "
-            "grad_sync (AllReduce in flight, per step), compute (the rest of a step).",
-        source=_SOURCE,
-        tags={**_JOB_TAGS, "phase": "param_broadcast, grad_sync or compute"},
+        doc="A training phase. From collective windows: param_broadcast (the collectives "
+            "before the first AllReduce: DDP's parameter broadcast and checks), grad_sync "
+            "(AllReduce in flight, per step), compute (the rest of a step). From the "
+            "process's TCP transfers outside its collective windows (agent/training_join.py): "
+            "data_load (a transfer that mostly received: dataset reads) and checkpoint (one "
+            "that mostly sent), one record per transfer.",
+        source=_SOURCE + "; data_load and checkpoint: agent/training_join.py over tcp_transfer",
+        tags={**_JOB_TAGS, "phase": "param_broadcast, grad_sync, compute, data_load or "
+                                    "checkpoint"},
         fields={
-            "seconds": Field(float, "s", "duration (grad_sync: union of the windows)"),
-            "bytes": Field(int, "B", "message bytes of the phase's collectives"),
+            "seconds": Field(float, "s", "duration (grad_sync: union of the windows; "
+                                         "data_load, checkpoint: the transfer's)"),
+            "bytes": Field(int, "B", "message bytes of the phase's collectives; data_load, "
+                                     "checkpoint: bytes_in + bytes_out"),
             "collectives": Field(int, "", "collectives in the phase"),
-            "step": Field(int, "", "inferred step index; -1 before the first step"),
+            "step": Field(int, "", "inferred step index; -1 before the first step (steps run "
+                                   "from one first AllReduce to the next, so data loaded "
+                                   "for step n is in step n - 1)"),
+            "bytes_in": Field(int, "B", "data_load, checkpoint: payload received"),
+            "bytes_out": Field(int, "B", "data_load, checkpoint: bytes the peer acknowledged"),
+            "peer": Field(str, "", "data_load, checkpoint: the remote address:port"),
+            "pid": Field(int, "", "data_load, checkpoint: the process that moved the bytes"),
         },
     ),
     Measurement(

@@ -38,6 +38,11 @@ MEASUREMENTS = [
             "lost_bins": Field(int, "bins",
                                "bins the ring overwrote before a drain read them (their "
                                "traffic is missing from this window); 0 normally"),
+            "bursts": Field(int, "bursts", "bursts that started in the window (each a "
+                                           "nic_burst record when listed)"),
+            "bursts_listed": Field(int, "bursts",
+                                   "of which written as nic_burst records: the largest "
+                                   "nic_bursts_per_window by bytes"),
         },
     ),
     Measurement(
@@ -45,7 +50,8 @@ MEASUREMENTS = [
         doc="One microburst: a run of consecutive hot bins (utilization >= "
             "nic_burst_threshold), extended by the partly filled bin on each side. "
             "Time: the first packet of the burst (bpf_ktime_get_ns of its first bin's "
-            "first packet).",
+            "first packet). At most nic_bursts_per_window per interface, direction and "
+            "window (the largest by bytes); nic_window counts all of them.",
         source="agent probe nic (bpf/nic.bpf.c)",
         tags=dict(_IFACE),
         fields={

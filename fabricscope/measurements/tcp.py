@@ -92,6 +92,9 @@ MEASUREMENTS = [
                                       "hits: ACKs and data)"),
             "bytes_acked": _i("bytes", "bytes the peer newly acknowledged (snd_una advance)"),
             "acked_bps": _f("bit/s", "bytes_acked * 8 / seconds: delivered throughput"),
+            "bytes_received": _i("bytes", "TCP payload received (data_len of the segments "
+                                          "tcp_probe saw; retransmitted duplicates count)"),
+            "received_bps": _f("bit/s", "bytes_received * 8 / seconds"),
             "rtt_samples": _i("samples", "RTT samples in the window"),
             "rtt_p50_us": _f("us", "median smoothed RTT"),
             "rtt_p90_us": _f("us", "90th percentile"),
@@ -167,6 +170,25 @@ MEASUREMENTS = [
             "duration_s": _f("s", "ESTABLISHED to CLOSE (absent when not seen established)"),
             "bytes_acked": _i("bytes", "bytes the peer acknowledged (snd_una advance)"),
             "bytes_sent": _i("bytes", "bytes sent (snd_nxt advance)"),
+            "bytes_received": _i("bytes", "TCP payload received while established"),
+        },
+    ),
+    Measurement(
+        name="tcp_transfer",
+        doc="One transfer of a connection: a run of segments that moved bytes (payload "
+            "received, or data the peer acknowledged) with no gap longer than "
+            "tcp_transfer_gap_us, of at least tcp_transfer_min_bytes. Reported when the "
+            "next transfer of the flow starts or the flow closes. The agent folds the "
+            "transfers of a training process inside its own collective windows into those "
+            "(gloo_collective); the others, data loading and checkpoints among them, are "
+            "written (see agent/training_join.py). Time: the transfer's first segment.",
+        source=_SOURCE_F,
+        tags={**_FLOW, **_SIDE, **OWNER_TAGS},
+        optional_tags=_OWNERS,
+        fields={
+            "seconds": _f("s", "first to last segment that moved bytes"),
+            "bytes_in": _i("bytes", "TCP payload received"),
+            "bytes_out": _i("bytes", "bytes the peer acknowledged (what this side sent)"),
         },
     ),
     Measurement(

@@ -51,7 +51,8 @@ def disturbed(truth: dict) -> bool:
 
 def test_microbursts_found_with_start_and_size():
     with netns_pair(mtu=9000) as pair, running(pair.exec(pair.ns_a), "--interfaces", pair.if_a,
-                                       "--link-speed-bps", f"{pair.if_a}=1gbit") as probe:
+                                       "--link-speed-bps", f"{pair.if_a}=1gbit",
+                                       "--nic-bursts-per-window", "1000") as probe:
         ready = probe.ready()
         offset = ready["clock_offset_ns"]
         # quiet baseline: await QUIET_S complete 1 s windows on the idle link
@@ -99,3 +100,8 @@ def test_microbursts_found_with_start_and_size():
             validate(Record(record["measurement"], record["time_ns"],
                             {**record["tags"], "node": "n"}, record["fields"]))
     assert stats["lost"] == 0 and stats["ring_miss"] == 0
+    # every burst found is counted in its window, and listed (the cap is above the count)
+    tx_windows = [w for w in probe.records("nic_window") if w["tags"]["direction"] == "tx"]
+    tx_bursts = [b for b in probe.records("nic_burst") if b["tags"]["direction"] == "tx"]
+    assert sum(w["fields"]["bursts"] for w in tx_windows) == len(tx_bursts)
+    assert all(w["fields"]["bursts_listed"] == w["fields"]["bursts"] for w in tx_windows)

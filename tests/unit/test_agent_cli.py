@@ -36,6 +36,7 @@ def fabricscope(*args, **kw):
     (["--addresses", "198.18.0.300"], "is not an IP address"),
     (["--batch-max-records", "10", "--queue-max-records", "5"], "smaller than one batch"),
     (["--config", "/nonexistent/agent.yaml"], "cannot read config file"),
+    (["--nice", "25"], "nice 25 is outside 0..19"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(args, cause):
     proc = fabricscope("agent", *args)
@@ -138,3 +139,26 @@ def test_markers_only_agent_prints_steps_and_stops_cleanly(tmp_path):
     assert rc == 0, "".join(agent.stderr)
     assert not any("Traceback" in line for line in agent.stderr)
     assert list(tmp_path.glob("*.ring")) == []
+
+
+def test_lower_priority_reaches_every_thread_and_new_ones_inherit_it():
+    code = """
+import os, threading
+from agent.main import lower_priority
+ready, release = threading.Event(), threading.Event()
+def idle():
+    ready.set(); release.wait()
+t = threading.Thread(target=idle); t.start(); ready.wait()
+lower_priority(7)
+seen = {}
+def later():
+    seen['later'] = os.getpriority(os.PRIO_PROCESS, 0)
+u = threading.Thread(target=later); u.start(); u.join()
+print(sorted(os.getpriority(os.PRIO_PROCESS, int(x)) for x in os.listdir('/proc/self/task')),
+      seen['later'])
+release.set(); t.join()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=ENV, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[7,", "7]", "7"]

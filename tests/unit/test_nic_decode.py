@@ -207,6 +207,7 @@ def test_defaults_give_8192_bins_of_100_us():
     (["--link-speed-bps", "1gbit,2gbit"], "two defaults"),
     (["--interfaces", "bad name"], "not an interface name"),
     (["--nic-max-flows", "3"], "nic_max_flows"),
+    (["--nic-bursts-per-window", "-1"], "nic_bursts_per_window"),
 ])
 def test_bad_settings_are_one_line_user_errors(argv, words):
     with pytest.raises(UserError) as err:

@@ -51,8 +51,9 @@ def test_window_record_values():
     w = WindowStats(start_ns=5 * 10**9, covered_bins=10_000, bytes=125_000_000, packets=1000,
                     peak_bytes=12_500, p99_bytes=6_250.0, hot_bins=3, lost_bins=0)
     r = p._window_record(w, {"interface": "eth0", "direction": "rx"}, 1_000_000_000,
-                         p.ctx.clock.to_wall)
+                         p.ctx.clock.to_wall, 40, 16)
     assert r.time_ns == 10**18 + 5 * 10**9
+    assert (r.fields["bursts"], r.fields["bursts_listed"]) == (40, 16)
     f = r.fields
     assert f["rate_bps"] == pytest.approx(1e9)            # 125 MB in 1 s
     assert f["peak_bps"] == pytest.approx(1e9)            # 12.5 kB in 100 us

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.probes.nic_ring import Bins
-from agent.probes.nic_window import BurstDetector, WindowAssembler, p99
+from agent.probes.nic_window import Burst, BurstDetector, BurstSelector, WindowAssembler, p99
 
 BIN_NS = 100_000
 HOT = 6250.0              # 50 % of 1 Gbit/s in 100 us
@@ -201,3 +201,25 @@ def test_detector_matches_the_offline_definition_for_any_drain_cuts(rows, cuts):
         out += det.feed(data.select(mask), upto, HOT)
     got = [(x.start_ns // BIN_NS, x.end_ns // BIN_NS, x.bytes) for x in out]
     assert got == reference_bursts(rows)
+
+
+def _burst(start_ns: int, nbytes: int) -> Burst:
+    return Burst(start_ns, start_ns + 1000, nbytes, 1, nbytes, 1, 1)
+
+
+def test_selector_lists_the_largest_bursts_of_a_window_in_time_order():
+    sel = BurstSelector(limit=2)
+    sel.add([_burst(100, 5), _burst(200, 50), _burst(300, 7), _burst(1500, 1)])
+    listed, found = sel.close(1000)
+    assert found == 3 and [b.start_ns for b in listed] == [200, 300]
+    listed, found = sel.flush()      # the burst after the window end stays for the next
+    assert found == 1 and [b.start_ns for b in listed] == [1500]
+
+
+def test_selector_ties_keep_the_earlier_and_zero_lists_none():
+    sel = BurstSelector(limit=1)
+    sel.add([_burst(1, 9), _burst(2, 9)])
+    assert [b.start_ns for b in sel.close(10)[0]] == [1]
+    none = BurstSelector(limit=0)
+    none.add([_burst(1, 9)])
+    assert none.close(10) == ([], 1)

@@ -16,13 +16,15 @@ from agent.probes.tcp_common import addr_key
 from fabricscope import schema
 
 # struct fs_flow_event, packed by hand from bpf/tcp_flows.h (not via ctypes).
-EVENT = struct.Struct("<Q16s16sHHHBBiiIIQQQ")
+EVENT = struct.Struct("<Q16s16sHHHBBiiIIQQQQ")
 
 
 def raw(ev_type, saddr="198.18.0.1", daddr="198.18.0.2", sport=40000, dport=29500, active=1,
-        oldstate=2, state=1, reason=0xFFFFFFFF, flags=0, duration_ns=0, acked=0, sent=0):
+        oldstate=2, state=1, reason=0xFFFFFFFF, flags=0, duration_ns=0, acked=0, sent=0,
+        received=0):
     return EVENT.pack(1_000, addr_key(saddr), addr_key(daddr), sport, dport, 2, ev_type,
-                      active, oldstate, state, reason, flags, duration_ns, acked, sent)
+                      active, oldstate, state, reason, flags, duration_ns, acked, sent,
+                      received)
 
 
 def wall(ns):
@@ -47,10 +49,11 @@ def test_open_event():
 def test_close_event_with_and_without_what_the_probe_saw():
     rec = valid(fl.decode_flow_event(raw(
         fl.EV_CLOSE, oldstate=9, state=7, flags=fl.CLOSE_ESTABLISHED | fl.CLOSE_UNA,
-        duration_ns=3 * 10 ** 9, acked=1 << 33, sent=(1 << 33) + 5), wall))
+        duration_ns=3 * 10 ** 9, acked=1 << 33, sent=(1 << 33) + 5, received=77), wall))
     assert rec.tags["from_state"] == "LAST_ACK"
     assert rec.fields == {"established": True, "active": True, "duration_s": 3.0,
-                          "bytes_acked": 1 << 33, "bytes_sent": (1 << 33) + 5}
+                          "bytes_acked": 1 << 33, "bytes_sent": (1 << 33) + 5,
+                          "bytes_received": 77}
     failed = valid(fl.decode_flow_event(raw(fl.EV_CLOSE, oldstate=2, state=7), wall))
     assert failed.tags["from_state"] == "SYN_SENT"
     assert failed.fields == {"established": False, "active": True}
@@ -66,6 +69,14 @@ def test_reset_events():
     assert "reason" not in old_kernel.tags and old_kernel.tags["state"] == "ESTABLISHED"
 
 
+def test_transfer_event():
+    rec = valid(fl.decode_flow_event(raw(fl.EV_TRANSFER, active=0, duration_ns=1_500_000,
+                                         acked=120, received=1 << 20), wall))
+    assert (rec.measurement, rec.time_ns) == ("tcp_transfer", 10 ** 18 + 1_000)
+    assert rec.tags["side"] == "server" and rec.tags["daddr"] == "198.18.0.2"
+    assert rec.fields == {"seconds": 0.0015, "bytes_in": 1 << 20, "bytes_out": 120}
+
+
 def test_bad_events_are_errors_not_guesses():
     with pytest.raises(ValueError):
         fl.decode_flow_event(b"\0" * 20, wall)
@@ -74,9 +85,9 @@ def test_bad_events_are_errors_not_guesses():
 
 
 def test_mirror_sizes():
-    assert ctypes.sizeof(fl.FlowEvent) == EVENT.size == 88
-    assert ctypes.sizeof(fl.FlowSlot) == 224 and ctypes.sizeof(fl.FlowStat) == 448
-    assert fl.STAT_DTYPE.itemsize == 448 and fl.FLOW_DTYPE.itemsize == 36
+    assert ctypes.sizeof(fl.FlowEvent) == EVENT.size == 96
+    assert ctypes.sizeof(fl.FlowSlot) == 232 and ctypes.sizeof(fl.FlowStat) == 464
+    assert fl.STAT_DTYPE.itemsize == 464 and fl.FLOW_DTYPE.itemsize == 36
 
 
 def _offsets(tmp_path, struct_name, mirror):

@@ -140,3 +140,38 @@ def test_a_flow_seen_late_is_found_on_the_next_scan_and_forget_drops_it(tmp_path
     assert owners.resolve([V4_FLOW])[V4_FLOW].comm == "worker"
     owners.forget(V4_FLOW)
     assert owners.get(V4_FLOW) is None
+
+
+def _flow_record(flow):
+    from fabricscope.records import Record
+    saddr, sport, daddr, dport = flow
+    return Record("tcp_transfer", 1, {"saddr": saddr, "sport": str(sport), "daddr": daddr,
+                                      "dport": str(dport), "side": "client"},
+                  {"seconds": 0.0, "bytes_in": 1, "bytes_out": 0})
+
+
+def test_records_of_a_new_flow_wait_for_the_next_scan_instead_of_leaving_untagged(tmp_path):
+    from agent.probes.tcp_retransmit import OwnerTagger
+    proc = FakeProc(tmp_path)
+    clock = Clock()
+    tagger = OwnerTagger(Owners(proc=tmp_path, clock=clock, max_attempts=2))
+    assert tagger.tag([_flow_record(V4_FLOW)]) == []           # scanned: nobody holds it yet
+    proc.process(30, "worker", [4242], {"RANK": "3", "FABRICSCOPE_JOB": "j"})
+    assert tagger.tag([]) == []                                 # too soon to scan again
+    clock.now += 1.0
+    (rec,) = tagger.tag([])
+    assert (rec.tags["pid"], rec.tags["rank"]) == ("30", "3")
+
+
+def test_records_are_released_untagged_once_the_owner_is_given_up(tmp_path):
+    from agent.probes.tcp_retransmit import OwnerTagger
+    FakeProc(tmp_path)
+    clock = Clock()
+    tagger = OwnerTagger(Owners(proc=tmp_path, clock=clock, max_attempts=2))
+    unknown = ("198.18.0.9", 1, "198.18.0.8", 2)
+    assert tagger.tag([_flow_record(unknown)]) == []
+    clock.now += 1.0
+    (rec,) = tagger.tag([])
+    assert "pid" not in rec.tags
+    assert tagger.tag([_flow_record(unknown)])[0].tags["sport"] == "1"   # known lost: at once
+    assert tagger.flush() == []

@@ -1,0 +1,126 @@
+"""agent/training_join.py: retransmits into collective windows, transfers into phases."""
+
+from __future__ import annotations
+
+from agent.training_join import TrainingJoin
+from fabricscope import schema
+from fabricscope.records import Record
+
+MS = 1_000_000
+T0 = 10**18
+JOB = {"job": "198.18.0.1:29500", "rank": "1"}
+OWNER = {"pid": "4242", "comm": "python", **JOB}
+
+
+def collective(start_ms, seconds, pid=4242):
+    return Record("gloo_collective", T0 + start_ms * MS, {**JOB, "op": "AllReduce"},
+                  {"seconds": seconds, "bytes": 4 << 20, "pid": pid, "tid": 7})
+
+
+def step(start_ms, seconds, index):
+    return Record("gloo_step", T0 + start_ms * MS, dict(JOB),
+                  {"step": index, "seconds": seconds, "sync_seconds": 0.01, "buckets": 2,
+                   "bytes": 8 << 20})
+
+
+def retransmit(at_ms, segs, pid="4242"):
+    return Record("tcp_retransmit", T0 + at_ms * MS,
+                  {"saddr": "198.18.0.2", "daddr": "198.18.0.3", "sport": "4000",
+                   "dport": "5000", "state": "ESTABLISHED", "kind": "fast", "pid": pid},
+                  {"segs": segs, "err": 0})
+
+
+def transfer(start_ms, seconds, bytes_in, bytes_out, owner=OWNER, dport="9000",
+             daddr="198.18.0.9"):
+    return Record("tcp_transfer", T0 + start_ms * MS,
+                  {"saddr": "198.18.0.2", "daddr": daddr, "sport": "41000",
+                   "dport": dport, "side": "client", **owner},
+                  {"seconds": seconds, "bytes_in": bytes_in, "bytes_out": bytes_out})
+
+
+def run(records, retransmits_known=True):
+    """Feed in one poll, then let the hold expire; every record out, validated."""
+    join = TrainingJoin(retransmits_known)
+    out = join.feed(records, now_s=100.0) + join.feed([], now_s=103.0)
+    for r in out:
+        schema.validate(Record(r.measurement, r.time_ns, {"node": "n1", **r.tags}, r.fields))
+    return out, join.stats()
+
+
+def by(out, measurement):
+    return [r for r in out if r.measurement == measurement]
+
+
+def test_retransmits_inside_the_window_are_counted_on_the_collective_and_the_step():
+    out, stats = run([collective(0, 0.010), collective(20, 0.010), step(0, 0.040, 3),
+                      retransmit(5, 2), retransmit(9, 1), retransmit(15, 4), retransmit(25, 3),
+                      retransmit(50, 9), retransmit(6, 5, pid="999")])
+    first, second = by(out, "gloo_collective")
+    assert (first.fields["retransmits"], first.fields["retrans_segs"]) == (2, 3)
+    assert (second.fields["retransmits"], second.fields["retrans_segs"]) == (1, 3)
+    (s,) = by(out, "gloo_step")
+    assert (s.fields["retransmits"], s.fields["retrans_segs"]) == (4, 10)   # 5, 9, 15, 25 ms
+    assert len(by(out, "tcp_retransmit")) == 6          # passed through untouched
+    assert stats["collectives_joined"] == 2 and stats["steps_joined"] == 1
+
+
+def test_without_a_tcp_probe_the_fields_are_absent_not_zero():
+    out, _ = run([collective(0, 0.010)], retransmits_known=False)
+    assert "retrans_segs" not in by(out, "gloo_collective")[0].fields
+
+
+def test_held_records_wait_for_partners_from_a_later_poll():
+    join = TrainingJoin(True)
+    assert join.feed([collective(0, 0.010)], now_s=100.0) == []
+    assert [r.measurement for r in join.feed([retransmit(4, 2)], now_s=100.3)] == \
+        ["tcp_retransmit"]
+    (c,) = join.feed([], now_s=102.1)
+    assert c.fields["retrans_segs"] == 2
+
+
+def test_transfers_inside_collectives_are_folded_and_the_others_become_phases():
+    out, stats = run([collective(0, 0.010), step(0, 0.040, 3), step(40, 0.040, 4),
+                      transfer(2, 0.006, 3 << 20, 3 << 20, daddr="198.18.0.3"),  # the ring
+                      transfer(25, 0.003, 1 << 20, 16),              # a batch read
+                      transfer(60, 0.020, 200, 5 << 20, dport="9001")])  # a checkpoint
+    phases = by(out, "gloo_phase")
+    assert [(p.tags["phase"], p.fields["step"], p.fields["bytes_in"], p.fields["bytes_out"])
+            for p in phases] == [("data_load", 3, 1 << 20, 16), ("checkpoint", 4, 200, 5 << 20)]
+    assert phases[0].fields["peer"] == "198.18.0.9:9000" and phases[0].fields["pid"] == 4242
+    assert phases[0].time_ns == T0 + 25 * MS and phases[0].fields["seconds"] == 0.003
+    assert phases[0].tags == {**JOB, "phase": "data_load"}
+    assert len(by(out, "tcp_transfer")) == 2
+    assert (stats["transfers_folded"], stats["transfers_written"],
+            stats["phases_inferred"]) == (1, 2, 2)
+
+
+def test_a_ring_flow_is_folded_also_outside_the_windows_and_the_store_is_control():
+    ring = "198.18.0.3"
+    out, stats = run([transfer(1, 0.0001, 96, 0, daddr=ring),     # a peer's early send
+                      collective(10, 0.010),
+                      transfer(12, 0.005, 2 << 20, 2 << 20, daddr=ring),
+                      transfer(40, 0.0001, 300, 200, daddr="198.18.0.1", dport="29500")])
+    assert by(out, "gloo_phase") == [] and by(out, "tcp_transfer") == []
+    assert (stats["transfers_folded"], stats["transfers_control"]) == (2, 1)
+
+
+def test_a_transfer_after_the_last_written_step_is_in_the_step_in_progress():
+    out, _ = run([step(0, 0.040, 3), transfer(50, 0.002, 1 << 20, 0)])
+    assert by(out, "gloo_phase")[0].fields["step"] == 4
+    out, _ = run([transfer(50, 0.002, 1 << 20, 0)])           # no step known yet
+    assert by(out, "gloo_phase")[0].fields["step"] == -1
+
+
+def test_a_transfer_of_a_process_without_a_job_is_written_without_a_phase():
+    out, stats = run([transfer(5, 0.002, 1 << 20, 0, owner={"pid": "77", "comm": "curl"}),
+                      transfer(9, 0.002, 1 << 20, 0, owner={})])
+    assert len(by(out, "tcp_transfer")) == 2 and by(out, "gloo_phase") == []
+    assert stats["phases_inferred"] == 0
+
+
+def test_flush_releases_everything_held():
+    join = TrainingJoin(True)
+    join.feed([collective(0, 0.010), transfer(30, 0.001, 1 << 20, 0)], now_s=5.0)
+    out = join.flush()
+    assert sorted(r.measurement for r in out) == ["gloo_collective", "gloo_phase",
+                                                  "tcp_transfer"]
