@@ -7,13 +7,18 @@ owner's pid, tcp_transfer: runs of bytes without a gap). Put together:
 
 1. Retransmits during a collective: each gloo_collective and gloo_step gets
    `retrans_segs` and `retransmits`, from the tcp_retransmit records of the same pid
-   stamped inside its window (only when a tcp probe runs; otherwise the fields are
-   absent, not zero).
-2. Phases outside the collectives: a flow of a training process that carried a
-   transfer overlapping one of that process's collective windows is a ring flow
-   (gloo's pair connections), and all its transfers are the collectives' traffic:
-   folded (counted, not written; the collective records carry their bytes), also the
-   small ones a peer sends before this rank enters the collective. Transfers to the
+   stamped inside its window, and each step `sync_retrans_segs`, those inside its
+   collectives (only when a tcp probe runs; otherwise the fields are absent, not
+   zero). Collectives on two threads can overlap: sum steps, not collectives.
+2. Phases outside the collectives: a flow of a training process that moved most of
+   its bytes in transfers lying inside that process's collective windows (at least
+   half of a transfer's time inside them) is a ring flow (gloo's pair connections),
+   and all its transfers are the collectives' traffic: folded (counted, not written;
+   the collective records carry their bytes), also the small ones around them (a
+   peer's early send, ACKs and retransmits of the tail after this rank returned).
+   A vote weighted by bytes, not one overlap: on a busy host the collective's
+   thread can return late, after the main thread already started the next batch
+   read on another flow, and under loss a ring flow's tail trickles on for an RTO. Transfers to the
    job's rendezvous store (MASTER_ADDR:MASTER_PORT) are control traffic, folded too.
    Any other transfer is written, and when its owner is a training process (a job
    and rank in its environment) it is also a phase of that job's step: `data_load`
@@ -45,7 +50,9 @@ class _Process:
     """What the join remembers of one pid (times in wall ns)."""
     windows: list[tuple[int, int]] = field(default_factory=list)     # (start, end), sorted
     retrans: list[tuple[int, int]] = field(default_factory=list)     # (time, segs), sorted
-    ring_flows: set[tuple[str, str, str, str]] = field(default_factory=set)
+    votes: dict[tuple[str, str, str, str], list[int]] = field(default_factory=dict)
+    #   flow -> [bytes of transfers inside windows, bytes outside, transfers inside]
+    longest_ns: int = 0                                              # longest window
     job: tuple[str, str] | None = None                               # (job, rank)
 
     def trim(self, before_ns: int) -> None:
@@ -53,11 +60,38 @@ class _Process:
         self.retrans = [r for r in self.retrans if r[0] >= before_ns]
 
     def in_window(self, start_ns: int, end_ns: int) -> bool:
-        """Does [start_ns, end_ns] overlap a window? (A process's collectives run one at
-        a time per thread, so looking back a few windows from the last that starts
-        before end_ns is enough.)"""
-        i = bisect.bisect_right(self.windows, (end_ns, 1 << 62))
-        return any(e >= start_ns for _, e in self.windows[max(0, i - 8):i])
+        """Is at least half of [start_ns, end_ns] inside collective windows (for an
+        instant: is it inside one)? A long transfer may span several collectives and
+        the compute between them."""
+        lo = bisect.bisect_left(self.windows, (start_ns - self.longest_ns, 0))
+        hi = bisect.bisect_right(self.windows, (end_ns, 1 << 62))
+        covered, reach = 0, start_ns
+        for s, e in self.windows[lo:hi]:
+            s, e = max(s, reach), min(e, end_ns)
+            if e < s:
+                continue
+            if end_ns == start_ns:
+                return True
+            covered += e - s
+            reach = e
+        return end_ns > start_ns and 2 * covered >= end_ns - start_ns
+
+    def retransmits_in_windows(self, start_ns: int, end_ns: int) -> tuple[int, int]:
+        """(events, segments) stamped in [start_ns, end_ns] and inside a window."""
+        lo = bisect.bisect_left(self.retrans, (start_ns, -1))
+        hi = bisect.bisect_right(self.retrans, (end_ns, 1 << 62))
+        events = segs = 0
+        for t, n in self.retrans[lo:hi]:
+            i = bisect.bisect_right(self.windows, (t, 1 << 62))
+            if any(s <= t <= e for s, e in self.windows[max(0, i - 8):i]):
+                events, segs = events + 1, segs + n
+        return events, segs
+
+    def is_ring(self, key) -> bool:
+        """Most bytes inside windows, from at least two transfers inside (one read
+        that a late collective return overlapped does not make a ring flow)."""
+        inside, outside, count = self.votes.get(key, (0, 0, 0))
+        return inside > outside and count >= 2
 
     def retransmits(self, start_ns: int, end_ns: int) -> tuple[int, int]:
         """(events, segments) stamped in [start_ns, end_ns]."""
@@ -75,6 +109,8 @@ class TrainingJoin:
         self.retransmits_known = retransmits_known
         self.hold_s, self.horizon_ns = hold_s, int(horizon_s * 1e9)
         self._held: deque[tuple[float, Record]] = deque()
+        self._votes: dict[int, str] = {}     # id(held transfer) -> pid it voted "inside" for
+        self._unvoted: dict[str, dict[int, Record]] = {}   # pid -> held transfers, no vote yet
         self._procs: dict[str, _Process] = defaultdict(_Process)
         self._pid_of: dict[tuple[str, str], str] = {}                  # (job, rank) -> pid
         self._steps: dict[tuple[str, str], list[tuple[int, int, int]]] = defaultdict(list)
@@ -89,6 +125,8 @@ class TrainingJoin:
     def feed(self, records: list[Record], now_s: float) -> list[Record]:
         """Take a poll's records; return those ready to go on (others are held)."""
         out = []
+        windows_from: set[str] = set()       # pids with new collective windows
+        fresh: list[Record] = []             # transfers of this poll
         for r in records:
             self._newest_ns = max(self._newest_ns, r.time_ns)
             if r.measurement == "tcp_retransmit" and "pid" in r.tags:
@@ -96,14 +134,22 @@ class TrainingJoin:
                               (r.time_ns, int(r.fields.get("segs", 1))))
             elif r.measurement == "gloo_collective":
                 self._learn_collective(r)
+                windows_from.add(str(r.fields.get("pid", "")))
             elif r.measurement == "gloo_step":
                 self._learn_step(r)
             elif r.measurement == "tcp_transfer":
-                self._learn_ring(r)
+                self._unvoted.setdefault(r.tags.get("pid", ""), {})[id(r)] = r
+                fresh.append(r)
             if r.measurement in _HELD:
                 self._held.append((now_s, r))
             else:
                 out.append(r)
+        # transfers wait for a vote "inside" until windows covering them arrive (a
+        # collective's window comes at its return, its transfers are reported before)
+        retry = [r for pid in windows_from for r in self._unvoted.get(pid, {}).values()]
+        for r in {id(r): r for r in retry + fresh}.values():
+            if self._vote(r):
+                del self._unvoted[r.tags.get("pid", "")][id(r)]
         while self._held and now_s - self._held[0][0] >= self.hold_s:
             out += self._release(self._held.popleft()[1])
         if now_s - self._trimmed_s >= 1.0:
@@ -128,7 +174,9 @@ class TrainingJoin:
         if not pid:
             return
         proc = self._procs[pid]
-        bisect.insort(proc.windows, (r.time_ns, r.time_ns + int(r.fields["seconds"] * 1e9)))
+        length = int(r.fields["seconds"] * 1e9)
+        bisect.insort(proc.windows, (r.time_ns, r.time_ns + length))
+        proc.longest_ns = max(proc.longest_ns, length)
         proc.job = (r.tags.get("job", ""), r.tags.get("rank", "-"))
         self._pid_of[proc.job] = pid
 
@@ -139,24 +187,44 @@ class TrainingJoin:
         self._steps[key].append((r.time_ns, end if end is not None else -1,
                                  int(r.fields["step"])))
 
-    def _learn_ring(self, r: Record) -> bool:
-        """Mark r's flow a ring flow when r overlaps a collective of its process."""
-        proc = self._procs.get(r.tags.get("pid", ""))
+    def _vote(self, r: Record, at_release: bool = False) -> bool:
+        """Count r's bytes for or against its flow being a ring flow. Before release
+        only a vote for, once windows seen cover it (returns whether it voted); at
+        release, with the windows known by then, the final vote (returns whether the
+        flow is a ring flow)."""
+        pid = r.tags.get("pid", "")
+        proc = self._procs.get(pid)
+        earlier = self._votes.pop(id(r), None)
+        if at_release:
+            self._unvoted.get(pid, {}).pop(id(r), None)
         if proc is None:
             return False
         key = _flow(r)
-        if key not in proc.ring_flows and proc.in_window(
-                r.time_ns, r.time_ns + int(r.fields["seconds"] * 1e9)):
-            proc.ring_flows.add(key)
-        return key in proc.ring_flows
+        votes = proc.votes.setdefault(key, [0, 0, 0])
+        weight = max(1, int(r.fields["bytes_in"]) + int(r.fields["bytes_out"]))
+        inside = proc.in_window(r.time_ns, r.time_ns + int(r.fields["seconds"] * 1e9))
+        if not at_release:
+            if inside:
+                votes[0] += weight
+                votes[2] += 1
+                self._votes[id(r)] = pid
+            return inside
+        if earlier == pid:
+            votes[0] -= weight
+            votes[2] -= 1
+        votes[0 if inside else 1] += weight
+        votes[2] += inside
+        return proc.is_ring(key)
 
     def _trim(self) -> None:
         before = self._newest_ns - self.horizon_ns
         for proc in self._procs.values():
             proc.trim(before)
         for pid in [p for p, proc in self._procs.items()
-                    if not proc.windows and not proc.retrans and not proc.ring_flows]:
+                    if not proc.windows and not proc.retrans]:
             del self._procs[pid]
+        for pid in [p for p, held in self._unvoted.items() if not held]:
+            del self._unvoted[pid]
         for key in list(self._steps):
             self._steps[key] = [s for s in self._steps[key] if s[1] < 0 or s[1] >= before]
             if not self._steps[key]:
@@ -171,15 +239,17 @@ class TrainingJoin:
             self._pid_of.get((r.tags.get("job", ""), r.tags.get("rank", "-")), "")
         seconds = r.fields.get("seconds")
         if self.retransmits_known and pid and seconds is not None:
-            events, segs = self._procs[pid].retransmits(r.time_ns,
-                                                        r.time_ns + int(seconds * 1e9))
-            r.fields["retransmits"], r.fields["retrans_segs"] = events, segs
+            end = r.time_ns + int(seconds * 1e9)
+            proc = self._procs[pid]
+            r.fields["retransmits"], r.fields["retrans_segs"] = proc.retransmits(r.time_ns, end)
+            if r.measurement == "gloo_step":
+                r.fields["sync_retrans_segs"] = proc.retransmits_in_windows(r.time_ns, end)[1]
             self.counters["collectives_joined" if r.measurement == "gloo_collective"
                           else "steps_joined"] += 1
         return [r]
 
     def _transfer(self, r: Record) -> list[Record]:
-        if self._learn_ring(r):     # windows that arrived since it was fed count too
+        if self._vote(r, at_release=True):           # at release: the windows of its time have arrived
             self.counters["transfers_folded"] += 1
             return []
         if "job" in r.tags and r.tags["job"] == f"{r.tags['daddr']}:{r.tags['dport']}":

@@ -2,10 +2,12 @@
 
 1. a 3-node lab (namespaces, veths, a bridge as the top-of-rack switch),
 2. a real InfluxDB, the collector, and one agent per node inside its namespace,
-3. real PyTorch DDP training over gloo; halfway through, random loss on one
-   node's switch port,
+3. real PyTorch DDP training over gloo, each rank reading a batch from a data
+   server every step and writing a checkpoint every few steps; halfway through,
+   random loss on one node's switch port,
 4. a plain summary of what reached InfluxDB per node (retransmits against the
-   kernel's own counters, step times before and after the fault),
+   kernel's own counters, step times before and after the fault, and where the
+   time went: gradient sync, with the retransmits inside it, against data loading),
 5. everything torn down, also on failure or Ctrl-C.
 """
 
@@ -28,6 +30,10 @@ def register(sub) -> None:
     p.add_argument("--fault-node", type=int, default=1, help="node whose port loses packets")
     p.add_argument("--loss", type=float, default=2.0, help="loss percent switched on halfway")
     p.add_argument("--name", default="demo", help="lab name (default demo)")
+    p.add_argument("--data-mb", type=float, default=1.0,
+                   help="MiB each rank reads from the data server per step (default 1; 0: none)")
+    p.add_argument("--checkpoint-every", type=int, default=10,
+                   help="steps between checkpoint writes (default 10; 0: none)")
     p.add_argument("--gso", action="store_true",
                    help="let the veths carry 64 KB GSO packets (faster, but loss then drops "
                         "whole bursts instead of wire-sized frames as a switch would)")
@@ -42,7 +48,11 @@ def run(args) -> int:
     if args.nodes < 2 or args.steps < 4 or not 0 <= args.fault_node < args.nodes:
         raise UserError("demo needs --nodes >= 2, --steps >= 4 and a --fault-node within the lab",
                         "e.g. fabricscope demo --nodes 3 --steps 40 --fault-node 1")
+    if args.data_mb < 0 or args.checkpoint_every < 0:
+        raise UserError("--data-mb and --checkpoint-every must be 0 or more",
+                        "e.g. --data-mb 1 --checkpoint-every 10")
     from fabricscope.labstack import await_stable, nstat_counter, running_stack
+    from lab.dataserver import running_dataserver
     from lab.faults import loss
     from lab.testing import running_lab
     from lab.training import start_training
@@ -50,19 +60,26 @@ def run(args) -> int:
     say(f"building lab {args.name!r}: {args.nodes} nodes on one bridge")
     # wire_frames: one 1500-byte frame per skb on the lab's links, so the loss fault
     # drops frames the way a switch port does.
-    with running_lab(args.name, args.nodes, wire_frames=not args.gso) as lab:
+    with running_lab(args.name, args.nodes, wire_frames=not args.gso) as lab, \
+            running_dataserver(lab, None) as data_server:
         for node in lab.nodes:
             say(f"  node{node.index}: netns {node.netns}, nic {node.ifname}, {node.address}")
+        say(f"  data server (dataset and checkpoint store) at {data_server}, behind the bridge")
         say("starting InfluxDB, the collector and one agent per node (BPF compile included)")
         with running_stack(lab) as stack:
             say(f"  collector at {stack.collector_addr}, InfluxDB at {stack.influx.url}; "
                 f"{len(stack.agents)} agents ready")
             before = {n.index: nstat_counter(n.netns) for n in lab.nodes}
             half = args.steps // 2
-            say(f"training: {args.steps} DDP steps over gloo, {args.model_mb:g} MiB model; "
-                f"{args.loss:g}% loss on node{args.fault_node}'s port from step {half}")
+            say(f"training: {args.steps} DDP steps over gloo, {args.model_mb:g} MiB model, "
+                f"{args.data_mb:g} MiB read per step, a checkpoint every "
+                f"{args.checkpoint_every} steps; {args.loss:g}% loss on "
+                f"node{args.fault_node}'s port from step {half}")
             steps: list[dict] = []
-            with start_training(lab, args.steps, model_mb=args.model_mb) as training:
+            io = dict(data_server=data_server, data_bytes=int(args.data_mb * 2**20),
+                      checkpoint_every=args.checkpoint_every) \
+                if args.data_mb or args.checkpoint_every else {}
+            with start_training(lab, args.steps, model_mb=args.model_mb, **io) as training:
                 for row in training.steps():
                     steps.append(row)
                     if row["step"] == half - 1:
@@ -102,6 +119,10 @@ def collect_summary(stack, lab, steps: int, before: dict, after: dict) -> dict:
     names = [f"node{n.index}" for n in lab.nodes]
     stored = dict(zip(names, await_stable(lambda: [retransmits(n) for n in names], quiet_s=3.0,
                                           timeout_s=60, what="retransmits in InfluxDB")))
+    # phases wait in the agents' join for partners (2 s) and the last transfers end
+    # when the ranks close their connections
+    await_stable(lambda: count("SELECT count(seconds) FROM gloo_phase"), quiet_s=3.0,
+                 timeout_s=60, what="phases in InfluxDB")
     summary = {}
     for node, name in zip(lab.nodes, names):
         step_rows = influx.query(f"SELECT step, seconds FROM train_step WHERE node='{name}'",
@@ -111,8 +132,30 @@ def collect_summary(stack, lab, steps: int, before: dict, after: dict) -> dict:
         summary[name] = {"retransmits_influx": stored[name],
                          "retransmits_kernel": after[node.index] - before[node.index],
                          "missed": int(missed),
-                         "steps": {int(r["step"]): float(r["seconds"]) for r in step_rows}}
+                         "steps": {int(r["step"]): float(r["seconds"]) for r in step_rows},
+                         **phases(influx, name)}
     return summary
+
+
+def phases(influx, node: str) -> dict:
+    """Where one node's step time went, from the agent's inferred phases."""
+    def rows(query: str) -> list[dict]:
+        return influx.query(query, db="fabricscope")
+
+    sync = rows(f"SELECT step, seconds FROM gloo_phase WHERE node='{node}' "
+                "AND phase='grad_sync'")
+    data = rows(f"SELECT step, seconds FROM gloo_phase WHERE node='{node}' "
+                "AND phase='data_load'")
+    data_per_step: dict[int, float] = {}
+    for r in data:
+        data_per_step[int(r["step"])] = data_per_step.get(int(r["step"]), 0.0) + r["seconds"]
+    retrans = rows(f"SELECT sum(sync_retrans_segs) FROM gloo_step WHERE node='{node}'")
+    ckpt = rows(f"SELECT sum(bytes_out) FROM gloo_phase WHERE node='{node}' "
+                "AND phase='checkpoint'")
+    return {"sync": {int(r["step"]): float(r["seconds"]) for r in sync},
+            "data": data_per_step,
+            "retrans_in_sync": int(retrans[0]["sum"]) if retrans else 0,
+            "checkpoint_bytes": int(ckpt[0]["sum"]) if ckpt else 0}
 
 
 def print_summary(summary: dict, steps: list[dict], half: int, args) -> None:
@@ -130,6 +173,17 @@ def print_summary(summary: dict, steps: list[dict], half: int, args) -> None:
               f"{s['missed']:>7}{len(s['steps']):>7}{median(pre):>22.3f}{median(post):>13.3f}")
     print("* TCP events the kernel skipped or the agent lost, counted by the agent "
           "(fabricscope_agent_events_lost_total{probe=\"tcp_flows\"})")
+    print()
+    print("Where the step time went, per node (inferred by the agents, no markers)")
+    print(f"{'node':<8}{'grad sync s/step':>18}{'after fault':>13}{'data load s/step':>18}"
+          f"{'after fault':>13}{'retrans in grad sync':>22}{'checkpoint MiB':>16}")
+    for name, s in summary.items():
+        def split(per_step):
+            return (median([v for k, v in per_step.items() if k < half - 1]),
+                    median([v for k, v in per_step.items() if k >= half]))
+        sync, data = split(s["sync"]), split(s["data"])
+        print(f"{name:<8}{sync[0]:>18.4f}{sync[1]:>13.4f}{data[0]:>18.4f}{data[1]:>13.4f}"
+              f"{s['retrans_in_sync']:>22}{s['checkpoint_bytes'] / 2**20:>16.1f}")
     pre = median([r["seconds"] for r in steps if r["step"] < half - 1])
     post = median([r["seconds"] for r in steps if r["step"] >= half])
     print()

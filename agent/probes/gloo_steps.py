@@ -27,7 +27,8 @@ Phases: `param_broadcast` (the collectives before the first AllReduce: DDP's
 parameter broadcast and shape check), then per step `grad_sync` (time with an
 AllReduce in flight) and `compute` (the rest of the step: forward, backward not
 overlapped with communication, optimizer, data loading). Data loading and
-checkpoint writes are not told apart: collective windows do not show them.
+checkpoint writes inside `compute` come from the process's TCP transfers outside
+its collectives (agent/training_join.py), not from collective windows.
 """
 
 from __future__ import annotations

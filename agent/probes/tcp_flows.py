@@ -1,6 +1,9 @@
-"""Probe tcp_flows: per-flow windows (bytes, RTT percentiles, cwnd, retransmits), a
-node window (retransmit ratio, kinds), flow opens/closes and resets, each with
-the flow's owner (pid, command, cgroup, rank, job).
+"""Probe tcp_flows: per-flow windows (bytes each way, RTT percentiles, cwnd,
+retransmits), a node window (retransmit ratio, kinds), flow opens/closes, resets and
+transfers (a socket's bytes without a pause longer than tcp_transfer_gap_us, closed
+in the kernel: one event per transfer), each with the flow's owner (pid, command,
+cgroup, rank, job; records of a flow new since the last /proc scan wait for the
+next one, see OwnerTagger).
 
 Includes everything tcp_retransmit does (one BPF object, bpf/tcp_flows.bpf.c,
 compiles the retransmit program in), so the two are not enabled together.
@@ -13,7 +16,8 @@ wall-clock multiple of it):
    finished generation, delete entries idle for a whole window;
 4. write one tcp_flow record per flow with traffic and one tcp_node record; the
    retransmits of a window are those whose kernel timestamp precedes the bump.
-The window in progress when the agent stops is not written.
+The window in progress when the agent stops is cut short and written (its
+`seconds` says how long it was), in the poll after detach.
 
 Cost (BPF run-time stats, kernel.bpf_stats_enabled=1, iperf3 over a lab veth,
 4 s): tcp/tcp_probe ~200 ns per segment received (it runs for every socket on
@@ -65,6 +69,7 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         self._next_due = 0.0               # wall s of the next cut
         self._windowed: list[Record] = []  # events not yet assigned to a window
         self._closed: set = set()          # flows closed: forget their owner after the window
+        self._final: list[Record] = []     # made at detach, handed out by the next poll
         self._out_total = (0, 0)           # TC egress (segs, bytes) at the last cut
         self._counts = {"windows": 0, "flows_read": 0, "flows_deleted": 0,
                         "flow_table_full": 0, "flow_decode_errors": 0}
@@ -203,11 +208,12 @@ class TcpFlowsProbe(TcpRetransmitProbe):
 
     # --- poll ---------------------------------------------------------------------------
 
-    def poll(self) -> list[Record]:
+    def poll(self, final: bool = False) -> list[Record]:
         if self._bpf is None:
-            return self._tagger.flush()
+            out, self._final = self._final + self._tagger.flush(), []
+            return out
         now_ns = self._now_ns()
-        finished = self._cut(now_ns) if now_ns / 1e9 >= self._next_due else None
+        finished = self._cut(now_ns) if final or now_ns / 1e9 >= self._next_due else None
         # Drained after the cut: every event stamped before it is in the buffers now.
         self._bpf.ring_buffer_consume()
         fresh, self._pending = self._pending, []
@@ -220,6 +226,16 @@ class TcpFlowsProbe(TcpRetransmitProbe):
             gen, start_ns, seconds = finished
             out += self._window_records(gen, start_ns, seconds, now_ns)
         return out
+
+    def detach(self) -> None:
+        """Cut the window in progress and keep its records (and the last events) for the
+        poll after detach, as the Probe contract asks; then free the BPF objects."""
+        if self._bpf is not None:
+            try:
+                self._final = self.poll(final=True)
+            except Exception as exc:      # detach must not fail: the records are lost, said
+                log.warning("tcp_flows: last window not written: %s", exc)
+        super().detach()
 
     def stats(self) -> dict[str, int]:
         out = super().stats()

@@ -153,28 +153,35 @@ class OwnerTagger:
     /proc is rescanned at most every Owners.rescan_s, so a flow that opened since the
     last scan is unknown for up to that long. Its records wait for the next scan
     rather than leave untagged (a short training job would otherwise lose the rank of
-    most of its flows), until the owner is found or given up (Owners.max_attempts
-    scans); records without a flow pass straight through."""
+    most of its flows): a record is released once tagged, or once a scan made after
+    it arrived could not find the owner (the process already closed the socket).
+    Records without a flow pass straight through."""
 
     def __init__(self, owners: Owners):
         self.owners = owners
-        self._waiting: list[Record] = []
+        self._waiting: list[tuple[int, Record]] = []     # (scans when it arrived, record)
 
     def tag(self, records: list[Record]) -> list[Record]:
-        pool, self._waiting = self._waiting + records, []
-        tag_owners(pool, self.owners)
+        scans = self.owners.stats.scans
+        pool = self._waiting + [(scans, r) for r in records]
+        self._waiting = []
+        tag_owners([r for _, r in pool], self.owners)
         out = []
-        for r in pool:
+        for arrived, r in pool:
             if "sport" in r.tags and "pid" not in r.tags and \
-                    self.owners.pending(record_flow(r)):
-                self._waiting.append(r)
+                    self.owners.stats.scans == arrived and self.owners.pending(record_flow(r)):
+                self._waiting.append((arrived, r))
             else:
                 out.append(r)
         return out
 
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
     def flush(self) -> list[Record]:
         """Everything still waiting, untagged (the probe is going away)."""
-        out, self._waiting = self._waiting, []
+        out, self._waiting = [r for _, r in self._waiting], []
         return out
 
 
@@ -282,7 +289,7 @@ class TcpRetransmitProbe(Probe):
         out["missed_hits"] = sum(misses.values())
         o = self.owners.stats
         out.update(owners_resolved=o.resolved, owners_unresolved=o.unresolved,
-                   owner_scans=o.scans)
+                   owner_scans=o.scans, owner_waiting=self._tagger.waiting)
         # Cost of our programs, when the kernel's BPF stats are on (else 0).
         out["bpf_run_ns"], out["bpf_runs"] = bpf.prog_run_stats(
             fn.fd for fn in self._bpf.funcs.values())

@@ -46,7 +46,8 @@ MEASUREMENTS = [
             "tid": Field(int, "", "thread id"),
             "retransmits": Field(int, "events", "TCP retransmits of this process stamped "
                                  "inside the window (agent/training_join.py; absent when no "
-                                 "tcp probe runs)"),
+                                 "tcp probe runs; collectives on two gloo threads overlap, "
+                                 "so sum gloo_step, not these)"),
             "retrans_segs": Field(int, "segments", "their segments"),
         },
     ),
@@ -73,6 +74,8 @@ MEASUREMENTS = [
                                  "inside the step (agent/training_join.py; absent when no "
                                  "tcp probe runs)"),
             "retrans_segs": Field(int, "segments", "their segments"),
+            "sync_retrans_segs": Field(int, "segments", "of which inside the step's "
+                                       "collective windows (gradient sync)"),
         },
     ),
     Measurement(

@@ -94,8 +94,14 @@ class Collector:
             self.records[i] += in_netns(node.netns, probe.poll)
 
     def clear(self) -> None:
-        self.poll()
+        self.settle()
         self.records = [[] for _ in self.probes]
+
+    def settle(self, timeout_s: float = 30.0) -> None:
+        """Poll until no probe holds records waiting for their owner's tags (they wait
+        for the next /proc scan, at most Owners.rescan_s)."""
+        self.until(lambda c: all(p.stats().get("owner_waiting", 0) == 0 for p in c.probes),
+                   timeout_s, "records waiting for owners")
 
     def until(self, done, timeout_s: float = 30.0, what: str = "records"):
         """Poll until done(self) is true; fail naming `what` at the deadline."""

@@ -90,6 +90,7 @@ def test_retransmits_per_node_match_nstat_by_kind(lab, probes, col):
     # A window started after the traffic: every event before it has been drained.
     col.until(lambda c: all(any(r.time_ns > start for r in c.of(i, "tcp_node"))
                             for i in range(3)), 30, "a window after the traffic on every node")
+    col.settle()                # and the records waiting for their owners' tags
     for i, node in enumerate(lab.nodes):
         recs, k = col.records[i], kernel[i]
         why = (i, k, {kind: segs(recs, kind) for kind in ("fast", "rto", "slow_start", "tlp")},

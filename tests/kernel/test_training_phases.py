@@ -151,5 +151,7 @@ def test_retransmits_inside_each_collective_are_counted_on_it(lossy_run):
             (len(inside), sum(inside)), c
     assert sum(c.fields["retrans_segs"] for c in colls) > 0     # 2 % loss hits the ring
     steps = lossy_run.of("gloo_step", rank=str(NODE))
-    assert steps and all("retrans_segs" in s.fields for s in steps)
+    assert steps and all(0 <= s.fields["sync_retrans_segs"] <= s.fields["retrans_segs"]
+                         for s in steps)
+    assert sum(s.fields["sync_retrans_segs"] for s in steps) > 0
     assert sum(s.fields["retrans_segs"] for s in steps) <= sum(s for _, s in retrans)

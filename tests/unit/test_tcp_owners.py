@@ -154,24 +154,28 @@ def test_records_of_a_new_flow_wait_for_the_next_scan_instead_of_leaving_untagge
     from agent.probes.tcp_retransmit import OwnerTagger
     proc = FakeProc(tmp_path)
     clock = Clock()
-    tagger = OwnerTagger(Owners(proc=tmp_path, clock=clock, max_attempts=2))
-    assert tagger.tag([_flow_record(V4_FLOW)]) == []           # scanned: nobody holds it yet
+    owners = Owners(proc=tmp_path, clock=clock)
+    tagger = OwnerTagger(owners)
+    owners.resolve([("198.18.0.9", 1, "198.18.0.8", 2)])        # a scan just ran
+    assert tagger.tag([_flow_record(V4_FLOW)]) == [] and tagger.waiting == 1
     proc.process(30, "worker", [4242], {"RANK": "3", "FABRICSCOPE_JOB": "j"})
     assert tagger.tag([]) == []                                 # too soon to scan again
     clock.now += 1.0
     (rec,) = tagger.tag([])
-    assert (rec.tags["pid"], rec.tags["rank"]) == ("30", "3")
+    assert (rec.tags["pid"], rec.tags["rank"]) == ("30", "3") and tagger.waiting == 0
 
 
-def test_records_are_released_untagged_once_the_owner_is_given_up(tmp_path):
+def test_a_record_is_released_untagged_after_one_scan_that_could_not_find_its_owner(tmp_path):
     from agent.probes.tcp_retransmit import OwnerTagger
     FakeProc(tmp_path)
     clock = Clock()
-    tagger = OwnerTagger(Owners(proc=tmp_path, clock=clock, max_attempts=2))
-    unknown = ("198.18.0.9", 1, "198.18.0.8", 2)
-    assert tagger.tag([_flow_record(unknown)]) == []
+    owners = Owners(proc=tmp_path, clock=clock)
+    tagger = OwnerTagger(owners)
+    owners.resolve([("198.18.0.9", 1, "198.18.0.8", 2)])
+    gone = ("198.18.0.7", 3, "198.18.0.6", 4)                   # its process already exited
+    assert tagger.tag([_flow_record(gone)]) == []
     clock.now += 1.0
     (rec,) = tagger.tag([])
-    assert "pid" not in rec.tags
-    assert tagger.tag([_flow_record(unknown)])[0].tags["sport"] == "1"   # known lost: at once
-    assert tagger.flush() == []
+    assert "pid" not in rec.tags and tagger.flush() == []
+    tagger.tag([])
+    assert tagger.waiting == 0

@@ -60,6 +60,7 @@ def test_retransmits_inside_the_window_are_counted_on_the_collective_and_the_ste
     assert (second.fields["retransmits"], second.fields["retrans_segs"]) == (1, 3)
     (s,) = by(out, "gloo_step")
     assert (s.fields["retransmits"], s.fields["retrans_segs"]) == (4, 10)   # 5, 9, 15, 25 ms
+    assert s.fields["sync_retrans_segs"] == 6                                # 5, 9, 25 ms
     assert len(by(out, "tcp_retransmit")) == 6          # passed through untouched
     assert stats["collectives_joined"] == 2 and stats["steps_joined"] == 1
 
@@ -79,8 +80,10 @@ def test_held_records_wait_for_partners_from_a_later_poll():
 
 
 def test_transfers_inside_collectives_are_folded_and_the_others_become_phases():
-    out, stats = run([collective(0, 0.010), step(0, 0.040, 3), step(40, 0.040, 4),
+    out, stats = run([collective(0, 0.010), collective(10, 0.010), step(0, 0.040, 3),
+                      step(40, 0.040, 4),
                       transfer(2, 0.006, 3 << 20, 3 << 20, daddr="198.18.0.3"),  # the ring
+                      transfer(12, 0.006, 3 << 20, 3 << 20, daddr="198.18.0.3"),
                       transfer(25, 0.003, 1 << 20, 16),              # a batch read
                       transfer(60, 0.020, 200, 5 << 20, dport="9001")])  # a checkpoint
     phases = by(out, "gloo_phase")
@@ -91,17 +94,26 @@ def test_transfers_inside_collectives_are_folded_and_the_others_become_phases():
     assert phases[0].tags == {**JOB, "phase": "data_load"}
     assert len(by(out, "tcp_transfer")) == 2
     assert (stats["transfers_folded"], stats["transfers_written"],
-            stats["phases_inferred"]) == (1, 2, 2)
+            stats["phases_inferred"]) == (2, 2, 2)
 
 
 def test_a_ring_flow_is_folded_also_outside_the_windows_and_the_store_is_control():
     ring = "198.18.0.3"
     out, stats = run([transfer(1, 0.0001, 96, 0, daddr=ring),     # a peer's early send
-                      collective(10, 0.010),
+                      collective(10, 0.010), collective(30, 0.010),
                       transfer(12, 0.005, 2 << 20, 2 << 20, daddr=ring),
-                      transfer(40, 0.0001, 300, 200, daddr="198.18.0.1", dport="29500")])
+                      transfer(31, 0.005, 2 << 20, 2 << 20, daddr=ring),
+                      transfer(50, 0.0001, 300, 200, daddr="198.18.0.1", dport="29500")])
     assert by(out, "gloo_phase") == [] and by(out, "tcp_transfer") == []
-    assert (stats["transfers_folded"], stats["transfers_control"]) == (2, 1)
+    assert (stats["transfers_folded"], stats["transfers_control"]) == (3, 1)
+
+
+def test_a_read_that_starts_before_a_late_collective_return_stays_a_data_load():
+    # the main thread reads the next batch while the gloo thread has not returned yet
+    reads = [transfer(t, 0.001, 1 << 20, 16) for t in (22, 62, 102)]
+    out, stats = run([collective(0, 0.0225), collective(40, 0.010), collective(80, 0.010),
+                      *reads])
+    assert len(by(out, "gloo_phase")) == 3 and stats["transfers_folded"] == 0
 
 
 def test_a_transfer_after_the_last_written_step_is_in_the_step_in_progress():
@@ -124,3 +136,12 @@ def test_flush_releases_everything_held():
     out = join.flush()
     assert sorted(r.measurement for r in out) == ["gloo_collective", "gloo_phase",
                                                   "tcp_transfer"]
+
+
+def test_a_long_transfer_over_several_collectives_and_the_compute_between_is_ring_traffic():
+    ring = "198.18.0.3"
+    # collectives 0-10, 12-22, 24-34 ms; transfers over them, reported while they ran
+    out, stats = run([transfer(0, 0.030, 6 << 20, 6 << 20, daddr=ring),
+                      transfer(31, 0.004, 2 << 20, 2 << 20, daddr=ring),
+                      collective(0, 0.010), collective(12, 0.010), collective(24, 0.010)])
+    assert by(out, "tcp_transfer") == [] and stats["transfers_folded"] == 2
