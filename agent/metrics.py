@@ -19,13 +19,22 @@ P = "fabricscope_agent_"
 class _ProbeStats:
     """Custom collector over the latest Probe.stats() snapshots."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval_s: float = 1.0) -> None:
         self._lock = threading.Lock()
         self._snap: dict[str, dict[str, int]] = {}
+        self._taken: dict[str, float] = {}
+        self.interval_s = interval_s
 
-    def update(self, probe: str, stats: dict[str, int]) -> None:
+    def due(self, probe: str, now: float) -> bool:
+        """Time for a new snapshot of this probe? (Reading a probe's counters costs map
+        reads and syscalls; once a second is plenty for a scrape every few seconds.)"""
+        return now - self._taken.get(probe, float("-inf")) >= self.interval_s
+
+    def update(self, probe: str, stats: dict[str, int], now: float | None = None) -> None:
         with self._lock:
             self._snap[probe] = dict(stats)
+            if now is not None:
+                self._taken[probe] = now
 
     def get(self, probe: str) -> dict[str, int]:
         with self._lock:

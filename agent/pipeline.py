@@ -80,7 +80,9 @@ def poll_once(probes, node: str, metrics, join=None, final: bool = False) -> lis
                 if first else "")
             records = []
         metrics.records.labels(probe.name).inc(len(records))
-        metrics.probe_stats.update(probe.name, probe.stats())
+        now = time.monotonic()
+        if final or metrics.probe_stats.due(probe.name, now):
+            metrics.probe_stats.update(probe.name, probe.stats(), now)
         out += tag_node(records, node)
     if join is not None:
         out = join.feed(out, time.monotonic()) + (join.flush() if final else [])

@@ -56,6 +56,9 @@ BPF_HASH(fs_nic_ifaces, __u32, struct fs_nic_iface, FS_NIC_MAX_IFACES);
 BPF_TABLE("lru_percpu_hash", struct fs_nic_flow_key, struct fs_nic_flow_val, fs_nic_flows,
 	  FS_NIC_MAX_FLOWS);
 BPF_PERCPU_ARRAY(fs_nic_stats, __u64, FS_NIC_NSTATS);
+/* Packets counted per ring: user space skips reading the bins of a ring whose count
+ * did not move since its last drain (an idle interface costs no slot reads). */
+BPF_PERCPU_ARRAY(fs_nic_ring_pkts, __u64, FS_NIC_RINGS);
 
 static __always_inline void stat_add(int idx)
 {
@@ -84,6 +87,9 @@ static __always_inline void count_bin(__u32 ring, __u64 ts, __u32 len, __u32 seg
 	b->bytes += len;
 	b->packets += segs;
 	b->last_off = off;
+	__u64 *n = fs_nic_ring_pkts.lookup(&ring);
+	if (n)
+		*n += 1;
 }
 
 /* Network header offset and ethertype (network order); -1 when unreadable. */

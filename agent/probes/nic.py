@@ -64,7 +64,7 @@ class NicProbe(Probe):
         self._pending: list[Record] = []
         # `lost` (bins the ring overwrote before a drain) is fabricscope_agent_events_lost_total
         self._counts = {"lost": 0, "slots_read": 0, "flow_entries_read": 0, "windows": 0,
-                        "bursts": 0, "bursts_unlisted": 0, "flows_evicted": 0,
+                        "idle_drains": 0, "bursts": 0, "bursts_unlisted": 0, "flows_evicted": 0,
                         "flows_deleted": 0, "drops_host_wide": 0}
         self._kernel_stats: dict[str, int] = {}
 
@@ -137,7 +137,13 @@ class NicProbe(Probe):
             raw = nic_bpfmap.read_array_range(ring_fd, first, count, row_bytes)
             return np.frombuffer(raw, BIN_DTYPE).reshape(count, self._cpus)
 
-        rings = RingSet(len(self._ifaces) * 2, s.ring_slots, s.bin_ns, read, start)
+        pkts_fd, n_rings = self._bpf[b"fs_nic_ring_pkts"].map_fd, len(self._ifaces) * 2
+
+        def packets() -> list[int]:
+            raw = nic_bpfmap.read_array_range(pkts_fd, 0, n_rings, 8 * self._cpus)
+            return np.frombuffer(raw, "<u8").reshape(n_rings, self._cpus).sum(axis=1).tolist()
+
+        rings = RingSet(n_rings, s.ring_slots, s.bin_ns, read, start, packets)
         self._windows = [WindowAssembler(s.bin_ns, s.bins_per_window, start)
                          for _ in rings.rings]
         self._bursts = [BurstDetector() for _ in rings.rings]
@@ -176,6 +182,7 @@ class NicProbe(Probe):
             hot = self.s.threshold * speed * self.s.bin_ns / 8e9
             self._counts["lost"] += drained.lost
             self._counts["slots_read"] += drained.slots_read
+            self._counts["idle_drains"] = self._rings.skipped
             tags = {"interface": name, "direction": DIRECTIONS[direction]}
             bursts = self._bursts[ring.ring_id].feed(drained.bins, upto, hot)
             windows = self._windows[ring.ring_id].feed(drained.bins, drained.lost, upto, hot)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import platform
 from pathlib import Path
@@ -49,12 +50,18 @@ def percpu_stride(value_size: int) -> int:
     return (value_size + 7) & ~7
 
 
+@functools.lru_cache(maxsize=None)
+def _libc() -> ctypes.CDLL:
+    """libc, loaded once: dlopen on every call cost more than the syscalls it makes."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _syscall(attr: _BatchAttr) -> int:
     """Returns 0, or the errno (ENOENT: the map was read to its end)."""
     nr = _SYS_BPF.get(platform.machine())
     if nr is None:
         raise BatchUnsupported(errno.ENOSYS, f"bpf() syscall number unknown on {platform.machine()}")
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     rc = libc.syscall(nr, BPF_MAP_LOOKUP_BATCH, ctypes.byref(attr), ctypes.sizeof(attr))
     return 0 if rc == 0 else ctypes.get_errno()
 
@@ -141,7 +148,7 @@ def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1) -> tuple[int, int
     data = ctypes.create_string_buffer(frame, len(frame))
     attr = _TestRunAttr(prog_fd=prog_fd, data_size_in=len(frame),
                         data_in=ctypes.addressof(data), repeat=repeat)
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     if nr is None or libc.syscall(nr, BPF_PROG_TEST_RUN, ctypes.byref(attr),
                                   ctypes.sizeof(attr)) != 0:
         err = ctypes.get_errno() if nr is not None else errno.ENOSYS
@@ -162,7 +169,7 @@ def prog_run_stats(prog_fd: int) -> tuple[int, int]:
     attr = (ctypes.c_uint32 * 4)(prog_fd, _PROG_INFO_SIZE, 0, 0)
     ctypes.memmove(ctypes.addressof(attr) + 8, ctypes.byref(ctypes.c_uint64(
         ctypes.addressof(info))), 8)
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     if nr is None or libc.syscall(nr, BPF_OBJ_GET_INFO_BY_FD, attr, ctypes.sizeof(attr)) != 0:
         return 0, 0
     run_ns = int.from_bytes(info.raw[_RUN_TIME_OFFSET:_RUN_TIME_OFFSET + 8], "little")

@@ -20,7 +20,7 @@ ring stands for the per-CPU watermarks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -94,22 +94,35 @@ class Ring:
 
     ring_id: int
     last: int           # last bin consumed
+    packets: int = -1   # the ring's packet count when last drained (-1: never)
 
 
 class RingSet:
     """Every ring of the per-CPU array, drained through one SlotReader."""
 
-    def __init__(self, n_rings: int, slots: int, bin_ns: int, read: SlotReader, start_bin: int):
+    def __init__(self, n_rings: int, slots: int, bin_ns: int, read: SlotReader, start_bin: int,
+                 packets: Callable[[], Sequence[int]] | None = None):
+        """packets: per ring, the packets the kernel counted so far (all CPUs); a ring
+        whose count has not moved since its last drain is not read (idle)."""
         if slots & (slots - 1):
             raise ValueError(f"ring slots {slots} is not a power of two")
-        self.slots, self.bin_ns, self.read = slots, bin_ns, read
+        self.slots, self.bin_ns, self.read, self.packets = slots, bin_ns, read, packets
         self.rings = [Ring(r, start_bin) for r in range(n_rings)]
+        self.skipped = 0        # drains of idle rings that read nothing
 
     def drain(self, upto: int) -> list[Drained]:
         """Consume bins < upto of every ring; one Drained per ring, in ring order."""
-        return [self._drain(ring, upto) for ring in self.rings]
+        # Counts first: a packet counted after this read lands in a later drain.
+        counts = list(self.packets()) if self.packets is not None else [None] * len(self.rings)
+        return [self._drain(ring, upto, count) for ring, count in zip(self.rings, counts)]
 
-    def _drain(self, ring: Ring, upto: int) -> Drained:
+    def _drain(self, ring: Ring, upto: int, count: int | None = None) -> Drained:
+        if count is not None and count == ring.packets and upto > ring.last + 1:
+            ring.last = upto - 1           # nothing arrived: every bin since is empty
+            self.skipped += 1
+            return Drained(Bins(), 0, 0)
+        if count is not None:
+            ring.packets = count
         lo = max(ring.last + 1, upto - self.slots)
         lost = max(0, lo - (ring.last + 1))
         if lo >= upto:

@@ -152,3 +152,25 @@ def test_merge_ignores_cpus_holding_other_bins():
 def test_ring_size_must_be_a_power_of_two():
     with pytest.raises(ValueError):
         RingSet(1, 12, BIN_NS, lambda *_: None, 0)
+
+
+def test_an_idle_ring_is_not_read_and_loses_nothing_however_long_it_slept():
+    fake = FakeRings(rings=2)
+    counts = [0, 0]
+
+    def packet(ring, ts_ns, nbytes):
+        fake.packet(ring, 0, ts_ns, nbytes)
+        counts[ring] += 1
+
+    rings = RingSet(2, SLOTS, BIN_NS, fake.read, start_bin=100, packets=lambda: list(counts))
+    packet(0, at(101), 100)
+    d0, d1 = rings.drain(upto=103)
+    assert d0.bins.bytes.tolist() == [100]
+    assert [first // SLOTS for first, _ in fake.reads] == [0, 1]   # the first drain reads all
+    fake.reads.clear()
+    d0, d1 = rings.drain(upto=103 + 5 * SLOTS)          # idle far longer than the ring holds
+    assert fake.reads == [] and (d0.lost, d1.lost) == (0, 0) and rings.skipped == 2
+    packet(1, at(103 + 5 * SLOTS + 1), 70)              # ring 1 wakes up
+    d0, d1 = rings.drain(upto=103 + 5 * SLOTS + 3)
+    assert [r for r, _ in fake.reads] == [1 * SLOTS + (103 + 5 * SLOTS) % SLOTS]
+    assert d1.bins.bytes.tolist() == [70] and d0.slots_read == 0
