@@ -8,6 +8,7 @@
     fabricscope lab fault --name NAME --node I shape --rate R --burst B [--limit L | --latency T]
     fabricscope lab fault --name NAME [--node I] clear    (same: lab clear --name NAME [--node I])
     fabricscope lab train --name NAME --steps K [--model-mb M] [--batch B] [--json-summary]
+        [--data-mb D] [--checkpoint-every N]     (reads/checkpoints via a data server)
     fabricscope lab exec  --name NAME --node I -- CMD...
 
 torch is imported only by the ranks that `lab train` starts, never here.
@@ -98,6 +99,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout-s", type=float, help="end every rank after this long")
     p.add_argument("--json-summary", action="store_true",
                    help="after the step lines, print one JSON summary line")
+    p.add_argument("--data-mb", type=float, default=0.0,
+                   help="MiB each rank reads per step from a data server the command starts on "
+                        "the lab's gateway for the run (default 0: none)")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="write a checkpoint (the model's state_dict) to that data server after "
+                        "every N-th step (default 0: never)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("exec", help="run a command in a node's network namespace")
@@ -229,18 +236,29 @@ def _sigterm_to_interrupt(signum, frame):
 
 
 def cmd_train(args) -> int:
+    import contextlib
+
+    from lab.dataserver import running_dataserver
     from lab.topology import load
     from lab.training import start_training
+    if args.data_mb < 0 or args.checkpoint_every < 0:
+        raise UserError("--data-mb and --checkpoint-every must be 0 or more",
+                        "e.g. --data-mb 1 --checkpoint-every 10")
     lab = load(args.name)
     _TRAIN_PID[0] = os.getpid()
     previous = signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
     started = time.monotonic()
+    io = args.data_mb > 0 or args.checkpoint_every > 0
     try:
-        with start_training(lab, args.steps, model_mb=args.model_mb, batch=args.batch,
-                            master_port=args.master_port, timeout_s=args.timeout_s) as run:
-            for item in run.steps():
-                print(json.dumps(item), flush=True)
-            code = run.wait()
+        with (running_dataserver(lab, None) if io else contextlib.nullcontext()) as server:
+            kw = dict(data_server=server, data_bytes=int(args.data_mb * 2**20),
+                      checkpoint_every=args.checkpoint_every) if io else {}
+            with start_training(lab, args.steps, model_mb=args.model_mb, batch=args.batch,
+                                master_port=args.master_port, timeout_s=args.timeout_s,
+                                **kw) as run:
+                for item in run.steps():
+                    print(json.dumps(item), flush=True)
+                code = run.wait()
     finally:
         signal.signal(signal.SIGTERM, previous)
     if code != 0:

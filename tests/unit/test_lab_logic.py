@@ -129,7 +129,13 @@ def test_cli_registers_under_fabricscope():
     args = parser.parse_args(["lab", "exec", "--name", "x", "--node", "0", "--", "ip", "-br", "a"])
     assert args.cmd == ["--", "ip", "-br", "a"]
     args = parser.parse_args(["lab", "train", "--name", "x", "--steps", "3"])
-    assert (args.model_mb, args.batch) == (8.0, 32)
+    assert (args.model_mb, args.batch, args.data_mb, args.checkpoint_every) == (8.0, 32, 0.0, 0)
+
+
+def test_lab_train_refuses_negative_io_sizes_in_one_line():
+    out = _lab_cli("train", "--name", "x", "--steps", "3", "--checkpoint-every", "-2")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "--data-mb and --checkpoint-every must be 0 or more" in out.stderr
 
 
 def test_importing_the_lab_cli_does_not_import_torch_or_pyroute2():
