@@ -25,6 +25,10 @@ owner's pid, tcp_transfer: runs of bytes without a gap). Put together:
    when it mostly received, `checkpoint` when it mostly sent. This needs no list of
    rank peers: a rank moves gradient bytes only on the flows of its collectives.
 
+3. NCCL communicators created before the agent attached: their nccl_call records
+   lack rank, nranks and comm_id; the NCCL_DEBUG log's `Init COMPLETE` line of the
+   same pid and communicator handle (nccl_log_comm) has them.
+
 Records that join wait HOLD_S in the stage (their partners may be drained in a
 later poll: a transfer is reported when the flow's next one starts, and the tcp
 probes hold a record up to a /proc rescan for its owner); everything else passes
@@ -35,13 +39,14 @@ process.
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
 
 from fabricscope.records import Record
 
 HOLD_S = 2.0          # seconds a joined record waits for its partners
 HORIZON_S = 60.0      # seconds of windows, steps and retransmits kept per process
+MAX_NCCL_COMMS = 65536    # communicators remembered from NCCL logs (oldest dropped)
 _HELD = frozenset({"gloo_collective", "gloo_step", "tcp_transfer"})
 
 
@@ -116,7 +121,9 @@ class TrainingJoin:
         self._steps: dict[tuple[str, str], list[tuple[int, int, int]]] = defaultdict(list)
         self._newest_ns = 0
         self._trimmed_s = 0.0
-        self.counters = {"transfers_folded": 0, "transfers_control": 0, "transfers_written": 0,
+        self._nccl_comms: OrderedDict[tuple[str, str], tuple[int, int, str | None]] = \
+            OrderedDict()
+        self.counters = {"nccl_calls_completed_from_logs": 0, "transfers_folded": 0, "transfers_control": 0, "transfers_written": 0,
                          "phases_inferred": 0,
                          "collectives_joined": 0, "steps_joined": 0}
 
@@ -137,6 +144,10 @@ class TrainingJoin:
                 windows_from.add(str(r.fields.get("pid", "")))
             elif r.measurement == "gloo_step":
                 self._learn_step(r)
+            elif r.measurement == "nccl_log_comm":
+                self._learn_nccl_comm(r)
+            elif r.measurement == "nccl_call" and "rank" not in r.fields:
+                self._complete_nccl_call(r)
             elif r.measurement == "tcp_transfer":
                 self._unvoted.setdefault(r.tags.get("pid", ""), {})[id(r)] = r
                 fresh.append(r)
@@ -179,6 +190,25 @@ class TrainingJoin:
         proc.longest_ns = max(proc.longest_ns, length)
         proc.job = (r.tags.get("job", ""), r.tags.get("rank", "-"))
         self._pid_of[proc.job] = pid
+
+    def _learn_nccl_comm(self, r: Record) -> None:
+        if "rank" not in r.fields or "nranks" not in r.fields:
+            return
+        key = (r.tags.get("pid", ""), r.tags.get("comm", ""))
+        self._nccl_comms[key] = (int(r.fields["rank"]), int(r.fields["nranks"]),
+                                 r.tags.get("comm_id"))
+        self._nccl_comms.move_to_end(key)
+        while len(self._nccl_comms) > MAX_NCCL_COMMS:
+            self._nccl_comms.popitem(last=False)
+
+    def _complete_nccl_call(self, r: Record) -> None:
+        known = self._nccl_comms.get((r.tags.get("pid", ""), r.tags.get("comm", "")))
+        if known is None:
+            return
+        r.fields["rank"], r.fields["nranks"] = known[0], known[1]
+        if known[2] and "comm_id" not in r.tags:
+            r.tags["comm_id"] = known[2]
+        self.counters["nccl_calls_completed_from_logs"] += 1
 
     def _learn_step(self, r: Record) -> None:
         seconds = r.fields.get("seconds")

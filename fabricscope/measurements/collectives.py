@@ -46,7 +46,9 @@ MEASUREMENTS = [
             "ret": Field(int, "", "ncclResult_t returned (0 success, 4 invalid argument, ...)"),
             "root": Field(int, "rank", "root rank (Broadcast, Reduce, Gather, Scatter)"),
             "peer": Field(int, "rank", "peer rank (Send, Recv)"),
-            "nranks": Field(int, "ranks", "ranks in the communicator (when its init was seen)"),
+            "nranks": Field(int, "ranks", "ranks in the communicator (when the probe saw its "
+                                          "init, else from the NCCL_DEBUG log's Init line of "
+                                          "the same pid and comm, when ingested)"),
             "rank": Field(int, "rank", "this process's rank in the communicator (idem)"),
             "stream": Field(str, "", "cudaStream_t (hex)"),
             "seq": Field(int, "", "order of calls seen by the probe (a gap: lost events)"),

@@ -145,3 +145,20 @@ def test_a_long_transfer_over_several_collectives_and_the_compute_between_is_rin
                       transfer(31, 0.004, 2 << 20, 2 << 20, daddr=ring),
                       collective(0, 0.010), collective(12, 0.010), collective(24, 0.010)])
     assert by(out, "tcp_transfer") == [] and stats["transfers_folded"] == 2
+
+
+def test_nccl_calls_of_a_communicator_created_before_attach_get_rank_from_its_log_line():
+    init = Record("nccl_log_comm", T0, {"host": "h", "pid": "77", "event": "init_complete",
+                                        "comm": "0x55d0c8a0", "comm_id": "0xabc"},
+                  {"rank": 3, "nranks": 8, "cuda_dev": 3, "nvml_dev": 3, "bus_id": "1b000"})
+    call = Record("nccl_call", T0 + MS, {"op": "AllReduce", "pid": "77", "timing": "enqueue",
+                                         "comm": "0x55d0c8a0"},
+                  {"api": "ncclAllReduce", "count": 1024, "bytes": 4096, "duration_ns": 900,
+                   "ret": 0, "seq": 1, "tid": 77})
+    other = Record("nccl_call", T0 + MS, {"op": "AllReduce", "pid": "78", "timing": "enqueue",
+                                          "comm": "0x55d0c8a0"}, dict(call.fields))
+    out, stats = run([init, call, other])
+    done = [r for r in by(out, "nccl_call") if r.tags["pid"] == "77"][0]
+    assert (done.fields["rank"], done.fields["nranks"], done.tags["comm_id"]) == (3, 8, "0xabc")
+    assert "rank" not in [r for r in by(out, "nccl_call") if r.tags["pid"] == "78"][0].fields
+    assert stats["nccl_calls_completed_from_logs"] == 1
