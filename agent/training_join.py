@@ -10,21 +10,21 @@ owner's pid, tcp_transfer: runs of bytes without a gap). Put together:
    stamped inside its window, and each step `sync_retrans_segs`, those inside its
    collectives (only when a tcp probe runs; otherwise the fields are absent, not
    zero). Collectives on two threads can overlap: sum steps, not collectives.
-2. Phases outside the collectives: a flow of a training process that moved most of
-   its bytes in transfers lying inside that process's collective windows (at least
-   half of a transfer's time inside them) is a ring flow (gloo's pair connections),
-   and all its transfers are the collectives' traffic: folded (counted, not written;
-   the collective records carry their bytes), also the small ones around them (a
-   peer's early send, ACKs and retransmits of the tail after this rank returned).
-   A vote weighted by bytes, not one overlap: on a busy host the collective's
-   thread can return late, after the main thread already started the next batch
-   read on another flow, and under loss a ring flow's tail trickles on for an RTO. Transfers to the
-   job's rendezvous store (MASTER_ADDR:MASTER_PORT) are control traffic, folded too.
-   Any other transfer is written, and when its owner is a training process (a job
-   and rank in its environment) it is also a phase of that job's step: `data_load`
-   when it mostly received, `checkpoint` when it mostly sent. This needs no list of
-   rank peers: a rank moves gradient bytes only on the flows of its collectives.
-
+2. Phases outside the collectives. A flow of a training process is a ring flow
+   (gloo's pair connections) when it moved most of its bytes in transfers lying
+   inside that process's collective windows (at least half of a transfer's time
+   inside them, from at least two such transfers). All transfers of a ring flow are
+   the collectives' traffic and are folded (counted, not written), also the small
+   ones around the windows: a peer's early send, the tail a rank's socket still
+   sends after its collective returned (under loss, for an RTO). The vote is by
+   bytes, not by one overlap: on a busy host a collective's thread can return late,
+   after the main thread already started the next batch read on another flow.
+   Transfers to the job's rendezvous store (MASTER_ADDR:MASTER_PORT) are control
+   traffic, folded too. Any other transfer is written, and when its owner is a
+   training process (a job and rank in its environment) it is also a phase of that
+   job's step: `data_load` when it mostly received, `checkpoint` when it mostly
+   sent. No list of rank peers is needed: a rank moves gradient bytes only on the
+   flows of its collectives.
 3. NCCL communicators created before the agent attached: their nccl_call records
    lack rank, nranks and comm_id; the NCCL_DEBUG log's `Init COMPLETE` line of the
    same pid and communicator handle (nccl_log_comm) has them.

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -88,14 +87,8 @@ class Proc:
         return self.popen.poll() is None
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
-        return self.popen.returncode
+        from fabricscope.services import terminate
+        return terminate(self.popen, timeout_s)
 
 
 def start_proc(name: str, argv: list[str], workdir: Path, env: dict | None = None) -> Proc:

@@ -75,6 +75,22 @@ bind-address = "127.0.0.1:{rpc_port}"
 """
 
 
+def terminate(proc: subprocess.Popen, timeout_s: float = 10.0) -> int | None:
+    """Stop a process we started, by pid: SIGTERM, then SIGKILL after timeout_s.
+    Returns its exit code (None if it would not even die of SIGKILL in 5 s)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+    return proc.returncode
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picked it)."""
     with socket.socket() as s:
@@ -186,14 +202,8 @@ class _Server:
     def stop_process(self, timeout_s: float = 10.0) -> None:
         """Terminate the process by pid (kill after timeout_s); keep the data directory."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            terminate(proc, timeout_s)
 
     def stop(self) -> None:
         """Stop the process and remove its directory. Safe to call twice."""

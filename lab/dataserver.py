@@ -273,6 +273,7 @@ def running_dataserver(lab, node_index: int | None = 0, timeout_s: float = 60.0,
     node 0 serves rank 0 over that namespace's loopback). Always stopped by pid on
     exit (SIGTERM, SIGKILL after grace_s), also on errors."""
     from fabricscope.labstack import await_condition
+    from fabricscope.services import terminate
     from lab import exec_argv
     from lab.topology import load
     lab = load(lab) if isinstance(lab, str) else lab
@@ -303,7 +304,7 @@ def running_dataserver(lab, node_index: int | None = 0, timeout_s: float = 60.0,
             raise TimeoutError(f"{exc}; log tail: {_tail(log_path)}") from None
         yield addr
     finally:
-        _stop(proc, grace_s)
+        terminate(proc, grace_s)
 
 
 def _listening_line(path: str) -> str | None:
@@ -320,16 +321,6 @@ def _tail(path: str, lines: int = 5) -> str:
             return " | ".join(ln.strip() for ln in fh.read().splitlines()[-lines:] if ln.strip())
     except OSError:
         return ""
-
-
-def _stop(proc: subprocess.Popen, grace_s: float) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    proc.wait()
 
 
 if __name__ == "__main__":

@@ -13,17 +13,14 @@ namespaces) must not appear in its records.
 from __future__ import annotations
 
 import os
-import signal
 import statistics
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from fabricscope import schema, trafficmodel
+from fabricscope.labstack import await_condition
 from fabricscope.records import Record
 
 STEPS = 30
@@ -44,35 +41,6 @@ class Run:
                 and all(r.tags.get(k) == v for k, v in tags.items())]
 
 
-def _await(predicate, timeout_s: float, what: str, interval_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def _read_records(path: Path) -> list[Record]:
-    out = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            out.append(Record.from_json(line))
-    return out
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Run:
     return collect(tmp_path_factory.mktemp("gloo"))
@@ -80,37 +48,26 @@ def run(tmp_path_factory) -> Run:
 
 def collect(tmp: Path, steps: int = STEPS, extra_agent_args: tuple = ()) -> Run:
     """Lab up, agent on node 0, DDP for `steps` steps, agent stopped, lab down."""
-    from lab import exec_argv, exec_env
     from lab.testing import running_lab
     from lab.training import mlp_shape, param_bytes, start_training
+    from tests.kernel.jsonl_agent import jsonl_agent, records
 
-    out, err = tmp / "agent.jsonl", tmp / "agent.log"
     with running_lab(nodes=NODES) as lab:
         node = lab.nodes[0]
-        argv = exec_argv(node, [sys.executable, "-m", "fabricscope", "agent",
-                                "--probes", "gloo,markers",
-                                "--output", "jsonl", "--metrics-port", "0",
-                                "--gloo-model-interval-s", "1", "--gloo-model-window-s", "60",
-                                *extra_agent_args])
-        with open(out, "wb") as fo, open(err, "wb") as fe:
-            agent = subprocess.Popen(argv, stdout=fo, stderr=fe, env=exec_env(lab, node),
-                                     cwd=str(Path(__file__).resolve().parents[2]))
-        try:
-            _await(lambda: "running probes: gloo, markers" in err.read_text()
-                   or agent.poll() is not None, 120, "the agent to attach")
-            assert agent.poll() is None, err.read_text()[-2000:]
+        with jsonl_agent(lab, node, tmp, "--probes", "gloo,markers",
+                         "--gloo-model-interval-s", "1", "--gloo-model-window-s", "60",
+                         *extra_agent_args, attached="running probes: gloo, markers") as agent:
             job = f"{node.address}:{29400 + os.getpid() % 500}"
             with start_training(lab, steps, model_mb=MODEL_MB,
                                 master_port=int(job.rsplit(":", 1)[1])) as training:
                 lines = list(training.steps())
                 assert training.wait() == 0, training.error
             # the last step is flushed when the agent sees rank 0's process gone
-            _await(lambda: any(r.measurement == "gloo_step" and "seconds" not in r.fields
-                               for r in _read_records(out)), 60, "the last step")
-        finally:
-            _stop(agent)
+            await_condition(lambda: any(r.measurement == "gloo_step" and "seconds" not in r.fields
+                               for r in records(agent.out_path)), 60, "the last step")
     width, layers = mlp_shape(MODEL_MB)
-    return Run(_read_records(out), lines, param_bytes(width, layers), job, err.read_text())
+    return Run(records(agent.out_path), lines, param_bytes(width, layers), job,
+               agent.err_path.read_text())
 
 
 def test_every_record_matches_the_schema(run):

@@ -13,15 +13,12 @@ retransmits stamped inside each collective are counted on it.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from fabricscope import schema
-from fabricscope.labstack import await_condition
 from fabricscope.records import Record
 
 STEPS = 12
@@ -43,30 +40,16 @@ class Run:
                 and all(r.tags.get(k) == v for k, v in tags.items())]
 
 
-def _records(path: Path) -> list[Record]:
-    return [Record.from_json(line) for line in path.read_text().splitlines()
-            if line.startswith("{")]
-
-
 def _run(tmp: Path, loss_pct: float = 0.0, data: bool = True) -> Run:
-    from lab import exec_argv, exec_env, faults
+    from tests.kernel.jsonl_agent import jsonl_agent, records
+    from lab import faults
     from lab.dataserver import running_dataserver
     from lab.testing import running_lab
     from lab.training import start_training
 
-    out, err = tmp / "agent.jsonl", tmp / "agent.log"
     with running_lab(nodes=3) as lab, running_dataserver(lab, None) as server:
-        node = lab.nodes[NODE]
-        argv = exec_argv(node, [sys.executable, "-m", "fabricscope", "agent",
-                                "--probes", "gloo,tcp_flows,markers", "--output", "jsonl",
-                                "--metrics-port", "0", "--tcp-transfer-min-bytes", "1"])
-        with open(out, "wb") as fo, open(err, "wb") as fe:
-            agent = subprocess.Popen(argv, stdout=fo, stderr=fe, env=exec_env(lab, node),
-                                     cwd=str(Path(__file__).resolve().parents[2]))
-        try:
-            await_condition(lambda: "running probes:" in err.read_text()
-                            or agent.poll() is not None, 120, "the agent to attach")
-            assert agent.poll() is None, err.read_text()[-2000:]
+        with jsonl_agent(lab, lab.nodes[NODE], tmp, "--probes", "gloo,tcp_flows,markers",
+                         "--tcp-transfer-min-bytes", "1") as agent:
             if loss_pct:
                 faults.loss(lab, NODE, loss_pct)
             kw = dict(data_server=server, data_bytes=DATA_BYTES, checkpoint_every=EVERY,
@@ -76,11 +59,8 @@ def _run(tmp: Path, loss_pct: float = 0.0, data: bool = True) -> Run:
                 list(training.steps())
                 assert training.wait() == 0, training.error
                 truth = training.io_events(NODE)
-        finally:
-            if agent.poll() is None:
-                agent.terminate()       # the last poll drains the closes and flushes the join
-            agent.wait(timeout=30)
-    return Run(_records(out), truth, server, err.read_text())
+    # stopped: the last poll drained the closes and flushed the join
+    return Run(records(agent.out_path), truth, server, agent.err_path.read_text())
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -191,3 +193,15 @@ def test_a_batch_of_lines_is_checked_line_by_line():
     assert dict(out.rejected) == {"unknown_measurement": 1, "node_mismatch": 1}
     assert out.first_problem == "record 2: unknown measurement 'nope'"
     assert out.max_time_ns == NOW + 1
+
+
+@pytest.mark.parametrize("literal", ["17976931348622317e+308", "1e+999", "1" * 310 + ".0"])
+def test_a_float_literal_that_overflows_a_double_is_refused(literal):
+    # found by the fuzzer above: deleting the "." of the largest double gives 1.8e+324
+    r = Record("gloo_phase", NOW, {"node": "n1", "job": "v", "rank": "0", "phase": "x"},
+               {"seconds": 1.5, "bytes": 0, "peer": "a b,c=\"1e+999\""})
+    line = canonical_line(r)
+    assert VALIDATOR.check(line, "n1", NOW, LIMITS.max_future_ns, LIMITS.max_age_ns)[1] is None
+    mutant = line.replace("seconds=1.5", f"seconds={literal}")
+    ts, verdict = VALIDATOR.check(mutant, "n1", NOW, LIMITS.max_future_ns, LIMITS.max_age_ns)
+    assert verdict is not None and verdict.reason == "unencodable"
