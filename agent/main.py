@@ -35,7 +35,8 @@ def build_context(cfg) -> tuple[dict[str, type], ProbeContext]:
         addrs = addresses.node_addresses(cfg.addresses)
     else:
         addrs = addresses.parse_addresses(cfg.addresses)
-    return classes, ProbeContext(cfg.node, addrs, Clock(), cfg)
+    from agent.procmaps import MapsCache
+    return classes, ProbeContext(cfg.node, addrs, Clock(), cfg, maps_cache=MapsCache())
 
 
 def attach_all(classes: dict[str, type], ctx: ProbeContext, metrics) -> list[Probe]:

@@ -19,6 +19,7 @@ parse_maps() is pure (unit-tested); scan() reads a /proc tree (a fake one in tes
 from __future__ import annotations
 
 import os
+import time
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +95,8 @@ def _open_mapping(proc: Path, pid: int, m: Mapping) -> int | None:
 def scan(proc: Path, name: re.Pattern,
          known: dict[tuple[int, int], Sighting] | None = None,
          skip_pids: frozenset[int] = frozenset(),
-         needles: tuple[str, ...] | None = None) -> ScanResult:
+         needles: tuple[str, ...] | None = None,
+         cache: "MapsCache | None" = None) -> ScanResult:
     """Read every process's maps; returns the library files in use, with fds open.
 
     `name`: the basenames of interest. `needles`: substrings one of which every
@@ -104,6 +106,7 @@ def scan(proc: Path, name: re.Pattern,
 
     Files already in `known` are not opened again: their pids are refreshed in place
     (in the returned objects, which are the `known` ones). The caller owns the new fds.
+    `cache`: maps texts shared with other scans of the same moment (MapsCache).
     """
     known = known or {}
     for s in known.values():
@@ -116,7 +119,8 @@ def scan(proc: Path, name: re.Pattern,
             continue
         pid = int(entry.name)
         try:
-            text = Path(entry.path, "maps").read_text(errors="replace")
+            text = cache.read(entry.path) if cache is not None else \
+                Path(entry.path, "maps").read_text(errors="replace")
         except OSError:
             result.unreadable += 1
             continue
@@ -142,6 +146,30 @@ def scan(proc: Path, name: re.Pattern,
             by_ident[m.ident] = key
             files[key].pids.add(pid)
     return result
+
+
+class MapsCache:
+    """/proc/PID/maps texts, kept `ttl_s`: the gloo and NCCL probes rescan in the same
+    poll, and the kernel builds a training process's maps (thousands of lines) anew on
+    every read; one read serves both. Shared through ProbeContext."""
+
+    def __init__(self, ttl_s: float = 1.0, clock=time.monotonic):
+        self.ttl_s, self.clock = ttl_s, clock
+        self._texts: dict[str, tuple[float, str]] = {}
+        self.hits = 0
+
+    def read(self, pid_dir: str) -> str:
+        now = self.clock()
+        hit = self._texts.get(pid_dir)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            self.hits += 1
+            return hit[1]
+        if len(self._texts) > 4096 or (self._texts and hit is None and
+                                       now - next(iter(self._texts.values()))[0] >= self.ttl_s):
+            self._texts = {k: v for k, v in self._texts.items() if now - v[0] < self.ttl_s}
+        text = Path(pid_dir, "maps").read_text(errors="replace")
+        self._texts[pid_dir] = (now, text)
+        return text
 
 
 def open_path(path: str) -> Sighting:

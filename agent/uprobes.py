@@ -41,11 +41,11 @@ class Hook:
 
 class LibraryUprobes:
     def __init__(self, name: str, hooks: list[Hook], log: logging.Logger, *,
-                 proc: Path = Path("/proc"), rescan_s: float = 2.0):
+                 proc: Path = Path("/proc"), rescan_s: float = 2.0, maps_cache=None):
         """name: the probe's, prefixed to log lines. The BPF object is set later
         (`self.bpf`), once the probe has loaded its program."""
         self.name, self.hooks, self.log = name, list(hooks), log
-        self.proc, self.rescan_s = proc, rescan_s
+        self.proc, self.rescan_s, self.maps_cache = proc, rescan_s, maps_cache
         self.bpf = None
         self.files: dict[FileKey, Sighting] = {}        # open, whether attached or not
         self.attached: dict[FileKey, list[Hook]] = {}   # what each file has attached
@@ -75,7 +75,7 @@ class LibraryUprobes:
         detach and close those no process maps any more, except pinned ones."""
         self._last_scan = time.monotonic()
         result = procmaps.scan(self.proc, name, self.files, skip_pids=frozenset({os.getpid()}),
-                               needles=needles)
+                               needles=needles, cache=self.maps_cache)
         self.counters["scans"] += 1
         self.counters["scan_unreadable"] += result.unreadable
         for key, s in result.files.items():
@@ -210,6 +210,11 @@ class UprobeProbe(Probe):
 
     def _after_rescan(self) -> None:
         """Periodic work of the probe at every poll (none by default)."""
+
+
+def shared_maps(ctx: ProbeContext, proc: Path):
+    """The agent's shared MapsCache for scans of the real /proc (None otherwise)."""
+    return getattr(ctx, "maps_cache", None) if proc == Path("/proc") else None
 
 
 def exported_symbols(path: bytes, regex: bytes) -> set[str]:

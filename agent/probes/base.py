@@ -40,6 +40,7 @@ class ProbeContext:
     clock: Clock
     config: object                 # agent.config.AgentConfig
     cflags: list[str] = field(default_factory=list)   # extra BCC cflags (kernel headers etc.)
+    maps_cache: object = None      # agent.procmaps.MapsCache shared by the uprobe probes
 
 
 class Probe(abc.ABC):

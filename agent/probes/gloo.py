@@ -43,7 +43,7 @@ from agent.probes import gloo_layout as layout
 from agent.probes.base import ProbeContext, ProbeUnavailable
 from agent.probes.gloo_procs import ProcessTable
 from agent.probes.gloo_records import ProcessState
-from agent.uprobes import Hook, LibraryUprobes, UprobeProbe
+from agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
 from fabricscope.errors import UserError
 
 log = logging.getLogger("fabricscope.agent.gloo")
@@ -78,7 +78,8 @@ class GlooProbe(UprobeProbe):
     def __init__(self, ctx: ProbeContext, *, proc: Path = Path("/proc"), rescan_s: float = 2.0,
                  ringbuf_pages: int = 64):
         # configured files and the agent's own torch are pinned: never detached by rescans
-        super().__init__(ctx, LibraryUprobes("gloo", HOOKS, log, proc=proc, rescan_s=rescan_s))
+        super().__init__(ctx, LibraryUprobes("gloo", HOOKS, log, proc=proc, rescan_s=rescan_s,
+                                             maps_cache=shared_maps(ctx, proc)))
         cfg = ctx.config
         self.paths = list(getattr(cfg, "gloo_paths", []) or [])
         self.model_window_s = float(getattr(cfg, "gloo_model_window_s", 10.0))

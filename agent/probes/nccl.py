@@ -40,7 +40,7 @@ from agent import bpf
 from agent.probes.base import ProbeContext
 from agent.probes.nccl_layout import APIS, STAT_NAMES, DecodeError, NcclEventC, decode
 from agent.probes.nccl_records import CommTable, observe, to_record
-from agent.uprobes import Hook, LibraryUprobes, UprobeProbe
+from agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
 from fabricscope.errors import UserError
 
 log = logging.getLogger("fabricscope.agent.nccl")
@@ -60,7 +60,8 @@ class NcclProbe(UprobeProbe):
         (no return code or duration; for the overhead benchmark)."""
         hooks = [Hook(api.symbol, api.entry_fn, None if entry_only else RETURN_FN)
                  for api in APIS]
-        super().__init__(ctx, LibraryUprobes("nccl", hooks, log, proc=proc, rescan_s=rescan_s))
+        super().__init__(ctx, LibraryUprobes("nccl", hooks, log, proc=proc, rescan_s=rescan_s,
+                                             maps_cache=shared_maps(ctx, proc)))
         self.paths = list(getattr(ctx.config, "nccl_paths", []) or [])
         self.pid_filter = set(pids) if pids is not None else None
         self.entry_only = entry_only

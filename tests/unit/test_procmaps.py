@@ -96,3 +96,17 @@ def test_needles_skip_maps_without_them(tmp_path):
     finally:
         for s in found.files.values():
             os.close(s.fd)
+
+
+def test_the_maps_cache_serves_a_second_scan_of_the_same_moment(tmp_path):
+    from agent.procmaps import MapsCache
+    now = [100.0]
+    cache = MapsCache(ttl_s=1.0, clock=lambda: now[0])
+    pid_dir = tmp_path / "42"
+    pid_dir.mkdir()
+    (pid_dir / "maps").write_text("first\n")
+    assert cache.read(str(pid_dir)) == "first\n"
+    (pid_dir / "maps").write_text("second\n")
+    assert cache.read(str(pid_dir)) == "first\n" and cache.hits == 1     # same moment
+    now[0] += 1.0
+    assert cache.read(str(pid_dir)) == "second\n"                         # stale: read again
