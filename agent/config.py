@@ -128,6 +128,11 @@ class AgentConfig:
         "transfers moving fewer bytes (in + out) are only counted "
         "(probe_events_total{event=\"transfers_small\"}), not reported: bulk transfers "
         "(data loading, checkpoints, collectives) stay, chatter does not"))
+    tcp_transfers_per_s: int = field(default=200, metadata=doc(
+        "tcp_transfer records written per second at most for processes that are not "
+        "training ranks (a busy storage or web server makes thousands); the rest are "
+        "counted (probe_events_total{probe=\"join\",event=\"transfers_unlisted\"}). A "
+        "training rank's transfers are always written, with their phase"))
     tcp_flow_hooks: list[str] = field(
         default_factory=lambda: ["tcp/tcp_probe", "sock/inet_sock_set_state",
                                  "tcp/tcp_send_reset", "tcp/tcp_receive_reset"],
@@ -230,6 +235,9 @@ class AgentConfig:
         if not 100 <= self.tcp_transfer_gap_us <= 1_000_000:
             raise UserError(f"tcp_transfer_gap_us {self.tcp_transfer_gap_us} is outside "
                             "100..1000000", "give e.g. --tcp-transfer-gap-us 2000")
+        if self.tcp_transfers_per_s < 0:
+            raise UserError(f"tcp_transfers_per_s {self.tcp_transfers_per_s} is negative",
+                            "give 0 or more, e.g. --tcp-transfers-per-s 200")
         if not 1 <= self.tcp_transfer_min_bytes <= 1 << 40:
             raise UserError(f"tcp_transfer_min_bytes {self.tcp_transfer_min_bytes} is out of "
                             "range", "give 1 or more, e.g. --tcp-transfer-min-bytes 65536")

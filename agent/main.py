@@ -91,7 +91,8 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
         shipper.on_durable += [p.durable for p in probes if hasattr(p, "durable")]
         outputs.append(shipper.start())
     names = {p.name for p in probes}
-    join = TrainingJoin(retransmits_known=bool(names & {"tcp_retransmit", "tcp_flows"}))
+    join = TrainingJoin(retransmits_known=bool(names & {"tcp_retransmit", "tcp_flows"}),
+                        transfers_per_s=cfg.tcp_transfers_per_s)
     try:
         await run_pipeline(probes, outputs, node=cfg.node, poll_interval_s=cfg.poll_interval_s,
                            batch_max_records=cfg.batch_max_records,

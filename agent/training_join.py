@@ -108,10 +108,13 @@ class _Process:
 
 class TrainingJoin:
     def __init__(self, retransmits_known: bool, hold_s: float = HOLD_S,
-                 horizon_s: float = HORIZON_S):
+                 horizon_s: float = HORIZON_S, transfers_per_s: int = 200):
         """retransmits_known: a tcp probe runs, so a window without retransmit records
-        really had none."""
+        really had none. transfers_per_s: written tcp_transfer records of processes that
+        are not training ranks, at most, per second of the records' own time."""
         self.retransmits_known = retransmits_known
+        self.transfers_per_s = transfers_per_s
+        self._budget_second, self._budget_used = -1, 0
         self.hold_s, self.horizon_ns = hold_s, int(horizon_s * 1e9)
         self._held: deque[tuple[float, Record]] = deque()
         self._votes: dict[int, str] = {}     # id(held transfer) -> pid it voted "inside" for
@@ -123,7 +126,8 @@ class TrainingJoin:
         self._trimmed_s = 0.0
         self._nccl_comms: OrderedDict[tuple[str, str], tuple[int, int, str | None]] = \
             OrderedDict()
-        self.counters = {"nccl_calls_completed_from_logs": 0, "transfers_folded": 0, "transfers_control": 0, "transfers_written": 0,
+        self.counters = {"nccl_calls_completed_from_logs": 0, "transfers_unlisted": 0,
+                         "transfers_folded": 0, "transfers_control": 0, "transfers_written": 0,
                          "phases_inferred": 0,
                          "collectives_joined": 0, "steps_joined": 0}
 
@@ -285,13 +289,24 @@ class TrainingJoin:
         if "job" in r.tags and r.tags["job"] == f"{r.tags['daddr']}:{r.tags['dport']}":
             self.counters["transfers_control"] += 1     # the rendezvous store
             return []
+        training = "job" in r.tags and "rank" in r.tags and "pid" in r.tags
+        if not training and not self._within_budget(r.time_ns):
+            self.counters["transfers_unlisted"] += 1
+            return []
         self.counters["transfers_written"] += 1
         out = [r]
-        if "job" in r.tags and "rank" in r.tags and "pid" in r.tags:
+        if training:
             end = r.time_ns + int(r.fields["seconds"] * 1e9)
             out.append(self._phase(r, r.time_ns, end))
             self.counters["phases_inferred"] += 1
         return out
+
+    def _within_budget(self, time_ns: int) -> bool:
+        second = time_ns // 1_000_000_000
+        if second != self._budget_second:
+            self._budget_second, self._budget_used = second, 0
+        self._budget_used += 1
+        return self._budget_used <= self.transfers_per_s
 
     def _phase(self, r: Record, start: int, end: int) -> Record:
         key = (r.tags["job"], r.tags["rank"])

@@ -181,7 +181,8 @@ MEASUREMENTS = [
             "next transfer of the flow starts or the flow closes. The agent folds the "
             "transfers of a training process inside its own collective windows into those "
             "(gloo_collective); the others, data loading and checkpoints among them, are "
-            "written (see agent/training_join.py). Time: the transfer's first segment.",
+            "written (see agent/training_join.py), those of processes that are not training "
+            "ranks at most tcp_transfers_per_s per second. Time: the transfer's first segment.",
         source=_SOURCE_F,
         tags={**_FLOW, **_SIDE, **OWNER_TAGS},
         optional_tags=_OWNERS,

@@ -162,3 +162,14 @@ def test_nccl_calls_of_a_communicator_created_before_attach_get_rank_from_its_lo
     assert (done.fields["rank"], done.fields["nranks"], done.tags["comm_id"]) == (3, 8, "0xabc")
     assert "rank" not in [r for r in by(out, "nccl_call") if r.tags["pid"] == "78"][0].fields
     assert stats["nccl_calls_completed_from_logs"] == 1
+
+
+def test_transfers_of_other_processes_are_capped_per_second_training_ones_never():
+    join = TrainingJoin(True, transfers_per_s=2)
+    other = {"pid": "9", "comm": "nginx"}
+    records = [transfer(t, 0.001, 1 << 20, 0, owner=other) for t in (1, 2, 3, 1001)]
+    records += [transfer(t, 0.001, 1 << 20, 0) for t in (4, 5, 6)]           # a rank's reads
+    out = join.feed(records, now_s=0.0) + join.flush()
+    mine = [r for r in by(out, "tcp_transfer") if r.tags["pid"] == "9"]
+    assert [r.time_ns for r in mine] == [T0 + MS, T0 + 2 * MS, T0 + 1001 * MS]
+    assert len(by(out, "gloo_phase")) == 3 and join.stats()["transfers_unlisted"] == 1
