@@ -259,6 +259,8 @@ class TrainingJoin:
             del self._procs[pid]
         for pid in [p for p, held in self._unvoted.items() if not held]:
             del self._unvoted[pid]
+        for key in [k for k, pid in self._pid_of.items() if pid not in self._procs]:
+            del self._pid_of[key]
         for key in list(self._steps):
             self._steps[key] = [s for s in self._steps[key] if s[1] < 0 or s[1] >= before]
             if not self._steps[key]:
