@@ -72,7 +72,8 @@ MEASUREMENTS = [
             "wire_efficiency": Field(float, "", "ring-model bytes / sent_bytes"),
             "retransmits": Field(int, "events", "TCP retransmits of this process stamped "
                                  "inside the step (agent/training_join.py; absent when no "
-                                 "tcp probe runs)"),
+                                 "tcp probe runs, and on a process's last step, which has "
+                                 "no length)"),
             "retrans_segs": Field(int, "segments", "their segments"),
             "sync_retrans_segs": Field(int, "segments", "of which inside the step's "
                                        "collective windows (gradient sync)"),
