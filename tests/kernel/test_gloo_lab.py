@@ -4,7 +4,8 @@ One lab and one training run for the module (they cost ~20 s of this 2-core box)
 each test asserts one property of what the agent of node 0 reported. The step
 time the traffic model must match (5 %) is the median of the training's own step
 markers; on a machine oversubscribed several times over, step times jitter by
-+-50 % and medians of 30 steps timed at different points drift apart. The agent is
++-50 % and medians of 30 steps timed at different points drifted apart by up to 8 %
+(a fresh-clone CI run), hence 60 steps. The agent is
 the real `fabricscope agent --probes gloo --output jsonl`, started in node 0's
 network namespace, so the other two ranks (same kernel, same libtorch file, other
 namespaces) must not appear in its records.
@@ -23,7 +24,7 @@ from fabricscope import schema, trafficmodel
 from fabricscope.labstack import await_condition
 from fabricscope.records import Record
 
-STEPS = 30
+STEPS = 60
 MODEL_MB = 8
 NODES = 3
 
