@@ -58,7 +58,6 @@ class _Process:
     votes: dict[tuple[str, str, str, str], list[int]] = field(default_factory=dict)
     #   flow -> [bytes of transfers inside windows, bytes outside, transfers inside]
     longest_ns: int = 0                                              # longest window
-    job: tuple[str, str] | None = None                               # (job, rank)
 
     def trim(self, before_ns: int) -> None:
         self.windows = [w for w in self.windows if w[1] >= before_ns]
@@ -192,8 +191,7 @@ class TrainingJoin:
         length = int(r.fields["seconds"] * 1e9)
         bisect.insort(proc.windows, (r.time_ns, r.time_ns + length))
         proc.longest_ns = max(proc.longest_ns, length)
-        proc.job = (r.tags.get("job", ""), r.tags.get("rank", "-"))
-        self._pid_of[proc.job] = pid
+        self._pid_of[(r.tags.get("job", ""), r.tags.get("rank", "-"))] = pid
 
     def _learn_nccl_comm(self, r: Record) -> None:
         if "rank" not in r.fields or "nranks" not in r.fields:
