@@ -76,9 +76,11 @@ def test_retransmits_per_node_match_nstat_by_kind(lab, probes, col):
                 as sinks:
             for s in sinks:
                 await_up(s)
-            with traffic([(n1, send_argv(n0.address, 5301, 24 << 20)),
-                          (n0, send_argv(n1.address, 5302, 16 << 20)),
-                          (n2, send_argv(n1.address, 5303, 16 << 20))]) as senders:
+            # enough GSO packets per sender that 2 % loss surely hits each of them (with
+            # 16 MiB, node 2 once saw a single retransmit)
+            with traffic([(n1, send_argv(n0.address, 5301, 48 << 20)),
+                          (n0, send_argv(n1.address, 5302, 32 << 20)),
+                          (n2, send_argv(n1.address, 5303, 32 << 20))]) as senders:
                 for p in senders + sinks:
                     finish(p)
     finally:
