@@ -136,27 +136,9 @@ _MAYBE_HUGE = re.compile(r"e\+[3-9][0-9]{2}|[0-9]{300}")
 def _floats_finite(head_and_fields: str) -> bool:
     """Every unquoted, non-integer, non-bool field value parses to a finite float.
     `head_and_fields`: the line up to its timestamp."""
-    start = head_and_fields.find(" ")
-    while start > 0 and head_and_fields[start - 1] == "\\":      # an escaped space in a tag
-        start = head_and_fields.find(" ", start + 1)
-    fields = head_and_fields[start + 1:].rstrip(" ")
-    values, value, quoted, i = [], [], False, 0
-    while i < len(fields):
-        c = fields[i]
-        if quoted and c == "\\":
-            value.append(fields[i:i + 2])
-            i += 2
-            continue
-        if c == '"':
-            quoted = not quoted
-        if c == "," and not quoted:
-            values.append("".join(value))
-            value = []
-        else:
-            value.append(c)
-        i += 1
-    values.append("".join(value))
-    for item in values:
+    parts = _split_unescaped(head_and_fields.rstrip(" "), " ", quotes=True)
+    fields = parts[1] if len(parts) > 1 else ""
+    for item in _split_unescaped(fields, ",", quotes=True):
         v = item.partition("=")[2]
         if v.startswith('"') or v.endswith("i") or v in ("true", "false"):
             continue
@@ -211,15 +193,19 @@ def diagnose(line: str) -> LineVerdict:
                        "(escaping or order of tags and fields)")
 
 
-def _split_unescaped(text: str, sep: str) -> list[str]:
-    out, current, i = [], [], 0
+def _split_unescaped(text: str, sep: str, quotes: bool = False) -> list[str]:
+    """Split on `sep` where it is not backslash-escaped (nor, with `quotes`, inside a
+    double-quoted string value)."""
+    out, current, i, quoted = [], [], 0, False
     while i < len(text):
         c = text[i]
         if c == "\\" and i + 1 < len(text):
             current.append(text[i:i + 2])
             i += 2
             continue
-        if c == sep:
+        if quotes and c == '"':
+            quoted = not quoted
+        if c == sep and not quoted:
             out.append("".join(current))
             current = []
         else:
