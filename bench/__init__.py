@@ -1,11 +1,13 @@
 """Benchmarks (`fabricscope bench NAME`): ratios against a baseline in the same run.
 
-Registry: benchmark name -> module exposing BENCH (a bench.harness.Benchmark).
+Registry: benchmark name -> module exposing BENCH (a bench.harness.Benchmark), or
+"module:NAME" for another Benchmark of that module.
 Modules are imported only when their benchmark runs or is listed.
 """
 
 REGISTRY: dict[str, str] = {
     "ddp-overhead": "bench.ddp_overhead",
+    "ddp-overhead-pinned": "bench.ddp_overhead:PINNED",
     "iperf3-overhead": "bench.iperf3_overhead",
     "marker-cost": "bench.marker_cost",
     "uprobe-cost": "bench.uprobe_cost",

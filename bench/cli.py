@@ -26,7 +26,8 @@ def _load(name: str):
     if name not in REGISTRY:
         raise UserError(f"unknown benchmark {name!r}",
                         f"pick one of: {', '.join(sorted(REGISTRY))}")
-    return importlib.import_module(REGISTRY[name]).BENCH
+    module, _, attr = REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module), attr or "BENCH")
 
 
 def run(args) -> int:
@@ -42,7 +43,11 @@ def run(args) -> int:
     if args.repeats is not None and args.repeats < 1:
         raise UserError("--repeats must be at least 1", "e.g. --repeats 5")
     bench = _load(args.name)
-    result = run_bench(bench, args, args.repeats,
-                       progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        result = run_bench(bench, args, args.repeats,
+                           progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except (RuntimeError, TimeoutError) as exc:   # a round failed: its cause, no traceback
+        raise UserError(f"benchmark {args.name} failed: {exc}",
+                        "rerun it; what it needs is in docs/PERFORMANCE.md") from exc
     print(json.dumps(result.to_dict()) if args.json else result.to_text())
     return 0

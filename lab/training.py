@@ -326,7 +326,8 @@ def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: d
                    batch: int = 32, master_port: int | None = None,
                    timeout_s: float | None = None, python: str | None = None, *,
                    data_server: str | None = None, data_bytes: int = 0,
-                   checkpoint_every: int = 0, io_log_dir: str | None = None) -> TrainingRun:
+                   checkpoint_every: int = 0, io_log_dir: str | None = None,
+                   cpus: set[int] | None = None) -> TrainingRun:
     """Start DDP on every node of `lab` for `steps` steps; returns the TrainingRun.
 
     model_mb: MLP parameter MiB (default 8); batch: samples per rank per step;
@@ -336,7 +337,8 @@ def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: d
     data_server: ADDR:PORT of a lab.dataserver; data_bytes: bytes each rank GETs
     per step (0: none); checkpoint_every: each rank PUTs its state_dict after
     every K-th step (0: never); io_log_dir: each rank's transfers go to
-    {io_log_dir}/rank{r}.jsonl (see TrainingRun.io_events)."""
+    {io_log_dir}/rank{r}.jsonl (see TrainingRun.io_events); cpus: the CPUs every
+    rank may run on (taskset; default: any)."""
     io_flags = io_args(data_server, data_bytes, checkpoint_every)   # checked before root
     require_root("`lab train`")
     lab = load(lab if isinstance(lab, str) else lab.name)
@@ -349,9 +351,10 @@ def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: d
     python = python or sys.executable
     log_dir = _prepare_io_logs(io_log_dir, lab.world_size)
     argv, envs = [], []
+    pin = ["taskset", "-c", ",".join(str(c) for c in sorted(cpus))] if cpus else []
     for node in lab.nodes:
         log_flag = ["--io-log", io_log_path(log_dir, node.index)] if log_dir else []
-        argv.append(exec_argv(node, [python, "-m", "lab.train_worker", "--steps", str(steps),
+        argv.append(exec_argv(node, [*pin, python, "-m", "lab.train_worker", "--steps", str(steps),
                                      "--model-mb", repr(float(model_mb)), "--batch", str(batch),
                                      *io_flags, *log_flag]))
         env = rank_env(lab, node.index, port)

@@ -7,7 +7,10 @@ sending veth's egress (link speed configured as 1 Gbit/s, threshold 0.5): TC
 egress runs inside the sender's sendto(), so the bins see the packets when they
 pass the interface, not when the receiving side's softirq gets CPU on a busy
 machine. First a 10 s quiet baseline on the private link, in which no burst may
-be reported; then 1 ms and 200 us bursts.
+be reported; then 1 ms and 200 us bursts. A burst during which the sender
+stalled has no ground truth (see `disturbed`), so on a loaded machine the
+generator runs again, up to ROUNDS times, until MIN_CLEAN bursts went out
+undisturbed.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ QUIET_S = 10
 BIN_NS = 100_000          # the probe's default bin (nic_bin_us)
 HOT = 0.5                 # its default burst threshold (nic_burst_threshold)
 BURSTS = ["1000", "200"] * 20
+ROUNDS = 4                # the generator runs up to this many times ...
+MIN_CLEAN = len(BURSTS) // 2  # ... until this many bursts went out without a sender stall
 START_TOL_NS = 200_000
 BYTES_TOL = 0.05
 
@@ -62,10 +67,14 @@ def test_microbursts_found_with_start_and_size():
         quiet_bursts = list(probe.records("nic_burst"))
         quiet = list(probe.records("nic_window"))
 
-        gen = sh(*pair.exec(pair.ns_a, PYTHON, BURSTGEN, "--dst", pair.addr_b,
-                            "--rate", "1gbit", "--frame", "4042", "--bursts", ",".join(BURSTS),
-                            "--gap-ms", "20"))
-        truth = [json.loads(line) for line in gen.stdout.splitlines()]
+        truth = []
+        for _ in range(ROUNDS):
+            gen = sh(*pair.exec(pair.ns_a, PYTHON, BURSTGEN, "--dst", pair.addr_b,
+                                "--rate", "1gbit", "--frame", "4042",
+                                "--bursts", ",".join(BURSTS), "--gap-ms", "20"))
+            truth += [json.loads(line) for line in gen.stdout.splitlines()]
+            if sum(not disturbed(t) for t in truth) >= MIN_CLEAN:
+                break
         last_end = max(t["end_ns"] for t in truth) + offset
         # await the window after the last burst: every burst has been drained by then
         probe.wait_for(lambda x: x.get("measurement") == "nic_window"
@@ -74,12 +83,12 @@ def test_microbursts_found_with_start_and_size():
 
     assert quiet_bursts == [], f"bursts on a quiet link: {quiet_bursts}"
     assert all(w["fields"]["hot_bins"] == 0 for w in quiet)
-    assert len(truth) == len(BURSTS) and all(t["packets"] for t in truth)
+    assert len(truth) % len(BURSTS) == 0 and all(t["packets"] for t in truth)
     first_start = min(t["start_ns"] for t in truth) + offset
     reported = [b for b in probe.records("nic_burst") if b["time_ns"] >= first_start - 10**6
                 and b["tags"] == {"interface": pair.if_a, "direction": "tx"}]
     clean = [t for t in truth if not disturbed(t)]
-    assert len(clean) >= 0.25 * len(truth), f"the sender stalled too often: {truth}"
+    assert len(clean) >= 0.25 * len(BURSTS), f"the sender stalled too often: {truth}"
     matched = {i: match(t, reported, offset) for i, t in enumerate(clean)}
     found = [i for i, b in matched.items() if b is not None]
     errors_us = [abs(matched[i]["time_ns"] - offset - clean[i]["start_ns"]) / 1000

@@ -34,6 +34,23 @@ def test_series_from_windows_cuts_outside_and_handles_points():
     assert s.tolist() == [100.0, 0.0, 0.0, 7.0]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(-0.5, 10.5), st.floats(0.0, 2.0), st.floats(0.0, 1e7)),
+                max_size=40),
+       st.sampled_from([1e-4, 1e-3, 0.3, 1.0]), st.floats(1e3, 1e5))
+def test_series_from_windows_conserves_bytes_at_any_clock_offset(raw, bin_s, t0):
+    # windows with absolute (monotonic-clock) times; the series holds exactly the
+    # bytes of the parts inside [t0, t0 + 10), each window spread evenly
+    windows = [(t0 + s, t0 + s + d, b) for s, d, b in raw]
+    series = tm.series_from_windows(windows, t0, t0 + 10.0, bin_s)
+    rel = [(s - t0, e - t0, b) for s, e, b in windows]
+    inside = sum(b * (min(e, 10.0) - max(s, 0.0)) / (e - s) if e > s else b
+                 for s, e, b in rel if b > 0 and e >= 0 and s < 10.0 and (e > s or s >= 0))
+    assert len(series) == int(np.ceil(10.0 / bin_s - 1e-9))
+    assert (series >= 0).all()
+    assert series.sum() == pytest.approx(inside, rel=1e-6, abs=1e-3)
+
+
 def test_series_from_windows_rejects_bad_bins():
     with pytest.raises(ValueError):
         tm.series_from_windows([], 0.0, 1.0, 0.0)
