@@ -66,6 +66,11 @@ class AgentConfig:
         "rank at the next collective). Kernel maps buffer several poll intervals, so a late "
         "poll loses nothing; what a far-too-late one loses is counted "
         "(fabricscope_agent_events_lost_total). 0 keeps the priority it started with"))
+    cpu_policy: str = field(default="normal", metadata=doc(
+        "scheduling policy the agent takes once attached: normal (at `nice`) or idle "
+        "(SCHED_IDLE: it runs only on CPU time nothing else wants, so training never "
+        "waits for it; on a node whose CPUs are all busy its drains fall behind, and what "
+        "kernel maps then overwrite is counted)"))
     batch_max_records: int = field(default=5000, metadata=doc("most records in one batch"))
     flush_interval_s: float = field(default=1.0, metadata=doc(
         "longest time a record waits before its batch is sent"))
@@ -184,6 +189,9 @@ class AgentConfig:
             raise UserError("shutdown_timeout_s must not be negative", "use 0 or more")
         if not 0 <= self.nice <= 19:
             raise UserError(f"nice {self.nice} is outside 0..19", "give e.g. --nice 10")
+        if self.cpu_policy not in ("normal", "idle"):
+            raise UserError(f"cpu_policy {self.cpu_policy!r} is not normal or idle",
+                            "give --cpu-policy normal or --cpu-policy idle")
         self.check_transport()
         if not 0 <= self.metrics_port <= 65535:
             raise UserError(f"metrics port {self.metrics_port} is out of range",

@@ -79,7 +79,7 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
         from agent.shipper import build_shipper
         shipper = build_shipper(cfg, metrics)
     probes = await asyncio.to_thread(attach_all, classes, ctx, metrics)
-    lower_priority(cfg.nice)
+    lower_priority(cfg.nice, cfg.cpu_policy)
     readiness.mark_ready()
     log.info("agent %s running probes: %s", cfg.node,
              ", ".join(p.name for p in probes) or "none")
@@ -105,9 +105,18 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
     return 0
 
 
-def lower_priority(nice: int) -> None:
-    """Drop every thread of the agent to `nice` (Linux priorities are per thread; threads
-    started later inherit their creator's). After attach: BCC compiles at full speed."""
+def lower_priority(nice: int, policy: str = "normal") -> None:
+    """Drop every thread of the agent to `nice`, or to SCHED_IDLE for policy "idle"
+    (Linux priorities are per thread; threads started later inherit their creator's).
+    After attach: BCC compiles at full speed."""
+    if policy == "idle":
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+            except OSError:      # a thread that just exited
+                pass
+        log.info("agent runs as SCHED_IDLE from here on (config cpu_policy)")
+        return
     if nice <= 0:
         return
     for tid in os.listdir("/proc/self/task"):

@@ -8,14 +8,21 @@ synchronised burst of gradient exchange, once per step. Three numbers describe i
   peak (or a true peak near 1/2 .. 1/4 of that lag when at least 3/4 as high:
   jitter can make the peak at 3T the highest), refined below one bin with a
   parabola and the peaks at 2T, 3T, ... Step times jitter and drift on a shared
-  machine, which smears those peaks, so T itself is the median interval between
-  burst onsets: rising edges out of silence (through ONSET_LEVEL x the robust
-  peak; placed below one bin by how full the edge bins are compared to the
-  burst's rate). Onsets are first merged only within the autocorrelation's
-  zero-lag lobe (one per burst), and that median is kept unless the
-  autocorrelation near 2x or 3x it is clearly stronger; otherwise (several bursts
-  per step) onsets closer than half the coarse period are merged. With fewer
-  than MIN_ONSETS onsets the coarse period stands.
+  machine, which smears those peaks, so T itself comes from burst onsets: rising
+  edges out of silence (through ONSET_LEVEL x the robust peak; placed below one
+  bin by how full the edge bins are compared to the burst's rate). Onsets are
+  first merged only within the autocorrelation's zero-lag lobe (one per burst),
+  and their median interval is taken unless the autocorrelation near 2x or 3x it
+  is clearly stronger; otherwise (several bursts per step) onsets closer than half
+  the coarse period are merged. T is then the mean period over the onsets: the
+  time from the first onset to the last over the periods between them. An
+  interval counts as one period, as its nearest multiple of the median from
+  MISSED_ONSET medians on (an onset was missed; a slow step alone stays below),
+  and as none below half the median (an extra onset split a period). A median of jittery intervals is not the mean step time: when where in the
+  step the burst starts jitters (a loaded machine), the median drifts towards
+  the mean by several per cent, while the mean over the span errs only by the
+  jitter of its two ends. With fewer than MIN_ONSETS onsets the coarse period
+  stands.
 * B, the burst bandwidth: the mean rate of the bins "in a burst", i.e. at or above
   half of the series' robust peak (its 99th percentile), in bytes per second.
 * D, the duty cycle: the fraction of bins in a burst (= comm time / T). D > 0.5
@@ -43,7 +50,8 @@ MAX_SUBHARMONIC = 4        # a peak at up to 4T may stand for T ...
 SUBHARMONIC_HEIGHT = 0.75  # ... when the one near T is at least this high relative to it
 ONSET_ACF = 0.8            # several bursts per period: acf at 2T or 3T above acf(T) / this
 ONSET_LEVEL = 0.1          # a burst starts where the rate rises through this x the peak
-MIN_ONSETS = 5             # onsets needed before their median interval is T
+MIN_ONSETS = 5             # onsets needed before they give T
+MISSED_ONSET = 1.9         # an onset interval this many medians long spans several periods
 
 
 @dataclass(frozen=True)
@@ -204,11 +212,21 @@ def _one_burst_per_period(acf: np.ndarray, lag: float) -> bool:
                for m in (2, 3) if m * lag * 1.15 < len(acf) - 1)
 
 
-def _onset_median(series: np.ndarray, min_gap_bins: float) -> float | None:
+def _onset_period(series: np.ndarray, min_gap_bins: float) -> tuple[float, float] | None:
+    """(median onset interval, mean period over the onsets) in bins; None: too few."""
     onsets = burst_onsets(series, min_gap_bins)
     if len(onsets) < MIN_ONSETS:
         return None
-    return float(np.median(np.diff(onsets)))
+    gaps = np.diff(onsets)
+    median = float(np.median(gaps))
+    if median <= 0:
+        return None
+    ratio = gaps / median
+    periods = float(np.where(ratio < 0.5, 0.0, np.where(ratio < MISSED_ONSET, 1.0,
+                                                         np.rint(ratio))).sum())
+    if periods <= 0:
+        return None
+    return median, (onsets[-1] - onsets[0]) / periods
 
 
 def sync_period(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
@@ -226,12 +244,13 @@ def sync_period(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
         return None
     lag, peak, lobe, hi = coarse
     lo = max(lobe, min_period_s / bin_s)
-    per_burst = _onset_median(x, lobe)
-    if per_burst is not None and lo <= per_burst <= hi and _one_burst_per_period(acf, per_burst):
-        return per_burst * bin_s, _acf_near(acf, per_burst)
-    merged = _onset_median(x, 0.5 * lag)
-    if merged is not None and 0.5 * lag <= merged <= 1.5 * lag:
-        return merged * bin_s, _acf_near(acf, merged)
+    per_burst = _onset_period(x, lobe)
+    if per_burst is not None and lo <= per_burst[0] <= hi and \
+            _one_burst_per_period(acf, per_burst[0]):
+        return per_burst[1] * bin_s, _acf_near(acf, per_burst[1])
+    merged = _onset_period(x, 0.5 * lag)
+    if merged is not None and 0.5 * lag <= merged[0] <= 1.5 * lag:
+        return merged[1] * bin_s, _acf_near(acf, merged[1])
     return lag * bin_s, peak
 
 

@@ -113,8 +113,9 @@ MEASUREMENTS = [
         source=_SOURCE,
         tags={**_JOB_TAGS, "series": "what the bandwidth series is (gloo_sent)"},
         fields={
-            "period_s": Field(float, "s", "sync period T (autocorrelation); absent when "
-                              "the series is not periodic"),
+            "period_s": Field(float, "s", "sync period T: the mean time between burst "
+                              "onsets (one per step) over the window, the mean step time; "
+                              "absent when the autocorrelation finds no period"),
             "acf_peak": Field(float, "", "autocorrelation at T (0..1): regularity"),
             "burst_bytes_per_s": Field(float, "B/s", "burst bandwidth B"),
             "duty_cycle": Field(float, "", "D = time in bursts / time (comm time / T)"),

@@ -162,3 +162,26 @@ release.set(); t.join()
                           env=ENV, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["[7,", "7]", "7"]
+
+
+def test_idle_policy_reaches_every_thread_and_new_ones_inherit_it():
+    code = """
+import os, threading
+from agent.main import lower_priority
+ready, release = threading.Event(), threading.Event()
+def idle():
+    ready.set(); release.wait()
+t = threading.Thread(target=idle, daemon=True); t.start(); ready.wait()
+lower_priority(7, "idle")
+seen = {}
+def later():
+    seen['later'] = os.sched_getscheduler(0)
+u = threading.Thread(target=later); u.start(); u.join()
+mine = [threading.main_thread().native_id, t.native_id]
+print([os.sched_getscheduler(tid) == os.SCHED_IDLE for tid in mine], seen['later'] == os.SCHED_IDLE)
+release.set(); t.join()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=ENV, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[True,", "True]", "True"]

@@ -159,3 +159,22 @@ def test_fit_recovers_any_clean_square_wave(period, duty, amplitude):
     assert model.duty_cycle == pytest.approx(duty, abs=1.5 / period + 0.01)
     # edge bins are partly filled: at most one bin's worth of error per burst
     assert model.burst_bytes_per_s == pytest.approx(amplitude, rel=1 / burst_bins + 0.01)
+
+
+def test_period_is_the_mean_step_time_when_step_times_are_skewed_and_onsets_jitter():
+    # a loaded machine: step times with a long tail (40 ms + exponential), and where
+    # in its step the burst starts jitters by up to 12 ms. The median of such onset
+    # intervals drifts from the median step time towards the mean; T is the mean.
+    rng = np.random.default_rng(7)
+    steps = 0.040 + rng.exponential(0.008, 80)
+    starts = np.concatenate([[0.0], np.cumsum(steps)[:-1]])
+    onsets = starts + 0.005 + rng.uniform(0, 0.012, len(steps))
+    windows = [(t, t + 0.010, 4e5) for t in onsets]
+    bin_s = 0.0005
+    model = tm.fit(tm.series_from_windows(windows, 0.0, float(starts[-1] + steps[-1]), bin_s),
+                   bin_s)
+    mean_step = (onsets[-1] - onsets[0]) / (len(onsets) - 1)
+    assert model.period_s == pytest.approx(mean_step, rel=0.01)
+    assert model.period_s == pytest.approx(steps.mean(), rel=0.02)
+    # what a median would have said here: off by more than the tolerance above
+    assert abs(np.median(np.diff(onsets)) / steps.mean() - 1) > 0.02
