@@ -18,6 +18,12 @@ Three agents share this one kernel, so each tracepoint and uprobe fires three
 times (two of them exit at the namespace check): a node of its own has a third of
 that.
 
+FABRICSCOPE_BENCH_AGENTS_STOPPED=1: the agents are frozen (SIGSTOP) once ready,
+so their programs run in the kernel while their user space does nothing: what
+the kernel side alone costs. FABRICSCOPE_AGENT_PROBES=...: agents with only those
+probes. `ddp-idle-spinner` puts a SCHED_IDLE busy loop in place of the agents: on
+a machine where idle-priority work is free, its ratio is 1.00.
+
 Why one run and not a fresh training per round: on this 2-core machine three
 ranks share two cores, and how the scheduler places them differs from run to run
 by +-5 % of the step time, more than the effect measured. Within one run the
@@ -31,7 +37,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import statistics
+import subprocess
+import sys
 import uuid
 
 from bench.harness import Benchmark
@@ -43,8 +52,8 @@ ENDLESS = 10**7             # the training's step count: ended by the benchmark
 
 
 class _Sides:
-    def __init__(self, stack, run, block: int):
-        self.stack, self.run, self.block = stack, run, block
+    def __init__(self, stack, run, block: int, subject: str = "agents"):
+        self.stack, self.run, self.block, self.kind = stack, run, block, subject
 
     def _measure(self) -> float:
         from fabricscope.labstack import await_condition
@@ -66,16 +75,37 @@ class _Sides:
         return self._measure()
 
     def subject(self) -> float:
+        if self.kind == "spinner":
+            return self._with_spinner()
         from fabricscope.labstack import await_agents_ready, start_agent
         for node in self.stack.lab.nodes:
             start_agent(self.stack, node)
+        stopped = []
         try:
             await_agents_ready(self.stack)
+            if self.kind == "agents-stopped":
+                # the programs stay attached and run in the kernel; user space is frozen
+                for proc in self.stack.agents.values():
+                    os.kill(proc.popen.pid, signal.SIGSTOP)
+                    stopped.append(proc.popen.pid)
             return self._measure()
         finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
             for proc in self.stack.agents.values():
                 proc.stop()
             self.stack.agents.clear()
+
+    def _with_spinner(self) -> float:
+        """A busy loop at the lowest priority there is (SCHED_IDLE)."""
+        spin = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                preexec_fn=lambda: os.sched_setscheduler(
+                                    0, os.SCHED_IDLE, os.sched_param(0)))
+        try:
+            return self._measure()
+        finally:
+            spin.kill()
+            spin.wait()
 
 
 def split_cpus() -> tuple[set[int], set[int]]:
@@ -88,7 +118,7 @@ def split_cpus() -> tuple[set[int], set[int]]:
 
 
 @contextlib.contextmanager
-def environment(args, pinned: bool = False):
+def environment(args, pinned: bool = False, subject: str | None = None):
     from fabricscope.labstack import running_stack
     from lab.testing import running_lab
     from lab.training import start_training
@@ -105,7 +135,9 @@ def environment(args, pinned: bool = False):
                 # as many steps as the rounds take (an agent's start-up under this load
                 # takes hundreds); the run is ended when the benchmark is done
                 with start_training(lab, ENDLESS, model_mb=8, cpus=train_cpus) as run:
-                    sides = _Sides(stack, run, block)
+                    sides = _Sides(stack, run, block, subject or (
+                        "agents-stopped" if os.environ.get("FABRICSCOPE_BENCH_AGENTS_STOPPED")
+                        else "agents"))
                     sides._measure()           # warm-up: DDP's first steps, connection set-up
                     yield sides
     finally:
@@ -133,4 +165,15 @@ PINNED = Benchmark(
     environment=functools.partial(environment, pinned=True),
     repeats=8,
     goal="ratio <= 1.02",
+)
+
+SPINNER = Benchmark(
+    name="ddp-idle-spinner",
+    description="DDP step time with one SCHED_IDLE busy loop / without: what CPU time taken "
+                "at the lowest priority costs the training on this machine",
+    unit="s/step",
+    baseline_label="no spinner",
+    subject_label="SCHED_IDLE spinner",
+    environment=functools.partial(environment, subject="spinner"),
+    repeats=5,
 )

@@ -36,3 +36,18 @@ def test_a_failing_round_is_one_line(monkeypatch, capsys):
     assert lines == ["fabricscope: error: benchmark failing failed: the training ended after 12 steps: "
                      "rank 1 exited 1; fix: rerun it; what it needs is in docs/PERFORMANCE.md"]
     assert "Traceback" not in err
+
+
+def test_a_reader_that_goes_away_ends_output_quietly():
+    # `fabricscope bench --list | head -1`: stdout's reader is gone before the write
+    import os
+    import subprocess
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fabricscope", "bench", "--list"],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141
+    assert proc.stderr == ""
