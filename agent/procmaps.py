@@ -19,10 +19,11 @@ parse_maps() is pure (unit-tested); scan() reads a /proc tree (a fake one in tes
 from __future__ import annotations
 
 import os
-import time
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 _MAPS_LINE = re.compile(
     r"^(?P<start>[0-9a-f]+)-(?P<end>[0-9a-f]+)\s+\S+\s+[0-9a-f]+\s+"
@@ -78,6 +79,59 @@ class ScanResult:
     files: dict[tuple[int, int], Sighting]
     scanned: int = 0                  # processes whose maps were read
     unreadable: int = 0               # processes that vanished or refused
+    remembered: int = 0               # processes a ScanMemo answered for (maps not read)
+
+
+@dataclass
+class _Seen:
+    start: str                        # start time (/proc/PID/stat field 22): which process
+    first_seen: float                 # when a scan first saw it
+    keys: frozenset                   # tracked files it mapped when its maps were last read
+
+
+@dataclass
+class ScanMemo:
+    """What earlier scans learned of each process, so that most rescans read the maps
+    of new processes only: the kernel builds a training process's maps (thousands of
+    lines) anew on every read, and a rescan every 2 s of every process is most of
+    what the uprobe probes cost when no collective runs. A process is told apart from
+    a later one with its pid by its start time. Its maps are read again
+    - while it is young: for `young_s` after the scan that first saw it (it may still
+      be loading its libraries);
+    - at a full rescan, every `full_s` (a late dlopen, or an exec, shows within it);
+    - otherwise not: once it mapped a tracked file it keeps it (nobody unloads
+      libtorch or libnccl), and an older process that mapped none waits for the next
+      full rescan.
+    A process whose /proc/PID/stat cannot be read is read every scan."""
+
+    young_s: float = 60.0
+    full_s: float = 30.0
+    clock: Callable[[], float] = time.monotonic
+    procs: dict[int, _Seen] = field(default_factory=dict)
+    last_full: float = float("-inf")
+
+    def start_time(self, pid_dir: str) -> str | None:
+        try:
+            with open(os.path.join(pid_dir, "stat"), "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            return fields[19].decode()
+        except (OSError, IndexError):
+            return None
+
+    def known(self, pid: int, start: str) -> _Seen | None:
+        seen = self.procs.get(pid)
+        return seen if seen is not None and seen.start == start else None
+
+    def young(self, seen: _Seen) -> bool:
+        return self.clock() - seen.first_seen < self.young_s
+
+    def record(self, pid: int, start: str, keys: set) -> None:
+        seen = self.known(pid, start)
+        self.procs[pid] = _Seen(start, seen.first_seen if seen else self.clock(),
+                                frozenset(keys))
+
+    def full_due(self) -> bool:
+        return self.clock() - self.last_full >= self.full_s
 
 
 def _open_mapping(proc: Path, pid: int, m: Mapping) -> int | None:
@@ -96,7 +150,8 @@ def scan(proc: Path, name: re.Pattern,
          known: dict[tuple[int, int], Sighting] | None = None,
          skip_pids: frozenset[int] = frozenset(),
          needles: tuple[str, ...] | None = None,
-         cache: "MapsCache | None" = None) -> ScanResult:
+         cache: "MapsCache | None" = None,
+         memo: ScanMemo | None = None) -> ScanResult:
     """Read every process's maps; returns the library files in use, with fds open.
 
     `name`: the basenames of interest. `needles`: substrings one of which every
@@ -107,6 +162,8 @@ def scan(proc: Path, name: re.Pattern,
     Files already in `known` are not opened again: their pids are refreshed in place
     (in the returned objects, which are the `known` ones). The caller owns the new fds.
     `cache`: maps texts shared with other scans of the same moment (MapsCache).
+    `memo`: what earlier scans with the same memo learned; it skips the maps of
+    processes that cannot have changed what they map (ScanMemo).
     """
     known = known or {}
     for s in known.values():
@@ -114,10 +171,23 @@ def scan(proc: Path, name: re.Pattern,
     files: dict[tuple[int, int], Sighting] = dict(known)
     by_ident = {ident: s.key for s in known.values() for ident in s.idents}
     result = ScanResult(files)
+    full = memo is None or memo.full_due()
+    live: set[int] = set()
     for entry in os.scandir(proc):
         if not entry.name.isdigit() or int(entry.name) in skip_pids:
             continue
         pid = int(entry.name)
+        start = memo.start_time(entry.path) if memo is not None else None
+        if start is not None:
+            live.add(pid)
+            seen = memo.known(pid, start)
+            if seen is not None and not full and (
+                    (seen.keys and seen.keys <= files.keys()) or
+                    (not seen.keys and not memo.young(seen))):
+                for key in seen.keys:
+                    files[key].pids.add(pid)
+                result.remembered += 1
+                continue
         try:
             text = cache.read(entry.path) if cache is not None else \
                 Path(entry.path, "maps").read_text(errors="replace")
@@ -125,12 +195,16 @@ def scan(proc: Path, name: re.Pattern,
             result.unreadable += 1
             continue
         result.scanned += 1
+        mapped: set = set()
+        if start is not None:
+            memo.record(pid, start, mapped)          # updated below once known
         if needles is not None and not any(n in text for n in needles):
             continue
         for m in parse_maps(text, name):
             key = by_ident.get(m.ident)
             if key is not None:
                 files[key].pids.add(pid)
+                mapped.add(key)
                 continue
             fd = _open_mapping(proc, pid, m)
             if fd is None:
@@ -145,6 +219,13 @@ def scan(proc: Path, name: re.Pattern,
             files[key].idents.add(m.ident)
             by_ident[m.ident] = key
             files[key].pids.add(pid)
+            mapped.add(key)
+        if start is not None and mapped:
+            memo.record(pid, start, mapped)
+    if memo is not None:
+        memo.procs = {pid: seen for pid, seen in memo.procs.items() if pid in live}
+        if full:
+            memo.last_full = memo.clock()
     return result
 
 

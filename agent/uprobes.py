@@ -12,7 +12,8 @@ probe skeleton around it (detach, and a poll that drains, rescans and hands over
 
 Counters (the probe picks the ones it exports): attach_errors (unreadable symbol
 tables and failed attachments), scans, scan_unreadable (processes or mappings
-that vanished or refused), libraries_attached, libraries_detached.
+that vanished or refused), scan_remembered (processes whose maps a rescan did not
+read: procmaps.ScanMemo), libraries_attached, libraries_detached.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ class LibraryUprobes:
         self.files: dict[FileKey, Sighting] = {}        # open, whether attached or not
         self.attached: dict[FileKey, list[Hook]] = {}   # what each file has attached
         self.pinned: set[FileKey] = set()               # configured: never detached by rescan
+        self.memo = procmaps.ScanMemo()              # rescans read new processes' maps
         self.counters = {"attach_errors": 0, "scans": 0, "scan_unreadable": 0,
+                         "scan_remembered": 0,
                          "libraries_attached": 0, "libraries_detached": 0}
         self._symbols_re = ("^(" + "|".join(re.escape(h.symbol) for h in self.hooks)
                             + ")$").encode()
@@ -75,9 +78,10 @@ class LibraryUprobes:
         detach and close those no process maps any more, except pinned ones."""
         self._last_scan = time.monotonic()
         result = procmaps.scan(self.proc, name, self.files, skip_pids=frozenset({os.getpid()}),
-                               needles=needles, cache=self.maps_cache)
+                               needles=needles, cache=self.maps_cache, memo=self.memo)
         self.counters["scans"] += 1
         self.counters["scan_unreadable"] += result.unreadable
+        self.counters["scan_remembered"] += result.remembered
         for key, s in result.files.items():
             if key not in self.files:
                 self.files[key] = s

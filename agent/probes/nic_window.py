@@ -76,31 +76,37 @@ class _Prev:
 
 class _Batch:
     """One feed's bins with the carried bin in front (position 0), and prefix sums so
-    that a run of positions sums in O(1): Python loops over runs, not over bins."""
+    that a run of positions sums in O(1): Python loops over runs, not over bins. What
+    the loop over runs reads per position is also kept as Python lists: indexing a
+    numpy array one element at a time costs ten times a list's."""
 
     def __init__(self, prev: _Prev | None, bins: Bins, hot_bytes: float, open_: bool):
         head = [] if prev is None else [prev]
         self.offset = len(head)
         cat = (lambda name: np.concatenate([np.array([getattr(p, name) for p in head],
                                                      np.int64), getattr(bins, name)]))
-        self.index, self.bytes, self.packets = cat("index"), cat("bytes"), cat("packets")
-        self.first_ns, self.last_ns = cat("first_ns"), cat("last_ns")
-        self.hot = self.bytes >= hot_bytes
+        index, nbytes, packets = cat("index"), cat("bytes"), cat("packets")
+        self.hot = nbytes >= hot_bytes
         if head:   # the carried bin is hot only as the end of a burst still open
             self.hot[0] = open_
-        self.claimed = np.zeros(len(self.index), bool)
+        self.claimed = [False] * len(index)
         if head:
             self.claimed[0] = prev.claimed
         zero = np.zeros(1, np.int64)
-        self._cb = np.concatenate([zero, np.cumsum(self.bytes)])
-        self._cp = np.concatenate([zero, np.cumsum(self.packets)])
-        self._ch = np.concatenate([zero, np.cumsum(self.hot)])
-        self.next_to = np.zeros(len(self.index), bool)     # [i]: bin i follows bin i-1
-        self.next_to[1:] = self.index[1:] == self.index[:-1] + 1
+        self._cb = np.concatenate([zero, np.cumsum(nbytes)]).tolist()
+        self._cp = np.concatenate([zero, np.cumsum(packets)]).tolist()
+        self._ch = np.concatenate([zero, np.cumsum(self.hot)]).tolist()
+        next_to = np.zeros(len(index), bool)               # [i]: bin i follows bin i-1
+        next_to[1:] = index[1:] == index[:-1] + 1
+        self._next_to = next_to
+        self.next_to = next_to.tolist()
+        self.index, self.bytes = index.tolist(), nbytes.tolist()
+        self.packets = packets.tolist()
+        self.first_ns, self.last_ns = cat("first_ns").tolist(), cat("last_ns").tolist()
 
     def runs(self) -> list[tuple[int, int]]:
         """(first, last) positions of maximal runs of consecutive hot bins."""
-        hot, nxt = self.hot, self.next_to
+        hot, nxt = self.hot, self._next_to
         joined = np.zeros(len(hot), bool)
         joined[1:] = hot[1:] & hot[:-1] & nxt[1:]
         starts = np.flatnonzero(hot & ~joined)
@@ -109,12 +115,12 @@ class _Batch:
 
     def add(self, burst: _Open, a: int, b: int) -> None:
         """Add positions a..b (inclusive) to a burst."""
-        burst.bytes += int(self._cb[b + 1] - self._cb[a])
-        burst.packets += int(self._cp[b + 1] - self._cp[a])
-        burst.hot_bins += int(self._ch[b + 1] - self._ch[a])
-        burst.peak_bytes = max(burst.peak_bytes, int(self.bytes[a:b + 1].max()))
+        burst.bytes += self._cb[b + 1] - self._cb[a]
+        burst.packets += self._cp[b + 1] - self._cp[a]
+        burst.hot_bins += self._ch[b + 1] - self._ch[a]
+        burst.peak_bytes = max(burst.peak_bytes, max(self.bytes[a:b + 1]))
         burst.bins += b - a + 1
-        burst.end_bin, burst.end_ns = int(self.index[b]), int(self.last_ns[b])
+        burst.end_bin, burst.end_ns = self.index[b], self.last_ns[b]
 
 
 class BurstDetector:
@@ -158,7 +164,7 @@ class BurstDetector:
                     batch.add(burst, head, last)
                 else:
                     batch.add(burst, first, last)
-            batch.claimed[first:last + 1] = True
+            batch.claimed[first:last + 1] = [True] * (last + 1 - first)
             self._open = burst
             tail = last + 1
             if tail < n:

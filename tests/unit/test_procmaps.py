@@ -110,3 +110,70 @@ def test_the_maps_cache_serves_a_second_scan_of_the_same_moment(tmp_path):
     assert cache.read(str(pid_dir)) == "first\n" and cache.hits == 1     # same moment
     now[0] += 1.0
     assert cache.read(str(pid_dir)) == "second\n"                         # stale: read again
+
+
+def _stat(proc, pid: int, start: int) -> None:
+    # /proc/PID/stat: field 22 (the 20th after the parenthesised command) is the start time
+    rest = " ".join(["S"] + ["0"] * 18 + [str(start)] + ["0"] * 10)
+    (proc / str(pid) / "stat").write_text(f"{pid} (python3 (x)) {rest}\n")
+
+
+def test_a_memo_rereads_only_new_young_or_all_at_a_full_rescan(tmp_path):
+    proc = tmp_path / "proc"
+    make_proc(tmp_path, 100, "/lib/libnccl.so.2")          # maps the library
+    (proc / "200").mkdir()
+    (proc / "200" / "maps").write_text("")                 # maps nothing (yet)
+    _stat(proc, 100, 5000)
+    _stat(proc, 200, 6000)
+    now = [0.0]
+    memo = procmaps.ScanMemo(young_s=60.0, full_s=30.0, clock=lambda: now[0])
+    first = procmaps.scan(proc, LIB_NAME, memo=memo)
+    try:
+        assert first.scanned == 2 and first.remembered == 0           # the first is full
+        key = next(iter(first.files))
+        # 10 s on: 100 keeps its library without a read; 200 is young: read again
+        (proc / "100" / "maps").write_text("")
+        now[0] = 10.0
+        again = procmaps.scan(proc, LIB_NAME, known=first.files, memo=memo)
+        assert (again.scanned, again.remembered) == (1, 1)
+        assert again.files[key].pids == {100}
+        # 70 s on, 5 s after a full rescan: 200 is old now, and not read either
+        memo.last_full = 65.0
+        now[0] = 70.0
+        later = procmaps.scan(proc, LIB_NAME, known=first.files, memo=memo)
+        assert (later.scanned, later.remembered) == (0, 2)           # 200 is old now
+        assert later.files[key].pids == {100}
+        # the full rescan reads everyone: 100 no longer maps it
+        now[0] = 96.0
+        full = procmaps.scan(proc, LIB_NAME, known=first.files, memo=memo)
+        assert (full.scanned, full.remembered) == (2, 0)
+        assert full.files[key].pids == set()
+    finally:
+        for s in first.files.values():
+            os.close(s.fd)
+
+
+def test_a_memo_tells_a_reused_pid_by_its_start_time(tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "300").mkdir(parents=True)
+    (proc / "300" / "maps").write_text("")
+    _stat(proc, 300, 100)
+    now = [0.0]
+    memo = procmaps.ScanMemo(young_s=1.0, full_s=1000.0, clock=lambda: now[0])
+    procmaps.scan(proc, LIB_NAME, memo=memo)
+    now[0] = 5.0                                       # old, and no full rescan due
+    assert procmaps.scan(proc, LIB_NAME, memo=memo).remembered == 1
+    lib = make_proc(tmp_path, 301, "/lib/libnccl.so.2")
+    _stat(proc, 301, 200)
+    # pid 300 exits and a new process (another start time) gets it: read at once
+    import shutil
+    shutil.rmtree(proc / "300")
+    make_proc(tmp_path, 300, "/lib/libnccl.so.2", real=lib)
+    _stat(proc, 300, 900)
+    found = procmaps.scan(proc, LIB_NAME, memo=memo)
+    try:
+        assert found.scanned == 2 and sorted(p for s in found.files.values() for p in s.pids) \
+            == [300, 301]
+    finally:
+        for s in found.files.values():
+            os.close(s.fd)

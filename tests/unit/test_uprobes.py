@@ -130,7 +130,8 @@ def test_rescan_attaches_mapped_files_and_detaches_unmapped_ones_but_not_pinned(
     with pytest.raises(OSError):
         os.fstat(fd)                                           # the unmapped file was closed
     assert u.counters == {"attach_errors": 0, "scans": 2, "scan_unreadable": 0,
-                          "libraries_attached": 2, "libraries_detached": 1}
+                          "scan_remembered": 0, "libraries_attached": 2,
+                          "libraries_detached": 1}
 
 
 def test_failed_return_probe_takes_its_entry_probe_back(tmp_path, exports, probes):
