@@ -59,7 +59,12 @@ class AgentConfig:
         "kernel headers directory for BCC; empty: the running kernel's, else the "
         "distribution's linux-headers package"))
     poll_interval_s: float = field(default=0.2, metadata=doc(
-        "how often probes are drained into records"))
+        "how often probes are drained into records. Each poll costs the agent CPU "
+        "whatever it finds (docs/PERFORMANCE.md: 1.0 s instead of 0.2 s takes the DDP "
+        "overhead from 1.14 to 1.08, but not every lab test passes at 1.0 s yet); BPF "
+        "ring buffers are sized to hold one interval. The agent polls more often where "
+        "the NIC probe's per-CPU rings would otherwise exceed 128 MiB (many CPUs and "
+        "interfaces), and says so in its log"))
     nice: int = field(default=10, metadata=doc(
         "CPU priority (nice, 0..19) the agent drops to once its probes are attached, so "
         "that training threads get the CPU first (a rank delayed by the agent delays every "

@@ -19,7 +19,8 @@ from agent.metrics import AgentMetrics
 from agent.outputs import JsonlOutput
 from agent.pipeline import run_pipeline
 from agent.probes import load_class
-from agent.probes.base import Clock, Probe, ProbeContext, ProbeUnavailable
+from agent.probes.base import (Clock, Probe, ProbeContext, ProbeUnavailable,
+                               effective_poll_interval)
 from agent.training_join import TrainingJoin
 from fabricscope.selfmetrics import Readiness, SelfMetricsServer
 
@@ -93,8 +94,12 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
     names = {p.name for p in probes}
     join = TrainingJoin(retransmits_known=bool(names & {"tcp_retransmit", "tcp_flows"}),
                         transfers_per_s=cfg.tcp_transfers_per_s)
+    interval = effective_poll_interval(cfg.poll_interval_s, probes)
+    if interval < cfg.poll_interval_s:
+        log.info("polling every %.3g s, not %.3g s (config poll_interval_s): what probes "
+                 "hold in the kernel needs it", interval, cfg.poll_interval_s)
     try:
-        await run_pipeline(probes, outputs, node=cfg.node, poll_interval_s=cfg.poll_interval_s,
+        await run_pipeline(probes, outputs, node=cfg.node, poll_interval_s=interval,
                            batch_max_records=cfg.batch_max_records,
                            flush_interval_s=cfg.flush_interval_s, metrics=metrics, stop=stop,
                            after_poll=lambda: detach_all(probes), join=join)

@@ -10,6 +10,7 @@ attach, drain maps/buffers, decode into Records) and
 from __future__ import annotations
 
 import abc
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -43,9 +44,31 @@ class ProbeContext:
     maps_cache: object = None      # agent.procmaps.MapsCache shared by the uprobe probes
 
 
+#: the poll interval the BPF ring buffers' default sizes were chosen for
+RINGBUF_BASE_INTERVAL_S = 0.2
+
+
+def ringbuf_pages(ctx: "ProbeContext", base_pages: int) -> int:
+    """Pages for a BPF ring buffer that holds `base_pages` worth of events per 0.2 s
+    of poll interval: the buffer must outlast one interval (a power of two)."""
+    interval = float(getattr(ctx.config, "poll_interval_s", RINGBUF_BASE_INTERVAL_S) or 0)
+    need = base_pages * max(1.0, interval / RINGBUF_BASE_INTERVAL_S)
+    return 1 << max(0, math.ceil(math.log2(need)))
+
+
+def effective_poll_interval(configured: float, probes) -> float:
+    """The configured interval, or less where an attached probe needs draining sooner
+    (Probe.max_poll_interval_s, e.g. the NIC rings on a host with many CPUs)."""
+    limits = [p.max_poll_interval_s for p in probes if p.max_poll_interval_s]
+    return min([configured, *limits])
+
+
 class Probe(abc.ABC):
     #: name used in config `probes:` and in metrics labels
     name: str = ""
+    #: set by attach() when what the probe holds in the kernel must be drained more often
+    #: than the configured poll interval (None: any interval will do)
+    max_poll_interval_s: float | None = None
 
     def __init__(self, ctx: ProbeContext):
         self.ctx = ctx

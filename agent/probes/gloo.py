@@ -41,6 +41,7 @@ from pathlib import Path
 from agent import bpf
 from agent.probes import gloo_layout as layout
 from agent.probes.base import ProbeContext, ProbeUnavailable
+from agent.probes.base import ringbuf_pages as ringbuf_pages_for
 from agent.probes.gloo_procs import ProcessTable
 from agent.probes.gloo_records import ProcessState
 from agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
@@ -76,7 +77,7 @@ class GlooProbe(UprobeProbe):
     name = "gloo"
 
     def __init__(self, ctx: ProbeContext, *, proc: Path = Path("/proc"), rescan_s: float = 2.0,
-                 ringbuf_pages: int = 64):
+                 ringbuf_pages: int | None = None):
         # configured files and the agent's own torch are pinned: never detached by rescans
         super().__init__(ctx, LibraryUprobes("gloo", HOOKS, log, proc=proc, rescan_s=rescan_s,
                                              maps_cache=shared_maps(ctx, proc)))
@@ -87,7 +88,8 @@ class GlooProbe(UprobeProbe):
         if not self.model_window_s > 0 or not self.model_interval_s > 0:
             raise UserError("gloo_model_window_s and gloo_model_interval_s must be positive",
                             "e.g. --gloo-model-window-s 10 --gloo-model-interval-s 5")
-        self.ringbuf_pages = ringbuf_pages
+        # 64 pages (256 KiB) per 0.2 s of poll interval: a second of ~2,500 collectives
+        self.ringbuf_pages = ringbuf_pages or ringbuf_pages_for(ctx, 64)
         self._procs = ProcessTable(proc)
         self._states: dict[int, ProcessState] = {}
         self._denied: set[int] = set()

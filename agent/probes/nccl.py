@@ -38,6 +38,7 @@ from pathlib import Path
 
 from agent import bpf
 from agent.probes.base import ProbeContext
+from agent.probes.base import ringbuf_pages as ringbuf_pages_for
 from agent.probes.nccl_layout import APIS, STAT_NAMES, DecodeError, NcclEventC, decode
 from agent.probes.nccl_records import CommTable, observe, to_record
 from agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
@@ -54,7 +55,8 @@ class NcclProbe(UprobeProbe):
     name = "nccl"
 
     def __init__(self, ctx: ProbeContext, *, pids: set[int] | None = None,
-                 rescan_s: float = 2.0, entry_only: bool = False, ringbuf_pages: int = 64,
+                 rescan_s: float = 2.0, entry_only: bool = False,
+                 ringbuf_pages: int | None = None,
                  proc: Path = Path("/proc")):
         """pids: record only these processes (None: all). entry_only: no uretprobes
         (no return code or duration; for the overhead benchmark)."""
@@ -65,7 +67,7 @@ class NcclProbe(UprobeProbe):
         self.paths = list(getattr(ctx.config, "nccl_paths", []) or [])
         self.pid_filter = set(pids) if pids is not None else None
         self.entry_only = entry_only
-        self.ringbuf_pages = ringbuf_pages
+        self.ringbuf_pages = ringbuf_pages or ringbuf_pages_for(ctx, 64)   # see gloo
         self._comms = CommTable()
         self._name_re = LIB_NAME
         self._needles: tuple[str, ...] = ("libnccl",)

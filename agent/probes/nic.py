@@ -23,6 +23,7 @@ Standalone: `python -m agent.probes.nic_standalone --interfaces eth0` prints rec
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -75,6 +76,19 @@ class NicProbe(Probe):
         self._names = {link.index: link.name for link in self._ifaces}
         self._cpus = nic_bpfmap.possible_cpus()
         ring_bytes = self.s.ring_bytes(len(self._ifaces), self._cpus)
+        if ring_bytes > settings_mod.RING_BUDGET_BYTES:
+            # many CPUs or interfaces: shorter rings, drained more often than configured
+            slots = settings_mod.slots_within(settings_mod.RING_BUDGET_BYTES,
+                                              len(self._ifaces), self._cpus)
+            if slots < self.s.ring_slots:
+                self.s = dataclasses.replace(self.s, ring_slots=slots)
+                self.max_poll_interval_s = (slots * self.s.bin_ns / 1e9
+                                            / settings_mod.RING_MARGIN)
+                log.info("nic: rings of %d bins fit %d MiB for %d interfaces on %d CPUs; "
+                         "the agent polls every %.3g s", slots,
+                         settings_mod.RING_BUDGET_BYTES >> 20, len(self._ifaces), self._cpus,
+                         self.max_poll_interval_s)
+            ring_bytes = self.s.ring_bytes(len(self._ifaces), self._cpus)
         if ring_bytes > settings_mod.MAX_RING_BYTES:
             raise UserError(f"nic rings would take {ring_bytes >> 20} MiB ({len(self._ifaces)} "
                             f"interfaces, {self._cpus} CPUs, {self.s.ring_slots} bins)",

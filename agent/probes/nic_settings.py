@@ -25,6 +25,9 @@ RING_MARGIN = 4
 MIN_RING_SLOTS = 1024
 #: refuse rings larger than this (per-CPU arrays: slots x rings x 24 B x CPUs)
 MAX_RING_BYTES = 512 << 20
+#: above this the rings get fewer slots and the agent polls more often than configured
+#: (what 2 NICs on 128 CPUs take at 0.2 s, the poll interval of earlier versions)
+RING_BUDGET_BYTES = 128 << 20
 BIN_BYTES = 24
 _IFNAME = re.compile(r"^[^\s/=]{1,15}$")
 _RATE = re.compile(r"^([0-9]+(?:\.[0-9]*)?)\s*(|bit|kbit|mbit|gbit|tbit)$", re.IGNORECASE)
@@ -85,6 +88,12 @@ def ring_slots(bin_ns: int, poll_interval_s: float) -> int:
     """Power of two holding RING_MARGIN drain intervals: 100 us, 0.2 s -> 8192."""
     need = max(MIN_RING_SLOTS, int(RING_MARGIN * poll_interval_s * 1e9 / bin_ns) + 1)
     return 1 << (need - 1).bit_length()
+
+
+def slots_within(budget: int, n_ifaces: int, cpus: int) -> int:
+    """The most slots (a power of two, at least MIN_RING_SLOTS) whose rings fit `budget`."""
+    most = budget // (2 * n_ifaces * BIN_BYTES * cpus)
+    return max(MIN_RING_SLOTS, 1 << max(0, most.bit_length() - 1))
 
 
 @dataclass(frozen=True)

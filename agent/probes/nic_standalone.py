@@ -54,7 +54,7 @@ def run(argv: list[str] | None = None) -> int:
         while not stop.is_set():
             for record in probe.poll():
                 _emit(record.to_json())
-            wait = cfg.poll_interval_s
+            wait = min(cfg.poll_interval_s, probe.max_poll_interval_s or cfg.poll_interval_s)
             if deadline is not None:
                 wait = min(wait, deadline - time.monotonic())
                 if wait <= 0:

@@ -55,6 +55,7 @@ from agent import addresses as addrs
 from agent import bpf
 from agent.owners import Owners
 from agent.probes.base import Probe, ProbeUnavailable
+from agent.probes.base import ringbuf_pages as ringbuf_pages_for
 from agent.probes.tcp_common import (FsFlow, addr_key, addr_text, fill_own_addrs,  # noqa: F401
                                      flow_key, flow_tags, recursion_misses, state_name)
 from fabricscope.records import Record
@@ -206,7 +207,9 @@ class TcpRetransmitProbe(Probe):
         if fields is None:
             raise ProbeUnavailable("tracepoint tcp/tcp_retransmit_skb does not exist "
                                    "(kernel without CONFIG_TRACEPOINTS or older than 4.15)")
-        flags = [f"-DMAX_ADDRS={max(64, len(self.ctx.addresses))}", "-Wno-unused-function"]
+        # the C default (16 pages) per 0.2 s of poll interval
+        flags = [f"-DMAX_ADDRS={max(64, len(self.ctx.addresses))}", "-Wno-unused-function",
+                 f"-DRINGBUF_PAGES={ringbuf_pages_for(self.ctx, 16)}"]
         if "err" in fields:
             flags.append("-DFS_TP_HAS_ERR")
         if bpf.tracepoint_fields("tcp", "tcp_retransmit_synack") is not None:

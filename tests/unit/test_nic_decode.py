@@ -193,10 +193,21 @@ def agent_cfg(*argv) -> AgentConfig:
 
 
 def test_defaults_give_8192_bins_of_100_us():
+    # 4 poll intervals of 0.2 s
     s = from_config(agent_cfg())
     assert (s.bin_ns, s.window_ns, s.ring_slots, s.bins_per_window, s.threshold) == \
         (100_000, 10**9, 8192, 10_000, 0.5)
+    assert ring_slots(100_000, 1.0) == 65536
     assert ring_slots(10_000, 0.2) == 131072 and ring_slots(10**7, 0.2) == 1024
+
+
+def test_rings_over_the_budget_get_fewer_slots_within_it():
+    from agent.probes.nic_settings import BIN_BYTES, RING_BUDGET_BYTES, slots_within
+    # 2 NICs on 128 CPUs: 8192 slots (0.2 s of 100 us bins at a margin of 4) fit 128 MiB
+    assert slots_within(RING_BUDGET_BYTES, 2, 128) == 8192
+    assert 8192 * 2 * 2 * BIN_BYTES * 128 <= RING_BUDGET_BYTES
+    assert slots_within(RING_BUDGET_BYTES, 1, 2) >= 65536        # this lab: never shrinks
+    assert slots_within(1, 64, 1024) == 1024                     # never below the minimum
 
 
 @pytest.mark.parametrize("argv,words", [
