@@ -31,7 +31,9 @@ owner's pid, tcp_transfer: runs of bytes without a gap). Put together:
 
 Records that join wait HOLD_S in the stage (their partners may be drained in a
 later poll: a transfer is reported when the flow's next one starts, and the tcp
-probes hold a record up to a /proc rescan for its owner); everything else passes
+probes hold a record up to a /proc rescan for its owner); a training process's
+transfer waits on, up to WINDOW_WAIT_S, until that process's collective windows
+up to its end have arrived (counted as transfers_awaited); everything else passes
 straight through. Windows, steps and retransmits are remembered for HORIZON_S per
 process.
 """
@@ -45,6 +47,7 @@ from dataclasses import dataclass, field
 from fabricscope.records import Record
 
 HOLD_S = 2.0          # seconds a joined record waits for its partners
+WINDOW_WAIT_S = 10.0  # at most this long a training transfer waits for its windows
 HORIZON_S = 60.0      # seconds of windows, steps and retransmits kept per process
 MAX_NCCL_COMMS = 65536    # communicators remembered from NCCL logs (oldest dropped)
 _HELD = frozenset({"gloo_collective", "gloo_step", "tcp_transfer"})
@@ -58,6 +61,7 @@ class _Process:
     votes: dict[tuple[str, str, str, str], list[int]] = field(default_factory=dict)
     #   flow -> [bytes of transfers inside windows, bytes outside, transfers inside]
     longest_ns: int = 0                                              # longest window
+    newest_end_ns: int = 0                                           # latest window end
 
     def trim(self, before_ns: int) -> None:
         self.windows = [w for w in self.windows if w[1] >= before_ns]
@@ -116,6 +120,8 @@ class TrainingJoin:
         self._budget_second, self._budget_used = -1, 0
         self.hold_s, self.horizon_ns = hold_s, int(horizon_s * 1e9)
         self._held: deque[tuple[float, Record]] = deque()
+        self._awaiting: list[tuple[float, Record]] = []   # transfers past hold_s, no windows yet
+        self.window_wait_s = max(hold_s, WINDOW_WAIT_S)
         self._votes: dict[int, str] = {}     # id(held transfer) -> pid it voted "inside" for
         self._unvoted: dict[str, dict[int, Record]] = {}   # pid -> held transfers, no vote yet
         self._procs: dict[str, _Process] = defaultdict(_Process)
@@ -127,6 +133,7 @@ class TrainingJoin:
             OrderedDict()
         self.counters = {"nccl_calls_completed_from_logs": 0, "transfers_unlisted": 0,
                          "transfers_folded": 0, "transfers_control": 0, "transfers_written": 0,
+                         "transfers_awaited": 0,
                          "phases_inferred": 0,
                          "collectives_joined": 0, "steps_joined": 0}
 
@@ -165,7 +172,18 @@ class TrainingJoin:
             if self._vote(r):
                 del self._unvoted[r.tags.get("pid", "")][id(r)]
         while self._held and now_s - self._held[0][0] >= self.hold_s:
-            out += self._release(self._held.popleft()[1])
+            arrived, r = self._held.popleft()
+            if self._awaits_windows(r, arrived, now_s):
+                self._awaiting.append((arrived, r))
+                self.counters["transfers_awaited"] += 1
+            else:
+                out += self._release(r)
+        awaiting, self._awaiting = self._awaiting, []
+        for arrived, r in awaiting:
+            if self._awaits_windows(r, arrived, now_s):
+                self._awaiting.append((arrived, r))
+            else:
+                out += self._release(r)
         if now_s - self._trimmed_s >= 1.0:
             self._trimmed_s = now_s
             self._trim()
@@ -174,9 +192,26 @@ class TrainingJoin:
     def flush(self) -> list[Record]:
         """At shutdown: release everything held, joined with what is known."""
         out = []
+        for _, r in self._awaiting:
+            out += self._release(r)
+        self._awaiting = []
         while self._held:
             out += self._release(self._held.popleft()[1])
         return out
+
+    def _awaits_windows(self, r: Record, arrived_s: float, now_s: float) -> bool:
+        """A training process's transfer is judged (ring flow or phase) only once that
+        process's collective windows up to the transfer's end have arrived: they come
+        from another probe, which a loaded machine or a long poll interval can delay
+        past hold_s. Bounded by WINDOW_WAIT_S (the job may have stopped its
+        collectives: a last checkpoint)."""
+        if r.measurement != "tcp_transfer" or now_s - arrived_s >= self.window_wait_s:
+            return False
+        if not ("job" in r.tags and "rank" in r.tags and "pid" in r.tags):
+            return False
+        proc = self._procs.get(r.tags["pid"])
+        end = r.time_ns + int(r.fields["seconds"] * 1e9)
+        return proc is None or proc.newest_end_ns < end
 
     def stats(self) -> dict[str, int]:
         return dict(self.counters)
@@ -191,6 +226,7 @@ class TrainingJoin:
         length = int(r.fields["seconds"] * 1e9)
         bisect.insort(proc.windows, (r.time_ns, r.time_ns + length))
         proc.longest_ns = max(proc.longest_ns, length)
+        proc.newest_end_ns = max(proc.newest_end_ns, r.time_ns + length)
         self._pid_of[(r.tags.get("job", ""), r.tags.get("rank", "-"))] = pid
 
     def _learn_nccl_comm(self, r: Record) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.training_join import TrainingJoin
+from agent.training_join import WINDOW_WAIT_S, TrainingJoin
 from fabricscope import schema
 from fabricscope.records import Record
 
@@ -39,9 +39,11 @@ def transfer(start_ms, seconds, bytes_in, bytes_out, owner=OWNER, dport="9000",
 
 
 def run(records, retransmits_known=True):
-    """Feed in one poll, then let the hold expire; every record out, validated."""
+    """Feed in one poll, then let the hold and the wait for windows expire; every
+    record out, validated."""
     join = TrainingJoin(retransmits_known)
-    out = join.feed(records, now_s=100.0) + join.feed([], now_s=103.0)
+    out = join.feed(records, now_s=100.0) + join.feed([], now_s=103.0) + \
+        join.feed([], now_s=100.0 + WINDOW_WAIT_S + 0.1)
     for r in out:
         schema.validate(Record(r.measurement, r.time_ns, {"node": "n1", **r.tags}, r.fields))
     return out, join.stats()
@@ -173,3 +175,19 @@ def test_transfers_of_other_processes_are_capped_per_second_training_ones_never(
     mine = [r for r in by(out, "tcp_transfer") if r.tags["pid"] == "9"]
     assert [r.time_ns for r in mine] == [T0 + MS, T0 + 2 * MS, T0 + 1001 * MS]
     assert len(by(out, "gloo_phase")) == 3 and join.stats()["transfers_unlisted"] == 1
+
+
+def test_a_transfer_waits_past_the_hold_for_the_windows_of_its_time():
+    # the ring transfer is reported; its collective's window comes 3 s later (a
+    # loaded machine, or a long poll interval): it is still folded, not a phase
+    ring = "198.18.0.3"
+    join = TrainingJoin(True)
+    out = join.feed([collective(0, 0.010), transfer(1, 0.004, 2 << 20, 2 << 20, daddr=ring),
+                     transfer(5, 0.004, 2 << 20, 2 << 20, daddr=ring)], now_s=100.0)
+    out += join.feed([transfer(13, 0.008, 4 << 20, 4 << 20, daddr=ring)], now_s=100.5)
+    out += join.feed([], now_s=102.6)          # past the hold: the third still waits
+    assert join.stats()["transfers_awaited"] == 1 and join.stats()["transfers_folded"] == 2
+    out += join.feed([collective(12, 0.010)], now_s=103.0)
+    out += join.feed([], now_s=100.0 + WINDOW_WAIT_S + 1)
+    assert by(out, "tcp_transfer") == [] and by(out, "gloo_phase") == []
+    assert join.stats()["transfers_folded"] == 3
