@@ -115,22 +115,22 @@ def lower_priority(nice: int, policy: str = "normal") -> None:
     (Linux priorities are per thread; threads started later inherit their creator's).
     After attach: BCC compiles at full speed."""
     if policy == "idle":
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
-            except OSError:      # a thread that just exited
-                pass
-        log.info("agent runs as SCHED_IDLE from here on (config cpu_policy)")
-        return
-    if nice <= 0:
+        def lower(tid: int) -> None:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        how = "as SCHED_IDLE from here on (config cpu_policy)"
+    elif nice > 0:
+        def lower(tid: int) -> None:
+            if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+        how = f"at nice {nice} from here on (config nice)"
+    else:
         return
     for tid in os.listdir("/proc/self/task"):
         try:
-            if os.getpriority(os.PRIO_PROCESS, int(tid)) < nice:
-                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            lower(int(tid))
         except OSError:      # a thread that just exited
             pass
-    log.info("agent runs at nice %d from here on (config nice)", nice)
+    log.info("agent runs %s", how)
 
 
 def run_agent(cfg) -> int:
