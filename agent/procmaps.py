@@ -196,11 +196,8 @@ def scan(proc: Path, name: re.Pattern,
             continue
         result.scanned += 1
         mapped: set = set()
-        if start is not None:
-            memo.record(pid, start, mapped)          # updated below once known
-        if needles is not None and not any(n in text for n in needles):
-            continue
-        for m in parse_maps(text, name):
+        wanted = needles is None or any(n in text for n in needles)
+        for m in parse_maps(text, name) if wanted else ():
             key = by_ident.get(m.ident)
             if key is not None:
                 files[key].pids.add(pid)
@@ -220,7 +217,7 @@ def scan(proc: Path, name: re.Pattern,
             by_ident[m.ident] = key
             files[key].pids.add(pid)
             mapped.add(key)
-        if start is not None and mapped:
+        if start is not None:
             memo.record(pid, start, mapped)
     if memo is not None:
         memo.procs = {pid: seen for pid, seen in memo.procs.items() if pid in live}

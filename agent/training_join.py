@@ -53,6 +53,15 @@ MAX_NCCL_COMMS = 65536    # communicators remembered from NCCL logs (oldest drop
 _HELD = frozenset({"gloo_collective", "gloo_step", "tcp_transfer"})
 
 
+def _end_ns(r: Record) -> int:
+    return r.time_ns + int(r.fields["seconds"] * 1e9)
+
+
+def _training(r: Record) -> bool:
+    """A record of a training process: its owner's pid, job and rank are known."""
+    return "job" in r.tags and "rank" in r.tags and "pid" in r.tags
+
+
 @dataclass
 class _Process:
     """What the join remembers of one pid (times in wall ns)."""
@@ -171,17 +180,17 @@ class TrainingJoin:
         for r in {id(r): r for r in retry + fresh}.values():
             if self._vote(r):
                 del self._unvoted[r.tags.get("pid", "")][id(r)]
+        awaiting, self._awaiting = self._awaiting, []
+        for arrived, r in awaiting:                 # arrived first: go first
+            if self._awaits_windows(r, arrived, now_s):
+                self._awaiting.append((arrived, r))
+            else:
+                out += self._release(r)
         while self._held and now_s - self._held[0][0] >= self.hold_s:
             arrived, r = self._held.popleft()
             if self._awaits_windows(r, arrived, now_s):
                 self._awaiting.append((arrived, r))
                 self.counters["transfers_awaited"] += 1
-            else:
-                out += self._release(r)
-        awaiting, self._awaiting = self._awaiting, []
-        for arrived, r in awaiting:
-            if self._awaits_windows(r, arrived, now_s):
-                self._awaiting.append((arrived, r))
             else:
                 out += self._release(r)
         if now_s - self._trimmed_s >= 1.0:
@@ -207,11 +216,10 @@ class TrainingJoin:
         collectives: a last checkpoint)."""
         if r.measurement != "tcp_transfer" or now_s - arrived_s >= self.window_wait_s:
             return False
-        if not ("job" in r.tags and "rank" in r.tags and "pid" in r.tags):
+        if not _training(r):
             return False
         proc = self._procs.get(r.tags["pid"])
-        end = r.time_ns + int(r.fields["seconds"] * 1e9)
-        return proc is None or proc.newest_end_ns < end
+        return proc is None or proc.newest_end_ns < _end_ns(r)
 
     def stats(self) -> dict[str, int]:
         return dict(self.counters)
@@ -270,7 +278,7 @@ class TrainingJoin:
         key = _flow(r)
         votes = proc.votes.setdefault(key, [0, 0, 0])
         weight = max(1, int(r.fields["bytes_in"]) + int(r.fields["bytes_out"]))
-        inside = proc.in_window(r.time_ns, r.time_ns + int(r.fields["seconds"] * 1e9))
+        inside = proc.in_window(r.time_ns, _end_ns(r))
         if not at_release:
             if inside:
                 votes[0] += weight
@@ -325,15 +333,14 @@ class TrainingJoin:
         if "job" in r.tags and r.tags["job"] == f"{r.tags['daddr']}:{r.tags['dport']}":
             self.counters["transfers_control"] += 1     # the rendezvous store
             return []
-        training = "job" in r.tags and "rank" in r.tags and "pid" in r.tags
+        training = _training(r)
         if not training and not self._within_budget(r.time_ns):
             self.counters["transfers_unlisted"] += 1
             return []
         self.counters["transfers_written"] += 1
         out = [r]
         if training:
-            end = r.time_ns + int(r.fields["seconds"] * 1e9)
-            out.append(self._phase(r, r.time_ns, end))
+            out.append(self._phase(r, r.time_ns, _end_ns(r)))
             self.counters["phases_inferred"] += 1
         return out
 
