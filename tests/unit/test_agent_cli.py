@@ -141,47 +141,39 @@ def test_markers_only_agent_prints_steps_and_stops_cleanly(tmp_path):
     assert list(tmp_path.glob("*.ring")) == []
 
 
-def test_lower_priority_reaches_every_thread_and_new_ones_inherit_it():
-    code = """
+_THREADS = """
 import os, threading
 from agent.main import lower_priority
 ready, release = threading.Event(), threading.Event()
 def idle():
     ready.set(); release.wait()
 t = threading.Thread(target=idle, daemon=True); t.start(); ready.wait()
-lower_priority(7)
-seen = {}
+lower_priority({args})
+seen = {{}}
 def later():
-    seen['later'] = os.getpriority(os.PRIO_PROCESS, 0)
+    seen['later'] = ({probe})(0)
 u = threading.Thread(target=later); u.start(); u.join()
 mine = [threading.main_thread().native_id, t.native_id]
-print(sorted(os.getpriority(os.PRIO_PROCESS, tid) for tid in mine), seen['later'])
+print([({probe})(tid) for tid in mine], seen['later'])
 release.set(); t.join()
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=ENV, cwd=ROOT, timeout=60)
+
+
+def _threads_after_lower(args: str, probe: str) -> list[str]:
+    """In a fresh process with a second thread: lower_priority(args), then `probe`
+    (a function of a thread id) of both threads and of a thread started afterwards."""
+    proc = subprocess.run([sys.executable, "-c", _THREADS.format(args=args, probe=probe)],
+                          capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["[7,", "7]", "7"]
+    return proc.stdout.split()
+
+
+def test_lower_priority_reaches_every_thread_and_new_ones_inherit_it():
+    assert _threads_after_lower("7", "lambda tid: os.getpriority(os.PRIO_PROCESS, tid)") == \
+        ["[7,", "7]", "7"]
 
 
 def test_idle_policy_reaches_every_thread_and_new_ones_inherit_it():
-    code = """
-import os, threading
-from agent.main import lower_priority
-ready, release = threading.Event(), threading.Event()
-def idle():
-    ready.set(); release.wait()
-t = threading.Thread(target=idle, daemon=True); t.start(); ready.wait()
-lower_priority(7, "idle")
-seen = {}
-def later():
-    seen['later'] = os.sched_getscheduler(0)
-u = threading.Thread(target=later); u.start(); u.join()
-mine = [threading.main_thread().native_id, t.native_id]
-print([os.sched_getscheduler(tid) == os.SCHED_IDLE for tid in mine], seen['later'] == os.SCHED_IDLE)
-release.set(); t.join()
-"""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=ENV, cwd=ROOT, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["[True,", "True]", "True"]
+    assert _threads_after_lower("7, 'idle'",
+                                "lambda tid: os.sched_getscheduler(tid) == os.SCHED_IDLE") == \
+        ["[True,", "True]", "True"]
