@@ -42,7 +42,7 @@ def run(argv: list[str] | None = None) -> int:
 
     from agent import kernel
     kernel.prepare(cfg.kernel_headers)
-    from agent.probes.base import Clock, ProbeContext
+    from agent.probes.base import Clock, ProbeContext, effective_poll_interval
     from agent.probes.nic import NicProbe
 
     probe = NicProbe(ProbeContext(cfg.node, frozenset(), Clock(), cfg))
@@ -54,7 +54,7 @@ def run(argv: list[str] | None = None) -> int:
         while not stop.is_set():
             for record in probe.poll():
                 _emit(record.to_json())
-            wait = min(cfg.poll_interval_s, probe.max_poll_interval_s or cfg.poll_interval_s)
+            wait = effective_poll_interval(cfg.poll_interval_s, [probe])
             if deadline is not None:
                 wait = min(wait, deadline - time.monotonic())
                 if wait <= 0:
