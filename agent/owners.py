@@ -17,6 +17,13 @@ Answers are cached per flow; only unknown flows trigger a rescan, at most one pe
 `rescan_s`, and a flow still unknown after `max_attempts` scans is given up
 (kernel sockets, processes that already closed it) and counted. Nothing here
 needs BPF: tests run it on a fake /proc tree.
+
+A scan finds only sockets still open, so a connection that lives less than a
+rescan (a data-loader fetch, a checkpoint upload) would escape it. The kernel
+probes therefore name the process that connected a flow (connect() runs in it:
+sock/inet_sock_set_state -> SYN_SENT) and `learn` takes that pid's owner straight
+from /proc/PID. Kernel pids are host pids: they are used only when the agent sees
+the host's pid namespace (hostPID in Kubernetes), else the scan alone answers.
 """
 
 from __future__ import annotations
@@ -67,6 +74,17 @@ def _addr(hex_text: str) -> str:
     if ip.version == 6 and ip.ipv4_mapped:
         return str(ip.ipv4_mapped)
     return str(ip)
+
+
+#: the inode of the initial pid namespace (PROC_PID_INIT_INO, include/linux/proc_ns.h)
+_HOST_PID_NS_INO = 0xEFFFFFFC
+
+
+def _in_host_pid_namespace(proc: Path) -> bool:
+    try:
+        return os.stat(proc / "self" / "ns" / "pid").st_ino == _HOST_PID_NS_INO
+    except OSError:
+        return False
 
 
 def parse_proc_net_tcp(text: str) -> dict[FlowKey, int]:
@@ -120,6 +138,7 @@ def describe_process(pid: int, comm: str, cgroup: tuple[str, str],
 class OwnerStats:
     resolved: int = 0          # flows whose owner was found
     unresolved: int = 0        # flows given up after max_attempts scans
+    learned: int = 0           # flows whose owner came from the pid the kernel saw connect
     scans: int = 0             # rescans of /proc/net/tcp (+ fds when needed)
     fd_scans: int = 0          # processes whose fds were read
 
@@ -134,6 +153,9 @@ class Owners:
     clock: Callable[[], float] = time.monotonic
     max_cached: int = 65536
     stats: OwnerStats = field(default_factory=OwnerStats)
+    #: kernel pids name processes in this /proc (None: decide once, from whether the
+    #: agent's pid namespace is the host's)
+    host_pids: bool | None = None
 
     def __post_init__(self) -> None:
         self._flows: dict[FlowKey, Owner | None] = {}
@@ -160,6 +182,26 @@ class Owners:
             self._last_scan = now
             self._scan(wanted)
         return {f: o for f in flows if (o := self._flows.get(f)) is not None}
+
+    def learn(self, flow: FlowKey, pid: int) -> None:
+        """The kernel saw `pid` (host pid namespace) connect `flow`: its owner, read now
+        from /proc/PID while the process lives, with no scan. Ignored when this /proc
+        shows another pid namespace, or the process is already gone (a scan may still
+        find the socket in another process that inherited it)."""
+        if self._flows.get(flow) is not None:
+            return
+        if self.host_pids is None:
+            self.host_pids = _in_host_pid_namespace(self.proc)
+        if not self.host_pids:
+            return
+        owner = self._read_owner(pid)        # fresh: pids are reused
+        if owner is not None:
+            if len(self._flows) > self.max_cached:    # flows whose close we never saw
+                self._flows.clear()
+                self._attempts.clear()
+            self._flows[flow] = owner
+            self._attempts.pop(flow, None)
+            self.stats.learned += 1
 
     def pending(self, flow: FlowKey) -> bool:
         """Not known yet and not given up: a later rescan may still find its owner."""
@@ -237,8 +279,15 @@ class Owners:
         return found
 
     def _owner(self, pid: int) -> Owner | None:
-        if pid in self._by_pid:
-            return self._by_pid[pid]
+        """The owner of pid, read once per scan."""
+        if pid not in self._by_pid:
+            owner = self._read_owner(pid)
+            if owner is None:
+                return None
+            self._by_pid[pid] = owner
+        return self._by_pid[pid]
+
+    def _read_owner(self, pid: int) -> Owner | None:
         base = self.proc / str(pid)
         try:
             comm = (base / "comm").read_text().strip()
@@ -252,6 +301,4 @@ class Owners:
             env = parse_environ((base / "environ").read_bytes())
         except OSError:
             env = {}
-        owner = describe_process(pid, comm, cgroup, env)
-        self._by_pid[pid] = owner
-        return owner
+        return describe_process(pid, comm, cgroup, env)

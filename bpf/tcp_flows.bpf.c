@@ -11,7 +11,10 @@
  *       established socket, before it is processed: snd_una, snd_nxt, srtt (in
  *       microseconds: the tracepoint stores tp->srtt_us >> 3; tp->srtt_us itself is
  *       usec << 3), snd_cwnd, ssthresh of the socket as the previous segment left it
- *   sock/inet_sock_set_state FS_WITH_SET_STATE  opens (-> ESTABLISHED), closes (-> CLOSE)
+ *   sock/inet_sock_set_state FS_WITH_SET_STATE  opens (-> ESTABLISHED), closes (-> CLOSE);
+ *       -> SYN_SENT runs inside connect(), so the current task is the flow's owner:
+ *       its pid rides on the flow's events (user space then needs no /proc scan,
+ *       which a connection closed before the next scan would escape)
  *   tcp/tcp_send_reset       FS_WITH_SEND_RESET  resets sent
  *   tcp/tcp_receive_reset    FS_WITH_RECV_RESET  resets received
  *
@@ -121,6 +124,7 @@ static __always_inline void end_transfer(struct fs_sock *s, struct fs_flow *flow
 		ev.family = family;
 		ev.type = FS_EV_TRANSFER;
 		ev.active = s->active;
+		ev.pid = s->pid;
 		ev.duration_ns = s->xfer_last - s->xfer_start;
 		ev.bytes_acked = s->xfer_out;
 		ev.bytes_received = s->xfer_in;
@@ -270,7 +274,8 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 	__u64 now = bpf_ktime_get_ns();
 
 	if (newstate == FS_TCP_SYN_SENT) {
-		struct fs_sock init = {.start_ns = now, .active = 1};
+		struct fs_sock init = {.start_ns = now, .active = 1,
+				       .pid = bpf_get_current_pid_tgid() >> 32};
 		socks.update(&sk, &init);
 		return 0;        /* the source port is not chosen yet: report at ESTABLISHED */
 	}
@@ -286,6 +291,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 		if (s) {
 			s->est_ns = now;
 			ev.active = s->active;
+			ev.pid = s->pid;
 			if (s->start_ns)
 				ev.duration_ns = now - s->start_ns;
 		} else {
@@ -299,6 +305,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 	ev.type = FS_EV_CLOSE;
 	if (s) {
 		ev.active = s->active;
+		ev.pid = s->pid;
 		if (s->est_ns) {
 			ev.duration_ns = now - s->est_ns;
 			ev.flags |= FS_CLOSE_ESTABLISHED;

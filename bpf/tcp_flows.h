@@ -68,7 +68,8 @@ struct fs_sock {
 	__u32 last_nxt;
 	__u8 has_una;         /* last_una/last_nxt are set */
 	__u8 active;          /* 1: this side connected */
-	__u8 pad[6];
+	__u8 pad[2];
+	__u32 pid;            /* the process that connected (tgid at SYN_SENT); 0: unknown */
 };
 
 struct fs_flow_event {
@@ -86,6 +87,9 @@ struct fs_flow_event {
 	__u64 bytes_acked;    /* close: sum of snd_una advances seen; transfer: its share */
 	__u64 bytes_sent;     /* close: sum of snd_nxt advances seen */
 	__u64 bytes_received; /* close: payload received; transfer: its payload received */
+	__u32 pid;            /* open/close/transfer: the process that connected (host pid
+	                       * namespace); 0: unknown (passive side, or opened before attach) */
+	__u32 pad;
 };
 
 #define FS_RST_REASON_NONE 0xffffffff   /* the kernel's tcp_send_reset has no reason */

@@ -7,6 +7,7 @@ and against the host C compiler in tests/unit/test_tcp_flows_layout.py.
 from __future__ import annotations
 
 import ctypes
+import struct
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class Sock(ctypes.Structure):
                 ("xfer_out", ctypes.c_uint64),
                 ("last_una", ctypes.c_uint32), ("last_nxt", ctypes.c_uint32),
                 ("has_una", ctypes.c_uint8), ("active", ctypes.c_uint8),
-                ("pad", ctypes.c_uint8 * 6)]
+                ("pad", ctypes.c_uint8 * 2), ("pid", ctypes.c_uint32)]
 
 
 class FlowEvent(ctypes.Structure):
@@ -64,12 +65,25 @@ class FlowEvent(ctypes.Structure):
                 ("oldstate", ctypes.c_int32), ("state", ctypes.c_int32),
                 ("reason", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                 ("duration_ns", ctypes.c_uint64), ("bytes_acked", ctypes.c_uint64),
-                ("bytes_sent", ctypes.c_uint64), ("bytes_received", ctypes.c_uint64)]
+                ("bytes_sent", ctypes.c_uint64), ("bytes_received", ctypes.c_uint64),
+                ("pid", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
 FLOW_DTYPE = np.dtype(FsFlow)
 SLOT_DTYPE = np.dtype(FlowSlot)
 STAT_DTYPE = np.dtype(FlowStat)
+
+
+_PID = struct.Struct("<I")
+
+
+def connecting_pid(raw: bytes) -> int:
+    """The pid (host namespace) that connected the event's flow, 0 when unknown: set
+    on the open, close and transfer events of sockets this host connected after
+    attach."""
+    if len(raw) < ctypes.sizeof(FlowEvent):
+        return 0
+    return _PID.unpack_from(raw, FlowEvent.pid.offset)[0]
 
 
 def decode_flow_event(raw: bytes, to_wall) -> Record:

@@ -42,7 +42,8 @@ from agent.probes import nic_bpfmap
 from agent.probes.base import ProbeUnavailable
 from agent.probes.tcp_common import FsFlow, flow_key
 from agent.probes.tcp_flow_layout import (FLOW_DTYPE, FLOW_STATS, STAT_DTYPE, FlowEvent,
-                                          FlowStat, Sock, decode_flow_event)
+                                          FlowStat, Sock, connecting_pid,
+                                          decode_flow_event)
 from agent.probes.tcp_hooks import MAX_FLOW_MAP_BYTES, FlowSettings, hook_cflags
 from agent.probes.tcp_retransmit import STATS, TcpRetransmitProbe, record_flow
 from agent.probes.tcp_window import (FlowRetrans, NodeTally, flow_fields, flow_record,
@@ -106,12 +107,17 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         return self.ctx.clock.to_wall(time.monotonic_ns())
 
     def _on_flow_event(self, _ctx, data, size) -> int:
+        raw = ctypes.string_at(data, size)
         try:
-            self._pending.append(decode_flow_event(ctypes.string_at(data, size),
-                                                   self.ctx.clock.to_wall))
+            record = decode_flow_event(raw, self.ctx.clock.to_wall)
         except ValueError as exc:
             self._counts["flow_decode_errors"] += 1
             log.debug("tcp_flows: undecodable flow event: %s", exc)
+            return 0
+        pid = connecting_pid(raw)
+        if pid:
+            self.owners.learn(record_flow(record), pid)
+        self._pending.append(record)
         return 0
 
     # --- windows ------------------------------------------------------------------------

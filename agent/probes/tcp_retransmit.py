@@ -292,6 +292,7 @@ class TcpRetransmitProbe(Probe):
         out["missed_hits"] = sum(misses.values())
         o = self.owners.stats
         out.update(owners_resolved=o.resolved, owners_unresolved=o.unresolved,
+                   owners_from_connect=o.learned,
                    owner_scans=o.scans, owner_waiting=self._tagger.waiting)
         # Cost of our programs, when the kernel's BPF stats are on (else 0).
         out["bpf_run_ns"], out["bpf_runs"] = bpf.prog_run_stats(

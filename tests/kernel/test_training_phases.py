@@ -13,6 +13,7 @@ retransmits stamped inside each collective are counted on it.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,16 @@ class Run:
     def of(self, measurement: str, **tags) -> list[Record]:
         return [r for r in self.records if r.measurement == measurement
                 and all(r.tags.get(k) == v for k, v in tags.items())]
+
+    def summary(self) -> str:
+        """What came out, for a failure message: records by measurement, transfers by
+        owner, and the agent's log tail."""
+        counts = Counter(r.measurement for r in self.records)
+        owners = Counter((t.tags.get("rank", "-"), t.tags.get("pid", "-"), t.tags.get("comm", "-"),
+                          t.tags.get("daddr"))
+                         for t in self.of("tcp_transfer"))
+        return f"records {dict(counts)}; transfers by (rank, daddr) {dict(owners)}; " \
+               f"agent log: {self.stderr[-1500:]}"
 
 
 def _run(tmp: Path, loss_pct: float = 0.0, data: bool = True) -> Run:
@@ -65,7 +76,9 @@ def _run(tmp: Path, loss_pct: float = 0.0, data: bool = True) -> Run:
 
 @pytest.fixture(scope="module")
 def phases_run(tmp_path_factory) -> Run:
-    return _run(tmp_path_factory.mktemp("phases"))
+    run = _run(tmp_path_factory.mktemp("phases"))
+    print(run.summary())
+    return run
 
 
 def _inside(r: Record, event: dict) -> bool:
@@ -85,7 +98,8 @@ def test_data_loading_is_found_byte_exact_inside_each_read(phases_run):
     phases = phases_run.of("gloo_phase", phase="data_load", rank=str(NODE))
     for e in reads:
         mine = [p for p in phases if _inside(p, e) and p.fields["peer"] == phases_run.server]
-        assert sum(p.fields["bytes_in"] for p in mine) == DATA_BYTES, (e, mine)
+        assert sum(p.fields["bytes_in"] for p in mine) == DATA_BYTES, \
+            (e, mine, phases_run.summary())
         # steps run from one first AllReduce to the next: step n's read is in step n - 1
         assert {p.fields["step"] for p in mine} == {e["step"] - 1}, (e, mine)
 
@@ -97,7 +111,8 @@ def test_checkpoints_are_found_byte_exact_in_their_step(phases_run):
     for e in writes:
         mine = [p for p in phases if _inside(p, e) and p.fields["peer"] == phases_run.server]
         # what the peer acknowledged: the 16-byte request and the checkpoint
-        assert sum(p.fields["bytes_out"] for p in mine) == e["bytes"] + 16, (e, mine)
+        assert sum(p.fields["bytes_out"] for p in mine) == e["bytes"] + 16, \
+            (e, mine, phases_run.summary())
         assert {p.fields["step"] for p in mine} == {e["step"]}, (e, mine)
 
 
@@ -105,7 +120,8 @@ def test_ring_traffic_is_folded_not_taken_for_io(phases_run):
     bulk = [p for p in phases_run.of("gloo_phase") if p.tags["phase"] in ("data_load",
                                                                          "checkpoint")
             and p.fields["bytes"] >= 64 << 10]
-    assert bulk and {p.fields["peer"] for p in bulk} == {phases_run.server}
+    assert bulk and {p.fields["peer"] for p in bulk} == {phases_run.server}, \
+        phases_run.summary()
     transfers = phases_run.of("tcp_transfer")
     assert transfers and all(t.tags.get("rank") in (None, str(NODE)) for t in transfers)
     # the gradients crossed the ring inside collectives: no written transfer carries them

@@ -16,15 +16,15 @@ from agent.probes.tcp_common import addr_key
 from fabricscope import schema
 
 # struct fs_flow_event, packed by hand from bpf/tcp_flows.h (not via ctypes).
-EVENT = struct.Struct("<Q16s16sHHHBBiiIIQQQQ")
+EVENT = struct.Struct("<Q16s16sHHHBBiiIIQQQQII")
 
 
 def raw(ev_type, saddr="198.18.0.1", daddr="198.18.0.2", sport=40000, dport=29500, active=1,
         oldstate=2, state=1, reason=0xFFFFFFFF, flags=0, duration_ns=0, acked=0, sent=0,
-        received=0):
+        received=0, pid=0):
     return EVENT.pack(1_000, addr_key(saddr), addr_key(daddr), sport, dport, 2, ev_type,
                       active, oldstate, state, reason, flags, duration_ns, acked, sent,
-                      received)
+                      received, pid, 0)
 
 
 def wall(ns):
@@ -84,8 +84,15 @@ def test_bad_events_are_errors_not_guesses():
         fl.decode_flow_event(raw(9), wall)
 
 
+def test_the_connecting_pid_rides_on_the_event_not_in_the_record():
+    event = raw(fl.EV_TRANSFER, duration_ns=1_000, acked=70_000, pid=4321)
+    assert fl.connecting_pid(event) == 4321
+    assert "pid" not in fl.decode_flow_event(event, wall).tags    # owner tags come later
+    assert fl.connecting_pid(raw(fl.EV_RST_RECV)) == 0 and fl.connecting_pid(b"\0" * 20) == 0
+
+
 def test_mirror_sizes():
-    assert ctypes.sizeof(fl.FlowEvent) == EVENT.size == 96
+    assert ctypes.sizeof(fl.FlowEvent) == EVENT.size == 104
     assert ctypes.sizeof(fl.FlowSlot) == 232 and ctypes.sizeof(fl.FlowStat) == 464
     assert fl.STAT_DTYPE.itemsize == 464 and fl.FLOW_DTYPE.itemsize == 36
 

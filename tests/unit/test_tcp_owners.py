@@ -179,3 +179,33 @@ def test_a_record_is_released_untagged_after_one_scan_that_could_not_find_its_ow
     assert "pid" not in rec.tags and tagger.flush() == []
     tagger.tag([])
     assert tagger.waiting == 0
+
+
+def test_a_flow_closed_before_any_scan_gets_the_owner_the_kernel_saw_connect(tmp_path):
+    """A short connection is gone from /proc/net/tcp by the next scan; the pid its
+    connect() ran in (from the BPF open/transfer/close events) still names it."""
+    proc = FakeProc(tmp_path)
+    proc.process(40, "python3", [], {"RANK": "1", "FABRICSCOPE_JOB": "llm"})
+    owners = Owners(proc=tmp_path, clock=Clock(), host_pids=True)
+    short = ("198.18.0.2", 52838, "198.18.0.254", 35301)      # in no /proc/net/tcp line
+    owners.learn(short, 40)
+    assert owners.resolve([short])[short].tags() == {
+        "pid": "40", "comm": "python3", "cgroup": "/lab", "rank": "1", "job": "llm"}
+    assert (owners.stats.learned, owners.stats.scans) == (1, 0)
+    owners.learn(short, 41)                                     # known: kept, not re-read
+    assert owners.get(short).pid == 40 and owners.stats.learned == 1
+
+
+def test_kernel_pids_are_ignored_when_they_may_name_other_processes(tmp_path):
+    proc = FakeProc(tmp_path)
+    proc.process(40, "python3", [])
+    flow = ("198.18.0.2", 52838, "198.18.0.254", 35301)
+    other_ns = Owners(proc=tmp_path, clock=Clock(), host_pids=False)
+    other_ns.learn(flow, 40)
+    assert other_ns.get(flow) is None and other_ns.pending(flow)
+    undecided = Owners(proc=tmp_path, clock=Clock())           # the fake /proc's ns/pid:
+    undecided.learn(flow, 40)                                   # missing, so not the host's
+    assert undecided.host_pids is False and undecided.get(flow) is None
+    gone = Owners(proc=tmp_path, clock=Clock(), host_pids=True)
+    gone.learn(flow, 99)                                        # exited before the poll
+    assert gone.get(flow) is None and gone.pending(flow) and gone.stats.learned == 0
