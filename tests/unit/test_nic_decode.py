@@ -192,12 +192,12 @@ def agent_cfg(*argv) -> AgentConfig:
     return fsconfig.load(AgentConfig, "agent", parser.parse_args(list(argv)), env={})
 
 
-def test_defaults_give_8192_bins_of_100_us():
-    # 4 poll intervals of 0.2 s
+def test_defaults_give_65536_bins_of_100_us():
+    # 4 poll intervals of 1.0 s (40,000 bins), rounded up to a power of two
     s = from_config(agent_cfg())
     assert (s.bin_ns, s.window_ns, s.ring_slots, s.bins_per_window, s.threshold) == \
-        (100_000, 10**9, 8192, 10_000, 0.5)
-    assert ring_slots(100_000, 1.0) == 65536
+        (100_000, 10**9, 65536, 10_000, 0.5)
+    assert ring_slots(100_000, 0.2) == 8192
     assert ring_slots(10_000, 0.2) == 131072 and ring_slots(10**7, 0.2) == 1024
 
 

@@ -18,7 +18,7 @@ def test_ring_buffers_grow_with_the_poll_interval_in_powers_of_two():
     assert ringbuf_pages(_ctx(0.1), 64) == 64          # never below the base
     assert ringbuf_pages(_ctx(1.0), 64) == 512         # 5 x 64 = 320 -> 512
     assert ringbuf_pages(_ctx(1.0), 16) == 128
-    assert ringbuf_pages(_ctx(AgentConfig().poll_interval_s), 16) == 16   # the default
+    assert ringbuf_pages(_ctx(AgentConfig().poll_interval_s), 16) == 128  # the default, 1.0 s
 
 
 def test_a_probe_can_only_shorten_the_interval():
