@@ -1,8 +1,11 @@
 """Measurements of the TCP tracepoint probes (bpf/tcp_retransmit.bpf.c, bpf/tcp_flows.bpf.c).
 
 Every flow record names the flow from this node's side (saddr/sport local) and,
-when the agent found it in /proc, the process that owns the socket (the optional
-owner tags: pid, comm, cgroup, container, rank, local_rank, world_size, job).
+when the agent knows it, the process that owns the socket (the optional owner
+tags: pid, comm, cgroup, container, rank, local_rank, world_size, job): the
+process the kernel saw connect the flow (connect() runs in it), else the one a
+/proc scan finds holding the socket (the accepting side; flows opened before the
+agent started).
 """
 
 from fabricscope.schema import Field, Measurement
@@ -15,7 +18,8 @@ _FLOW = {
 }
 _STATE = {"state": "TCP state of the socket (ESTABLISHED, SYN_SENT, ...)"}
 OWNER_TAGS = {
-    "pid": "process holding the socket (from /proc/PID/fd)",
+    "pid": "process that connected the flow, else the one holding the socket "
+           "(/proc/PID/fd)",
     "comm": "its command name (/proc/PID/comm)",
     "cgroup": "its cgroup path (the cgroup v2 line of /proc/PID/cgroup)",
     "container": "container id (first 12 hex digits) found in the cgroup path",
