@@ -8,6 +8,7 @@ Modules are imported only when their benchmark runs or is listed.
 REGISTRY: dict[str, str] = {
     "ddp-overhead": "bench.ddp_overhead",
     "ddp-overhead-pinned": "bench.ddp_overhead:PINNED",
+    "ddp-overhead-one-node": "bench.ddp_overhead:ONE_NODE",
     "ddp-idle-spinner": "bench.ddp_overhead:SPINNER",
     "iperf3-overhead": "bench.iperf3_overhead",
     "marker-cost": "bench.marker_cost",

@@ -18,6 +18,13 @@ Three agents share this one kernel, so each tracepoint and uprobe fires three
 times (two of them exit at the namespace check): a node of its own has a third of
 that.
 
+`ddp-overhead-one-node` starts one agent only, on node 1 (every default probe;
+nodes 0 and 2 go unobserved): what one node's agent costs the job. On a cluster
+each node has a kernel and cores of its own, so a rank pays for its own node's
+agent; in `ddp-overhead` every rank pays for all three, which share this kernel
+and these two cores. The one agent still shares the cores with all three ranks,
+so this too overstates what a node with cores to spare pays.
+
 FABRICSCOPE_BENCH_AGENTS_STOPPED=1: the agents are frozen (SIGSTOP) once ready,
 so their programs run in the kernel while their user space does nothing: what
 the kernel side alone costs. FABRICSCOPE_AGENT_PROBES=...: agents with only those
@@ -52,8 +59,11 @@ ENDLESS = 10**7             # the training's step count: ended by the benchmark
 
 
 class _Sides:
-    def __init__(self, stack, run, block: int, subject: str = "agents"):
+    def __init__(self, stack, run, block: int, subject: str = "agents",
+                 agent_nodes: list[int] | None = None):
         self.stack, self.run, self.block, self.kind = stack, run, block, subject
+        #: indexes of the lab nodes that get an agent (None: every node)
+        self.agent_nodes = agent_nodes
 
     def _measure(self) -> float:
         from fabricscope.labstack import await_condition
@@ -78,7 +88,8 @@ class _Sides:
         if self.kind == "spinner":
             return self._with_spinner()
         from fabricscope.labstack import await_agents_ready, start_agent
-        for node in self.stack.lab.nodes:
+        nodes = self.stack.lab.nodes
+        for node in (nodes if self.agent_nodes is None else [nodes[i] for i in self.agent_nodes]):
             start_agent(self.stack, node)
         stopped = []
         try:
@@ -118,7 +129,8 @@ def split_cpus() -> tuple[set[int], set[int]]:
 
 
 @contextlib.contextmanager
-def environment(args, pinned: bool = False, subject: str | None = None):
+def environment(args, pinned: bool = False, subject: str | None = None,
+                agent_nodes: list[int] | None = None):
     from fabricscope.labstack import running_stack
     from lab.testing import running_lab
     from lab.training import start_training
@@ -137,7 +149,7 @@ def environment(args, pinned: bool = False, subject: str | None = None):
                 with start_training(lab, ENDLESS, model_mb=8, cpus=train_cpus) as run:
                     sides = _Sides(stack, run, block, subject or (
                         "agents-stopped" if os.environ.get("FABRICSCOPE_BENCH_AGENTS_STOPPED")
-                        else "agents"))
+                        else "agents"), agent_nodes)
                     sides._measure()           # warm-up: DDP's first steps, connection set-up
                     yield sides
     finally:
@@ -165,6 +177,17 @@ PINNED = Benchmark(
     environment=functools.partial(environment, pinned=True),
     repeats=8,
     goal="ratio <= 1.02",
+)
+
+ONE_NODE = Benchmark(
+    name="ddp-overhead-one-node",
+    description="ddp-overhead with one agent, on node 1 only: what one node's agent costs "
+                "the job",
+    unit="s/step",
+    baseline_label="no agent",
+    subject_label="agent on node 1",
+    environment=functools.partial(environment, agent_nodes=[1]),
+    repeats=8,
 )
 
 SPINNER = Benchmark(
