@@ -11,16 +11,20 @@ Kinds (tag `kind`), from the socket's congestion state when it retransmitted:
   rto         the first retransmit after the socket entered Loss: the RTO timer's
               (one per timer firing; with syn and synack: nstat TcpExtTCPTimeouts)
   slow_start  later retransmits in Loss (TcpExtTCPSlowStartRetrans, in segments)
-  fast        in Recovery: fast retransmit (TcpExtTCPFastRetrans, in segments)
-  tlp         in Open, Disorder or CWR: a tail loss probe (at most TcpExtTCPLossProbes,
-              which also counts probes that sent new data instead)
+  fast        in Recovery: fast retransmit (TcpExtTCPFastRetrans, in segments); also
+              more than one segment at once in Open, Disorder or CWR: the kernel
+              sends those from its retransmit queue and counts them as fast too
+              (a loss probe retransmits at most one MSS: tcp_send_loss_probe
+              splits a larger tail first)
+  tlp         one segment in Open, Disorder or CWR: a tail loss probe (at most
+              TcpExtTCPLossProbes, which also counts probes that sent new data)
   syn         a SYN retransmitted (SYN_SENT); synack: a SYN-ACK (TcpExtTCPSynRetrans)
   unknown     the kernel has no tcp_cong_state_set (before 5.18)
 Limits of the heuristic: a socket that changed congestion state before the probe
 attached counts as Open until its next change; a retransmit in Open/CWR that is not
 a probe (after an undo, or a path-MTU drop, which also enters Loss) is filed as tlp
-or rto; TcpExtTCPFastRetrans also counts retransmits from the queue outside
-Recovery, which land in tlp here.
+or rto when it is a single segment; TcpExtTCPFastRetrans also counts single-segment
+retransmits from the queue outside Recovery, which land in tlp here.
 
 Misses: the kernel runs one tracing BPF program (kprobe, tracepoint, uprobe) per
 CPU at a time; a retransmit tracepoint that fires while another one runs on its
@@ -94,7 +98,7 @@ def err_name(err: int) -> str:
     return errno.errorcode.get(-err, str(err))
 
 
-def retransmit_kind(hook: int, state: int, ca_state: int, timeout: int) -> str:
+def retransmit_kind(hook: int, state: int, ca_state: int, timeout: int, segs: int = 1) -> str:
     """Name the retransmit (see the module docstring for the rules and their limits)."""
     if hook == HOOK_SYNACK:
         return "synack"
@@ -106,7 +110,7 @@ def retransmit_kind(hook: int, state: int, ca_state: int, timeout: int) -> str:
         return "rto"
     if ca_state == CA_LOSS:
         return "slow_start"
-    if ca_state == CA_RECOVERY:
+    if ca_state == CA_RECOVERY or segs > 1:
         return "fast"
     return "tlp"
 
@@ -120,7 +124,7 @@ def decode(raw: bytes, to_wall) -> Record:
         raise ValueError(f"event of {len(raw)} bytes, expected {ctypes.sizeof(RetransmitEvent)}")
     ev = RetransmitEvent.from_buffer_copy(raw[:ctypes.sizeof(RetransmitEvent)])
     tags = {**flow_tags(flow_key(ev.flow)), "state": state_name(ev.state),
-            "kind": retransmit_kind(ev.hook, ev.state, ev.ca_state, ev.timeout)}
+            "kind": retransmit_kind(ev.hook, ev.state, ev.ca_state, ev.timeout, ev.segs)}
     time_ns = to_wall(ev.ts_ns)
     if ev.err < 0 and -ev.err in SKIPPED_ERRNOS:
         tags["reason"] = err_name(ev.err)

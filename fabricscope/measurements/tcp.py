@@ -29,8 +29,10 @@ OWNER_TAGS = {
     "job": "training job: FABRICSCOPE_JOB, else MASTER_ADDR:MASTER_PORT",
 }
 _OWNERS = frozenset(OWNER_TAGS)
-_KIND = {"kind": "fast (in Recovery), rto (the timeout's own retransmit), slow_start (later "
-                 "ones in Loss), tlp (in Open/Disorder/CWR: tail loss probe), syn, synack, "
+_KIND = {"kind": "fast (in Recovery, or several segments from the retransmit queue in "
+                 "Open/Disorder/CWR), rto (the timeout's own retransmit), slow_start (later "
+                 "ones in Loss), tlp (one segment in Open/Disorder/CWR: tail loss probe), "
+                 "syn, synack, "
                  "unknown (kernel without tcp_cong_state_set); see agent/probes/tcp_retransmit.py"}
 _SOURCE_R = "agent probes tcp_retransmit and tcp_flows (bpf/tcp_retransmit.bpf.c)"
 _SOURCE_F = "agent probe tcp_flows (bpf/tcp_flows.bpf.c)"

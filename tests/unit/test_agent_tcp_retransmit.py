@@ -82,21 +82,27 @@ def test_ctypes_mirror_matches_the_hand_packed_layout():
     assert ctypes.sizeof(tr.RetransmitEvent) == EVENT.size == 64
 
 
-@pytest.mark.parametrize("hook,state,ca_state,timeout,kind", [
-    (1, 1, 3, 0, "fast"),          # Recovery
-    (1, 1, 4, 1, "rto"),           # first retransmit after entering Loss
-    (1, 1, 4, 0, "slow_start"),    # later ones in Loss
-    (1, 1, 0, 0, "tlp"),           # Open
-    (1, 1, 1, 0, "tlp"),           # Disorder
-    (1, 1, 2, 0, "tlp"),           # CWR
-    (1, 2, 4, 1, "syn"),           # SYN_SENT, whatever the congestion state says
-    (2, 3, 4, 1, "synack"),
-    (1, 1, 0xff, 0, "unknown"),    # no tcp_cong_state_set on this kernel
+@pytest.mark.parametrize("hook,state,ca_state,timeout,segs,kind", [
+    (1, 1, 3, 0, 1, "fast"),          # Recovery
+    (1, 1, 3, 0, 45, "fast"),
+    (1, 1, 4, 1, 1, "rto"),           # first retransmit after entering Loss
+    (1, 1, 4, 0, 1, "slow_start"),    # later ones in Loss
+    (1, 1, 4, 0, 45, "slow_start"),
+    (1, 1, 0, 0, 1, "tlp"),           # Open
+    (1, 1, 1, 0, 1, "tlp"),           # Disorder
+    (1, 1, 2, 0, 1, "tlp"),           # CWR
+    # more than one MSS outside Loss and Recovery: from the retransmit queue, which
+    # the kernel counts as fast (a probe is one segment)
+    (1, 1, 0, 0, 45, "fast"),
+    (1, 1, 1, 0, 2, "fast"),
+    (1, 2, 4, 1, 1, "syn"),           # SYN_SENT, whatever the congestion state says
+    (2, 3, 4, 1, 1, "synack"),
+    (1, 1, 0xff, 0, 1, "unknown"),    # no tcp_cong_state_set on this kernel
 ])
-def test_retransmit_kinds(hook, state, ca_state, timeout, kind):
-    assert tr.retransmit_kind(hook, state, ca_state, timeout) == kind
+def test_retransmit_kinds(hook, state, ca_state, timeout, segs, kind):
+    assert tr.retransmit_kind(hook, state, ca_state, timeout, segs) == kind
     rec = tr.decode(raw_event(1, "198.18.0.1", "198.18.0.2", 1, 2, hook=hook, state=state,
-                              ca_state=ca_state, timeout=timeout), to_wall)
+                              ca_state=ca_state, timeout=timeout, segs=segs), to_wall)
     assert rec.tags["kind"] == kind
     schema.validate(_with_node(rec))
 
