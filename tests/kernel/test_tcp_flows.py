@@ -12,6 +12,8 @@ each test measures deltas, uses its own ports and clears its faults in `finally`
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import os
 import re
@@ -221,14 +223,17 @@ def test_ddp_rank_flows_carry_pid_comm_and_rank(lab, col):
         comms = {}
         while run.poll() is None:     # polled as the agent does, while the flows exist
             col.poll()
-            if not comms and run.records:     # training: read the ranks' command names
-                comms = {i: open(f"/proc/{p.pid}/comm").read().strip()
-                         for i, p in enumerate(run.procs)}
+            for i, p in enumerate(run.procs):     # the ranks' command names, the last
+                with contextlib.suppress(OSError):   # read while alive (after exec)
+                    comms[i] = open(f"/proc/{p.pid}/comm").read().strip()
             time.sleep(0.1)
         pids = [p.pid for p in run.procs]
         assert run.wait() == 0, run.error
-    col.until(lambda c: all(any(r.tags.get("pid") == str(pids[i]) for r in c.of(i, "tcp_flow"))
-                            for i in range(3)), 20, "every rank's flow windows")
+    ended = time.time_ns()
+    # a window that started after the ranks exited: every window with their traffic is cut
+    col.until(lambda c: all(any(r.time_ns > ended for r in c.of(i, "tcp_node"))
+                            for i in range(3)), 20, "a window after the training on every node")
+    col.settle()                # and the records waiting for their owners' tags
     job = f"{lab.nodes[0].address}:"
     for i, node in enumerate(lab.nodes):
         mine = [r for r in col.records[i] if r.tags.get("pid") == str(pids[i])]
