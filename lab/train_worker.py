@@ -172,10 +172,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Everything is done and said; skip the interpreter's teardown of torch's C++
-    # statics, which once aborted a rank after its last step ("terminate called
-    # without an active exception": a gloo thread object destroyed while joinable).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    sys.exit(main())
