@@ -113,7 +113,16 @@ class GlooProbe(UprobeProbe):
 
     def _rescan(self) -> None:
         self._uprobes.rescan(LIB_NAME, ("libtorch_cpu",))  # skip maps without it early
+        self._learn_mapping_processes()
         self._reap()
+
+    def _learn_mapping_processes(self) -> None:
+        """Read the namespace and job of every process mapping libtorch now, while it
+        lives: its events are read at the next poll, and a short run can have exited
+        by then (its events would count as unattributed)."""
+        for sighting in self._uprobes.files.values():
+            for pid in sighting.pids:
+                self._procs.get(pid)
 
     def _after_rescan(self) -> None:
         now = time.monotonic()

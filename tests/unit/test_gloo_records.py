@@ -125,3 +125,16 @@ def test_model_needs_enough_recent_traffic():
         state.on_collective(allreduce(i * 50, i * 50 + 20), to_wall)
     assert state.model_record(400 * MS, to_wall) is not None
     assert state.model_record(5000 * MS, to_wall) is None          # all older than 1 s
+
+
+def test_the_rescan_learns_every_process_mapping_libtorch_while_it_lives():
+    from types import SimpleNamespace
+
+    from agent.probes.gloo import GlooProbe
+    asked = []
+    probe = GlooProbe.__new__(GlooProbe)        # no BPF: only the rescan's bookkeeping
+    probe._uprobes = SimpleNamespace(files={(1, 2): SimpleNamespace(pids={41, 42}),
+                                            (1, 3): SimpleNamespace(pids={43})})
+    probe._procs = SimpleNamespace(get=asked.append)
+    probe._learn_mapping_processes()
+    assert sorted(asked) == [41, 42, 43]
