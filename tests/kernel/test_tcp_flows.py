@@ -99,9 +99,10 @@ def test_retransmits_per_node_match_nstat_by_kind(lab, probes, col):
         # the kernel's counters were read before `start`: compare the same span (a FIN
         # can still be retransmitted while the sockets close)
         recs, k = [r for r in col.records[i] if r.time_ns < start], kernel[i]
-        why = (i, k, {kind: segs(recs, kind) for kind in ("fast", "rto", "slow_start", "tlp")},
-               probes[i].stats(), [(r.time_ns, r.fields) for r in recs
-                                   if r.measurement.startswith("tcp_retransmit")], start)
+        # a string: pytest prints it whole (a tuple's repr it would cut short)
+        why = repr((i, k, {kind: segs(recs, kind) for kind in ("fast", "rto", "slow_start", "tlp")},
+                    probes[i].stats(), [(r.time_ns, r.fields) for r in recs
+                                        if r.measurement.startswith("tcp_retransmit")], start))
         # attribution: only this node's flows, on this node only
         assert {r.tags["saddr"] for r in recs if "saddr" in r.tags} == {node.address}
         for r in recs:

@@ -40,6 +40,18 @@ class Run:
         return [r for r in self.records if r.measurement == measurement
                 and all(r.tags.get(k) == v for k, v in tags.items())]
 
+    def near(self, event: dict, margin_ns: int = 200_000_000) -> str:
+        """The phases and transfers around a ground-truth transfer, for a failure
+        message: (start relative to the event's, seconds, bytes in, bytes out, ...)."""
+        lo, hi = event["start_ns"] - margin_ns, event["end_ns"] + margin_ns
+        rows = [(r.measurement, r.time_ns - event["start_ns"], r.fields["seconds"],
+                 r.fields["bytes_in"], r.fields["bytes_out"],
+                 r.fields.get("peer") or r.tags.get("daddr"), r.tags.get("rank"))
+                for r in self.records if r.measurement in ("gloo_phase", "tcp_transfer")
+                and "bytes_in" in r.fields and lo <= r.time_ns <= hi]
+        return f"truth lasted {(event['end_ns'] - event['start_ns']) / 1e6:.2f} ms; " \
+               f"around it: {rows}"
+
     def summary(self) -> str:
         """What came out, for a failure message: records by measurement, transfers by
         owner, and the agent's log tail."""
@@ -99,7 +111,7 @@ def test_data_loading_is_found_byte_exact_inside_each_read(phases_run):
     for e in reads:
         mine = [p for p in phases if _inside(p, e) and p.fields["peer"] == phases_run.server]
         assert sum(p.fields["bytes_in"] for p in mine) == DATA_BYTES, \
-            (e, mine, phases_run.summary())
+            f"{e}: {phases_run.near(e)}; {phases_run.summary()}"
         # steps run from one first AllReduce to the next: step n's read is in step n - 1
         assert {p.fields["step"] for p in mine} == {e["step"] - 1}, (e, mine)
 
@@ -112,7 +124,7 @@ def test_checkpoints_are_found_byte_exact_in_their_step(phases_run):
         mine = [p for p in phases if _inside(p, e) and p.fields["peer"] == phases_run.server]
         # what the peer acknowledged: the 16-byte request and the checkpoint
         assert sum(p.fields["bytes_out"] for p in mine) == e["bytes"] + 16, \
-            (e, mine, phases_run.summary())
+            f"{e}: {phases_run.near(e)}; {phases_run.summary()}"
         assert {p.fields["step"] for p in mine} == {e["step"]}, (e, mine)
 
 
