@@ -196,9 +196,7 @@ class Owners:
             return
         owner = self._read_owner(pid)        # fresh: pids are reused
         if owner is not None:
-            if len(self._flows) > self.max_cached:    # flows whose close we never saw
-                self._flows.clear()
-                self._attempts.clear()
+            self._bound_cache()
             self._flows[flow] = owner
             self._attempts.pop(flow, None)
             self.stats.learned += 1
@@ -218,9 +216,7 @@ class Owners:
             self._own_netns = os.stat(self._me() / "ns" / "net").st_ino
         except OSError:
             self._own_netns = None
-        if len(self._flows) > self.max_cached:   # flows whose close we never saw
-            self._flows.clear()
-            self._attempts.clear()
+        self._bound_cache()
         inodes = self._socket_inodes()
         want_inodes = {inodes[f]: f for f in wanted if f in inodes}
         found = self._pids_holding(set(want_inodes)) if want_inodes else {}
@@ -236,6 +232,11 @@ class Owners:
             if self._attempts[f] >= self.max_attempts:
                 self._flows[f] = None          # given up: no more scans for it
                 self.stats.unresolved += 1
+
+    def _bound_cache(self) -> None:
+        if len(self._flows) > self.max_cached:   # flows whose close we never saw
+            self._flows.clear()
+            self._attempts.clear()
 
     def _socket_inodes(self) -> dict[FlowKey, int]:
         out: dict[FlowKey, int] = {}
