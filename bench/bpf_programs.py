@@ -19,47 +19,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
-import platform
 import re
 import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
 
+from agent.probes.nic_bpfmap import prog_name_by_id
 from fabricscope.errors import UserError
 
-_SYS_BPF = {"x86_64": 321, "aarch64": 280}
-BPF_PROG_GET_FD_BY_ID, BPF_OBJ_GET_INFO_BY_FD = 13, 15
-_NAME_OFFSET, _INFO_LEN = 64, 80      # struct bpf_prog_info: name[16] at 64
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
-
-
-def _bpf(cmd: int, attr: ctypes.Array) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
-    rc = libc.syscall(_SYS_BPF[platform.machine()], cmd, ctypes.byref(attr), ctypes.sizeof(attr))
-    if rc < 0:
-        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
-    return rc
-
-
-def prog_name(prog_id: int) -> str:
-    """The kernel's name of a loaded program ("?" when it went away)."""
-    attr = (ctypes.c_uint32 * 3)(prog_id, 0, 0)
-    try:
-        fd = _bpf(BPF_PROG_GET_FD_BY_ID, attr)
-    except OSError:
-        return "?"
-    try:
-        info = ctypes.create_string_buffer(_INFO_LEN)
-        req = (ctypes.c_uint32 * 4)(fd, _INFO_LEN, 0, 0)
-        ctypes.memmove(ctypes.addressof(req) + 8,
-                       ctypes.byref(ctypes.c_uint64(ctypes.addressof(info))), 8)
-        _bpf(BPF_OBJ_GET_INFO_BY_FD, req)
-        return info.raw[_NAME_OFFSET:_NAME_OFFSET + 16].split(b"\0")[0].decode() or "?"
-    finally:
-        os.close(fd)
 
 
 def program_stats(pids: list[int]) -> dict[int, tuple[int, int]]:
@@ -84,7 +54,7 @@ def breakdown(before: dict, after: dict, seconds: float) -> list[tuple[str, floa
     for prog_id, (runs, ns) in after.items():
         runs0, ns0 = before.get(prog_id, (0, 0))
         if runs > runs0:
-            row = per_name[prog_name(prog_id)]
+            row = per_name[prog_name_by_id(prog_id)]
             row[0] += runs - runs0
             row[1] += ns - ns0
     rows = [(name, runs / seconds, ns / runs, ns / seconds / 1e7)
@@ -107,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--model-mb", type=float, default=8.0)
     args = p.parse_args(argv)
-    if os.geteuid() != 0 or platform.machine() not in _SYS_BPF:
-        raise SystemExit("bench.bpf_programs: needs root on x86_64 or aarch64 (reads BPF "
-                         "program statistics); run it as root")
+    if os.geteuid() != 0:
+        raise SystemExit("bench.bpf_programs: needs root (reads BPF program statistics); "
+                         "run it as root")
     from fabricscope.labstack import await_agents_ready, running_stack, start_agent
     from lab.testing import running_lab
     from lab.training import start_training

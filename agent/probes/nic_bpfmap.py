@@ -157,21 +157,48 @@ def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1) -> tuple[int, int
 
 
 BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_PROG_GET_FD_BY_ID = 13
 _PROG_INFO_SIZE = 256
+_NAME_OFFSET = 64           # struct bpf_prog_info: name[16] (uapi, 4.15+)
 _RUN_TIME_OFFSET = 192      # struct bpf_prog_info: run_time_ns, then run_cnt (uapi, 5.1+)
 
 
-def prog_run_stats(prog_fd: int) -> tuple[int, int]:
-    """(run_time_ns, run_cnt) of a loaded program; both stay 0 unless the kernel counts
-    them (sysctl kernel.bpf_stats_enabled=1, which itself costs ~20 ns per run)."""
+def _prog_info(prog_fd: int) -> bytes | None:
+    """struct bpf_prog_info of a loaded program (BPF_OBJ_GET_INFO_BY_FD), None on failure."""
     nr = _SYS_BPF.get(platform.machine())
     info = ctypes.create_string_buffer(_PROG_INFO_SIZE)
     attr = (ctypes.c_uint32 * 4)(prog_fd, _PROG_INFO_SIZE, 0, 0)
     ctypes.memmove(ctypes.addressof(attr) + 8, ctypes.byref(ctypes.c_uint64(
         ctypes.addressof(info))), 8)
-    libc = _libc()
-    if nr is None or libc.syscall(nr, BPF_OBJ_GET_INFO_BY_FD, attr, ctypes.sizeof(attr)) != 0:
+    if nr is None or _libc().syscall(nr, BPF_OBJ_GET_INFO_BY_FD, attr, ctypes.sizeof(attr)) != 0:
+        return None
+    return info.raw
+
+
+def prog_run_stats(prog_fd: int) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) of a loaded program; both stay 0 unless the kernel counts
+    them (sysctl kernel.bpf_stats_enabled=1, which itself costs ~20 ns per run)."""
+    info = _prog_info(prog_fd)
+    if info is None:
         return 0, 0
-    run_ns = int.from_bytes(info.raw[_RUN_TIME_OFFSET:_RUN_TIME_OFFSET + 8], "little")
-    runs = int.from_bytes(info.raw[_RUN_TIME_OFFSET + 8:_RUN_TIME_OFFSET + 16], "little")
+    run_ns = int.from_bytes(info[_RUN_TIME_OFFSET:_RUN_TIME_OFFSET + 8], "little")
+    runs = int.from_bytes(info[_RUN_TIME_OFFSET + 8:_RUN_TIME_OFFSET + 16], "little")
     return run_ns, runs
+
+
+def prog_name_by_id(prog_id: int) -> str:
+    """The kernel's name (first 15 characters) of the loaded program with this id, "?"
+    when it went away or cannot be opened (needs root)."""
+    nr = _SYS_BPF.get(platform.machine())
+    attr = (ctypes.c_uint32 * 3)(prog_id, 0, 0)          # prog_id, next_id, open_flags
+    fd = -1 if nr is None else _libc().syscall(nr, BPF_PROG_GET_FD_BY_ID, attr,
+                                               ctypes.sizeof(attr))
+    if fd < 0:
+        return "?"
+    try:
+        info = _prog_info(fd)
+    finally:
+        os.close(fd)
+    if info is None:
+        return "?"
+    return info[_NAME_OFFSET:_NAME_OFFSET + 16].split(b"\0")[0].decode() or "?"

@@ -7,7 +7,7 @@ from bench import bpf_programs as bp
 
 def test_breakdown_sums_programs_of_one_name_and_leaves_idle_ones_out(monkeypatch):
     names = {1: "tcp__tcp_probe", 2: "tcp__tcp_probe", 3: "fs_nic_egress", 4: "idle"}
-    monkeypatch.setattr(bp, "prog_name", names.__getitem__)
+    monkeypatch.setattr(bp, "prog_name_by_id", names.__getitem__)
     before = {1: (100, 10_000), 2: (0, 0), 3: (50, 50_000), 4: (7, 700)}
     after = {1: (1100, 210_000), 2: (1000, 100_000), 3: (1050, 600_000), 4: (7, 700)}
     rows = bp.breakdown(before, after, seconds=2.0)
@@ -18,4 +18,4 @@ def test_breakdown_sums_programs_of_one_name_and_leaves_idle_ones_out(monkeypatc
 
 
 def test_a_program_that_went_away_has_no_name():
-    assert bp.prog_name(2**31 - 1) == "?"
+    assert bp.prog_name_by_id(2**31 - 1) == "?"
