@@ -13,7 +13,6 @@ each test measures deltas, uses its own ports and clears its faults in `finally`
 from __future__ import annotations
 
 import contextlib
-
 import math
 import os
 import re

@@ -59,7 +59,8 @@ class Run:
         owners = Counter((t.tags.get("rank", "-"), t.tags.get("pid", "-"), t.tags.get("comm", "-"),
                           t.tags.get("daddr"))
                          for t in self.of("tcp_transfer"))
-        return f"records {dict(counts)}; transfers by (rank, daddr) {dict(owners)}; " \
+        return f"records {dict(counts)}; transfers by (rank, pid, comm, daddr) " \
+               f"{dict(owners)}; " \
                f"agent log: {self.stderr[-1500:]}"
 
 
@@ -88,9 +89,7 @@ def _run(tmp: Path, loss_pct: float = 0.0, data: bool = True) -> Run:
 
 @pytest.fixture(scope="module")
 def phases_run(tmp_path_factory) -> Run:
-    run = _run(tmp_path_factory.mktemp("phases"))
-    print(run.summary())
-    return run
+    return _run(tmp_path_factory.mktemp("phases"))
 
 
 def _inside(r: Record, event: dict) -> bool:
