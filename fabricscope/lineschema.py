@@ -136,8 +136,11 @@ _MAYBE_HUGE = re.compile(r"e\+[3-9][0-9]{2}|[0-9]{300}")
 def _floats_finite(head_and_fields: str) -> bool:
     """Every unquoted, non-integer, non-bool field value parses to a finite float.
     `head_and_fields`: the line up to its timestamp."""
-    parts = _split_unescaped(head_and_fields.rstrip(" "), " ", quotes=True)
-    fields = parts[1] if len(parts) > 1 else ""
+    # The head ends at the first unescaped space; a `"` in a tag value is a plain
+    # character there (only field values are quoted), so the head is split without quotes.
+    text = head_and_fields.rstrip(" ")
+    head = _split_unescaped(text, " ")[0]
+    fields = text[len(head) + 1:]
     for item in _split_unescaped(fields, ",", quotes=True):
         v = item.partition("=")[2]
         if v.startswith('"') or v.endswith("i") or v in ("true", "false"):

@@ -205,3 +205,16 @@ def test_a_float_literal_that_overflows_a_double_is_refused(literal):
     mutant = line.replace("seconds=1.5", f"seconds={literal}")
     ts, verdict = VALIDATOR.check(mutant, "n1", NOW, LIMITS.max_future_ns, LIMITS.max_age_ns)
     assert verdict is not None and verdict.reason == "unencodable"
+
+
+def test_a_large_finite_float_after_a_quote_in_a_tag_is_accepted():
+    # found by the fuzzer above: a `"` in a tag value made the overflow check read the
+    # tags as an open string, so 1e+300 (finite) was refused as overflowing
+    r = Record("gloo_collective", NOW, {"node": "n1", "job": "v", "rank": "v", "op": '"'},
+               {"algbw_gbs": 1e300})
+    line = canonical_line(r)
+    assert VALIDATOR.check(line, "n1", NOW, LIMITS.max_future_ns, LIMITS.max_age_ns) == \
+        (NOW, None)
+    overflow = line.replace("1e+300", "1e+999")
+    assert VALIDATOR.check(overflow, "n1", NOW, LIMITS.max_future_ns,
+                           LIMITS.max_age_ns)[1].reason == "unencodable"
