@@ -85,8 +85,12 @@ class ScanResult:
 @dataclass
 class _Seen:
     start: str                        # start time (/proc/PID/stat field 22): which process
-    first_seen: float                 # when a scan first saw it
     keys: frozenset                   # tracked files it mapped when its maps were last read
+
+
+def _boot_seconds() -> float:
+    # the clock /proc/PID/stat start times count from (in the reader's time namespace)
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 @dataclass
@@ -96,8 +100,10 @@ class ScanMemo:
     lines) anew on every read, and a rescan every 2 s of every process is most of
     what the uprobe probes cost when no collective runs. A process is told apart from
     a later one with its pid by its start time. Its maps are read again
-    - while it is young: for `young_s` after the scan that first saw it (it may still
-      be loading its libraries);
+    - while it is young: for `young_s` after it started (it may still be loading its
+      libraries). Its own age, not the time since a scan first saw it: an agent that
+      starts next to a training running for an hour must not reread every maps file
+      for a minute (the first scan reads each process once, in any case);
     - at a full rescan, every `full_s` (a late dlopen, or an exec, shows within it);
     - otherwise not: once it mapped a tracked file it keeps it (nobody unloads
       libtorch or libnccl), and an older process that mapped none waits for the next
@@ -107,6 +113,9 @@ class ScanMemo:
     young_s: float = 60.0
     full_s: float = 30.0
     clock: Callable[[], float] = time.monotonic
+    #: seconds since boot, and the clock ticks per second of the start times
+    uptime: Callable[[], float] = _boot_seconds
+    ticks_per_s: int = field(default_factory=lambda: os.sysconf("SC_CLK_TCK"))
     procs: dict[int, _Seen] = field(default_factory=dict)
     last_full: float = float("-inf")
 
@@ -123,12 +132,13 @@ class ScanMemo:
         return seen if seen is not None and seen.start == start else None
 
     def young(self, seen: _Seen) -> bool:
-        return self.clock() - seen.first_seen < self.young_s
+        try:
+            return self.uptime() - int(seen.start) / self.ticks_per_s < self.young_s
+        except ValueError:
+            return True
 
     def record(self, pid: int, start: str, keys: set) -> None:
-        seen = self.known(pid, start)
-        self.procs[pid] = _Seen(start, seen.first_seen if seen else self.clock(),
-                                frozenset(keys))
+        self.procs[pid] = _Seen(start, frozenset(keys))
 
     def full_due(self) -> bool:
         return self.clock() - self.last_full >= self.full_s

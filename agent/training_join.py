@@ -65,12 +65,28 @@ def _training(r: Record) -> bool:
 @dataclass
 class _Process:
     """What the join remembers of one pid (times in wall ns)."""
-    windows: list[tuple[int, int]] = field(default_factory=list)     # (start, end), sorted
+    #: the union of its collective windows as disjoint (start, end), sorted: coverage is
+    #: all the join asks of them, and disjoint windows answer it with two bisections
+    #: (two gloo threads' collectives overlap; a long first barrier would otherwise make
+    #: every query walk all the windows of its length)
+    windows: list[tuple[int, int]] = field(default_factory=list)
     retrans: list[tuple[int, int]] = field(default_factory=list)     # (time, segs), sorted
     votes: dict[tuple[str, str, str, str], list[int]] = field(default_factory=dict)
     #   flow -> [bytes of transfers inside windows, bytes outside, transfers inside]
-    longest_ns: int = 0                                              # longest window
     newest_end_ns: int = 0                                           # latest window end
+
+    def add_window(self, start_ns: int, end_ns: int) -> None:
+        w = self.windows
+        i = bisect.bisect_left(w, (start_ns, end_ns))
+        if i > 0 and w[i - 1][1] >= start_ns:          # the one before reaches it: merge
+            i -= 1
+            start_ns, end_ns = w[i][0], max(end_ns, w[i][1])
+        j = i
+        while j < len(w) and w[j][0] <= end_ns:          # and those it reaches
+            end_ns = max(end_ns, w[j][1])
+            j += 1
+        w[i:j] = [(start_ns, end_ns)]
+        self.newest_end_ns = max(self.newest_end_ns, end_ns)
 
     def trim(self, before_ns: int) -> None:
         self.windows = [w for w in self.windows if w[1] >= before_ns]
@@ -80,17 +96,17 @@ class _Process:
         """Is at least half of [start_ns, end_ns] inside collective windows (for an
         instant: is it inside one)? A long transfer may span several collectives and
         the compute between them."""
-        lo = bisect.bisect_left(self.windows, (start_ns - self.longest_ns, 0))
-        hi = bisect.bisect_right(self.windows, (end_ns, 1 << 62))
-        covered, reach = 0, start_ns
-        for s, e in self.windows[lo:hi]:
-            s, e = max(s, reach), min(e, end_ns)
+        w = self.windows
+        lo = max(0, bisect.bisect_right(w, (start_ns, 1 << 62)) - 1)
+        hi = bisect.bisect_right(w, (end_ns, 1 << 62))
+        covered = 0
+        for s, e in w[lo:hi]:
+            s, e = max(s, start_ns), min(e, end_ns)
             if e < s:
                 continue
             if end_ns == start_ns:
                 return True
             covered += e - s
-            reach = e
         return end_ns > start_ns and 2 * covered >= end_ns - start_ns
 
     def retransmits_in_windows(self, start_ns: int, end_ns: int) -> tuple[int, int]:
@@ -100,7 +116,7 @@ class _Process:
         events = segs = 0
         for t, n in self.retrans[lo:hi]:
             i = bisect.bisect_right(self.windows, (t, 1 << 62))
-            if any(s <= t <= e for s, e in self.windows[max(0, i - 8):i]):
+            if i and self.windows[i - 1][1] >= t:
                 events, segs = events + 1, segs + n
         return events, segs
 
@@ -231,10 +247,7 @@ class TrainingJoin:
         if not pid:
             return
         proc = self._procs[pid]
-        length = int(r.fields["seconds"] * 1e9)
-        bisect.insort(proc.windows, (r.time_ns, r.time_ns + length))
-        proc.longest_ns = max(proc.longest_ns, length)
-        proc.newest_end_ns = max(proc.newest_end_ns, r.time_ns + length)
+        proc.add_window(r.time_ns, r.time_ns + int(r.fields["seconds"] * 1e9))
         self._pid_of[(r.tags.get("job", ""), r.tags.get("rank", "-"))] = pid
 
     def _learn_nccl_comm(self, r: Record) -> None:
@@ -260,8 +273,8 @@ class TrainingJoin:
         seconds = r.fields.get("seconds")
         end = r.time_ns + int(seconds * 1e9) if seconds is not None else None
         key = (r.tags.get("job", ""), r.tags.get("rank", "-"))
-        self._steps[key].append((r.time_ns, end if end is not None else -1,
-                                 int(r.fields["step"])))
+        bisect.insort(self._steps[key], (r.time_ns, end if end is not None else -1,
+                                         int(r.fields["step"])))
 
     def _vote(self, r: Record, at_release: bool = False) -> bool:
         """Count r's bytes for or against its flow being a ring flow. Before release
@@ -369,13 +382,11 @@ class TrainingJoin:
         AllReduce to the next, so data loaded before step n's forward falls in n - 1.
         After the last step written, the one in progress; -1 before the first."""
         steps = self._steps.get(key, [])
-        best = -1
-        for start, end, index in steps:
-            if start <= t and (end < 0 or t < end):
-                return index
-            if start <= t:
-                best = max(best, index + 1 if end >= 0 and t >= end else index)
-        return best
+        i = bisect.bisect_right(steps, (t, 1 << 62, 1 << 62))
+        if not i:
+            return -1
+        _, end, index = steps[i - 1]      # the latest step started by t (steps do not overlap)
+        return index if end < 0 or t < end else index + 1
 
 
 def _flow(r: Record) -> tuple[str, str, str, str]:

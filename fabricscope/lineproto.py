@@ -71,6 +71,11 @@ def _name(text, what: str, measurement: bool = False, key: bool = False, of=None
 
 
 def _value(value, name: str) -> str:
+    kind = type(value)            # the common exact types first (no isinstance chain)
+    if kind is int and _INT64[0] <= value <= _INT64[1]:
+        return f"{value}i"
+    if kind is float and math.isfinite(value):
+        return repr(value)
     # bool before int: bool is a subclass of int.
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -89,20 +94,58 @@ def _value(value, name: str) -> str:
     raise LineProtocolError(f"field {name!r}: unsupported value type {type(value).__name__}")
 
 
+def _head(measurement, tags: dict) -> str:
+    parts = [_name(measurement, "measurement", measurement=True)]
+    for key in sorted(tags):
+        parts.append("," + _name(key, "tag key", key=True) + "="
+                     + _name(tags[key], "tag value", of=key))
+    return "".join(parts)
+
+
+#: measurement and tags (as given) -> "measurement,k=v,..." ; only valid heads are kept
+_HEADS: dict = {}
+#: field key -> its escaped form followed by "="
+_FIELD_KEYS: dict = {}
+
+
+def _cached_head(measurement, tags: dict) -> str:
+    """The head of a line, cached: a series (one measurement and tag set) repeats on
+    every window, and sorting and escaping the tags was half of encoding a record."""
+    try:
+        key = (measurement, *tags.items())
+        head = _HEADS.get(key)
+    except TypeError:             # an unhashable tag value: certainly not a string
+        return _head(measurement, tags)
+    if head is None:
+        head = _head(measurement, tags)
+        if len(_HEADS) >= 1 << 14:
+            _HEADS.clear()
+        _HEADS[key] = head
+    return head
+
+
+def _field_key(key) -> str:
+    try:
+        out = _FIELD_KEYS.get(key)
+    except TypeError:
+        out = None
+    if out is None:
+        out = _name(key, "field key", key=True) + "="
+        if len(_FIELD_KEYS) < 1 << 12:
+            _FIELD_KEYS[key] = out
+    return out
+
+
 def encode(record: Record) -> str:
     """One line (without the trailing newline). Raises LineProtocolError."""
-    parts = [_name(record.measurement, "measurement", measurement=True)]
-    for key in sorted(record.tags):
-        value = record.tags[key]
-        parts.append("," + _name(key, "tag key", key=True) + "="
-                     + _name(value, "tag value", of=key))
-    if not record.fields:
+    head = _cached_head(record.measurement, record.tags)
+    fields = record.fields
+    if not fields:
         raise LineProtocolError(f"{record.measurement}: no fields")
-    fields = ",".join(_name(k, "field key", key=True) + "=" + _value(record.fields[k], k)
-                      for k in sorted(record.fields))
+    body = ",".join(_field_key(k) + _value(fields[k], k) for k in sorted(fields))
     if type(record.time_ns) is not int or not _INT64[0] <= record.time_ns <= _INT64[1]:
         raise LineProtocolError(f"timestamp {record.time_ns!r} is not an int64 of nanoseconds")
-    return "".join(parts) + " " + fields + " " + str(record.time_ns)
+    return head + " " + body + " " + str(record.time_ns)
 
 
 def encode_many(records: Iterable[Record]) -> bytes:

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterable
 
 import numpy as np
+import numpy.fft  # noqa: F401  (numpy loads it lazily: at import, not at the first fit)
 
 BURST_LEVEL = 0.5          # a bin is "in a burst" at >= this x the robust peak
 PEAK_PERCENTILE = 99.0     # robust peak: ignores a few outlier bins

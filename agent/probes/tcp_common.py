@@ -7,6 +7,7 @@ and name states the same way.
 from __future__ import annotations
 
 import ctypes
+import functools
 import ipaddress
 import re
 from pathlib import Path
@@ -36,8 +37,15 @@ def addr_key(text: str) -> bytes:
     return ip.packed
 
 
-def addr_text(raw: bytes) -> str:
-    ip = ipaddress.IPv6Address(bytes(raw))
+def addr_text(raw) -> str:
+    """Text of a 16-byte address (IPv4 from its v4-mapped form). Cached: a node talks to
+    few peers, and ipaddress's formatting is most of what decoding an event costs."""
+    return _addr_text(bytes(raw))
+
+
+@functools.lru_cache(maxsize=4096)
+def _addr_text(raw: bytes) -> str:
+    ip = ipaddress.IPv6Address(raw)
     return str(ip.ipv4_mapped or ip)
 
 

@@ -126,7 +126,9 @@ def test_a_memo_rereads_only_new_young_or_all_at_a_full_rescan(tmp_path):
     _stat(proc, 100, 5000)
     _stat(proc, 200, 6000)
     now = [0.0]
-    memo = procmaps.ScanMemo(young_s=60.0, full_s=30.0, clock=lambda: now[0])
+    # start times in ticks of 1/100 s: 100 started 10 s before the first scan, 200 at it
+    memo = procmaps.ScanMemo(young_s=60.0, full_s=30.0, clock=lambda: now[0],
+                             uptime=lambda: 60.0 + now[0], ticks_per_s=100)
     first = procmaps.scan(proc, LIB_NAME, memo=memo)
     try:
         assert first.scanned == 2 and first.remembered == 0           # the first is full
@@ -153,13 +155,37 @@ def test_a_memo_rereads_only_new_young_or_all_at_a_full_rescan(tmp_path):
             os.close(s.fd)
 
 
+def test_a_memo_counts_youth_from_the_process_start_not_from_the_first_scan(tmp_path):
+    """An agent started next to a long-running training reads its maps once, not at
+    every rescan of its first minute."""
+    proc = tmp_path / "proc"
+    (proc / "400").mkdir(parents=True)
+    (proc / "400" / "maps").write_text("")
+    _stat(proc, 400, 1000)                         # started 10 s after boot
+    now = [0.0]
+    memo = procmaps.ScanMemo(young_s=60.0, full_s=1000.0, clock=lambda: now[0],
+                             uptime=lambda: 3600.0 + now[0], ticks_per_s=100)
+    assert procmaps.scan(proc, LIB_NAME, memo=memo).scanned == 1
+    now[0] = 2.0
+    assert (procmaps.scan(proc, LIB_NAME, memo=memo).scanned, memo.young(memo.procs[400])) \
+        == (0, False)
+    (proc / "401").mkdir()
+    (proc / "401" / "maps").write_text("")
+    _stat(proc, 401, 360000)                       # started 2 s ago: young
+    now[0] = 4.0
+    again = procmaps.scan(proc, LIB_NAME, memo=memo)
+    now[0] = 6.0
+    assert (again.scanned, procmaps.scan(proc, LIB_NAME, memo=memo).scanned) == (1, 1)
+
+
 def test_a_memo_tells_a_reused_pid_by_its_start_time(tmp_path):
     proc = tmp_path / "proc"
     (proc / "300").mkdir(parents=True)
     (proc / "300" / "maps").write_text("")
     _stat(proc, 300, 100)
     now = [0.0]
-    memo = procmaps.ScanMemo(young_s=1.0, full_s=1000.0, clock=lambda: now[0])
+    memo = procmaps.ScanMemo(young_s=1.0, full_s=1000.0, clock=lambda: now[0],
+                             uptime=lambda: 1.0 + now[0], ticks_per_s=100)
     procmaps.scan(proc, LIB_NAME, memo=memo)
     now[0] = 5.0                                       # old, and no full rescan due
     assert procmaps.scan(proc, LIB_NAME, memo=memo).remembered == 1

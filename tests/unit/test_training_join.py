@@ -191,3 +191,31 @@ def test_a_transfer_waits_past_the_hold_for_the_windows_of_its_time():
     out += join.feed([], now_s=100.0 + WINDOW_WAIT_S + 1)
     assert by(out, "tcp_transfer") == [] and by(out, "gloo_phase") == []
     assert join.stats()["transfers_folded"] == 3
+
+
+def test_collective_windows_are_kept_as_their_union():
+    """Overlapping windows (two gloo threads) and a long first barrier: the coverage a
+    transfer is judged by is the union, answered without walking every window."""
+    from agent.training_join import _Process
+    proc = _Process()
+    for start, end in [(0, 2000), (2500, 2600), (2550, 2700), (3000, 3100), (2700, 2800),
+                       (100, 200), (5000, 5000)]:
+        proc.add_window(start, end)
+    assert proc.windows == [(0, 2000), (2500, 2800), (3000, 3100), (5000, 5000)]
+    assert proc.newest_end_ns == 5000
+    assert proc.in_window(1500, 1500) and not proc.in_window(2200, 2200)
+    assert proc.in_window(2400, 2900)                 # 300 of 500 inside
+    assert proc.in_window(2700, 3100)                 # 200 of 400 inside: half counts
+    assert not proc.in_window(2750, 3050)             # 100 of 300
+    assert not proc.in_window(1900, 2650)             # 250 of 750, across two windows
+    proc.retrans = [(1999, 3), (2300, 1), (2750, 2), (5000, 1)]
+    assert proc.retransmits_in_windows(0, 6000) == (3, 6)
+
+
+def test_a_transfer_falls_in_the_step_whose_span_holds_it():
+    join = TrainingJoin(retransmits_known=True)
+    for i in range(5):
+        join._learn_step(step(100 * i, 0.1 if i < 4 else None, i))
+    key = (JOB["job"], JOB["rank"])
+    assert [join._step_at(key, T0 + ms * MS) for ms in (-5, 0, 150, 399, 400, 10_000)] \
+        == [-1, 0, 1, 3, 4, 4]
