@@ -6,13 +6,16 @@
  *   tracepoint skb/kfree_skb (only with -DFS_NIC_DROPS=1)       every skb freed as dropped
  *
  * Bins: bin = bpf_ktime_get_ns() / FS_NIC_BIN_NS. Each (interface, direction) owns
- * a ring of FS_NIC_RING_SLOTS bins in a per-CPU array; the slot of bin b holds b's
- * low 32 bits as its epoch, and a packet of a newer bin resets the slot before
- * counting, so a bin never mixes two time windows. User space drains only bins
- * older than the current one and remembers the last bin it consumed, so a late
- * drain neither double counts nor mixes windows; a ring that wraps before the
- * drain loses the oldest bins, which user space counts. Per-CPU: no atomics, no
- * cache line bouncing between CPUs sending on one NIC.
+ * a ring of FS_NIC_RING_SLOTS bins per CPU; the slot of bin b holds b's low 32 bits
+ * as its epoch, and a packet of a newer bin resets the slot before counting, so a
+ * bin never mixes two time windows. User space drains only bins older than the
+ * current one and remembers the last bin it consumed, so a late drain neither
+ * double counts nor mixes windows; a ring that wraps before the drain loses the
+ * oldest bins, which user space counts. Each CPU writes a region of its own: no
+ * atomics, no cache line bouncing between CPUs sending on one NIC. The regions
+ * live in one array that user space maps into its memory (BPF_F_MMAPABLE, 5.5+):
+ * a drain reads the bins where the kernel wrote them, with no syscall and no copy
+ * (a per-CPU array is read through bpf() only, one copy per bin and CPU).
  *
  * Egress runs before the root qdisc: a shaped or congested NIC's egress bins show
  * the offered load at enqueue time, its peer's ingress shows the wire.
@@ -23,7 +26,8 @@
  * Returns TC_ACT_UNSPEC so that other filters on the same clsact still run.
  *
  * Options (cflags): -DFS_NIC_BIN_NS=n -DFS_NIC_RING_SLOTS=n (power of two)
- * -DFS_NIC_RINGS=n -DFS_NIC_MAX_IFACES=n -DFS_NIC_MAX_FLOWS=n; -DFS_NIC_DROPS=1 with
+ * -DFS_NIC_CPUS=n (highest possible CPU id + 1) -DFS_NIC_RINGS=n
+ * -DFS_NIC_MAX_IFACES=n -DFS_NIC_MAX_FLOWS=n; -DFS_NIC_DROPS=1 with
  * -DFS_NIC_REASON_OFF=n adds the drop counter (attached by the loader).
  */
 #include <uapi/linux/bpf.h>
@@ -41,6 +45,12 @@
 #ifndef FS_NIC_RINGS
 #define FS_NIC_RINGS 2
 #endif
+#ifndef FS_NIC_CPUS
+#define FS_NIC_CPUS 1
+#endif
+#ifndef BPF_F_MMAPABLE
+#define BPF_F_MMAPABLE (1U << 10)   /* uapi linux/bpf.h; older headers lack it */
+#endif
 #ifndef FS_NIC_MAX_IFACES
 #define FS_NIC_MAX_IFACES 64
 #endif
@@ -51,7 +61,9 @@
 #define FS_NIC_DROPS 0
 #endif
 
-BPF_PERCPU_ARRAY(fs_nic_ring, struct fs_nic_bin, FS_NIC_RINGS * FS_NIC_RING_SLOTS);
+/* slot of bin b of ring r on CPU c: (r * FS_NIC_CPUS + c) * FS_NIC_RING_SLOTS + (b & mask) */
+BPF_F_TABLE("array", __u32, struct fs_nic_bin, fs_nic_ring,
+	    FS_NIC_RINGS * FS_NIC_CPUS * FS_NIC_RING_SLOTS, BPF_F_MMAPABLE);
 BPF_HASH(fs_nic_ifaces, __u32, struct fs_nic_iface, FS_NIC_MAX_IFACES);
 BPF_TABLE("lru_percpu_hash", struct fs_nic_flow_key, struct fs_nic_flow_val, fs_nic_flows,
 	  FS_NIC_MAX_FLOWS);
@@ -70,7 +82,9 @@ static __always_inline void stat_add(int idx)
 static __always_inline void count_bin(__u32 ring, __u64 ts, __u32 len, __u32 segs)
 {
 	__u64 bin = ts / FS_NIC_BIN_NS;
-	__u32 idx = ring * FS_NIC_RING_SLOTS + (__u32)(bin & (FS_NIC_RING_SLOTS - 1));
+	__u32 cpu = bpf_get_smp_processor_id();
+	__u32 idx = (ring * FS_NIC_CPUS + cpu) * FS_NIC_RING_SLOTS +
+		    (__u32)(bin & (FS_NIC_RING_SLOTS - 1));
 	__u32 off = (__u32)(ts - bin * FS_NIC_BIN_NS);
 	struct fs_nic_bin *b = fs_nic_ring.lookup(&idx);
 

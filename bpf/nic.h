@@ -23,8 +23,8 @@
 #define FS_NIC_DROP_SLOTS 512
 #define FS_NIC_DROP_OTHER (FS_NIC_DROP_SLOTS - 1)
 
-/* One bin of one ring on one CPU. Bin b of ring r lives at slot
- * r * RING_SLOTS + (b & (RING_SLOTS - 1)); `epoch` is the low 32 bits of b: a
+/* One bin of one ring on one CPU. Bin b of ring r on CPU c lives at slot
+ * (r * CPUS + c) * RING_SLOTS + (b & (RING_SLOTS - 1)); `epoch` is the low 32 bits of b: a
  * packet of another bin resets the slot first, so a slot never mixes two bins.
  * Offsets are nanoseconds after the bin's start (bin b starts at b * BIN_NS). */
 struct fs_nic_bin {

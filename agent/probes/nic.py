@@ -34,7 +34,7 @@ from agent.probes import nic_bpfmap, nic_drops, nic_qdisc
 from agent.probes import nic_settings as settings_mod
 from agent.probes.base import Probe, ProbeUnavailable
 from agent.probes.nic_flows import KEY_DTYPE, VAL_DTYPE, FlowDelta, FlowTable
-from agent.probes.nic_ring import BIN_DTYPE, RingSet
+from agent.probes.nic_ring import BIN_DTYPE, RingSet, mapped_reader
 from agent.probes.nic_window import (Burst, BurstDetector, BurstSelector, WindowAssembler,
                                      WindowStats)
 from fabricscope.errors import UserError
@@ -62,6 +62,7 @@ class NicProbe(Probe):
         self._ifaces: list[Link] = []                  # by slot: ring = slot * 2 + direction
         self._rings: RingSet | None = None
         self._ipr = None
+        self._ring_map = None                          # the mmap of fs_nic_ring
         self._pending: list[Record] = []
         # `lost` (bins the ring overwrote before a drain) is fabricscope_agent_events_lost_total
         self._counts = {"lost": 0, "slots_read": 0, "flow_entries_read": 0, "windows": 0,
@@ -75,11 +76,12 @@ class NicProbe(Probe):
         self._ifaces = pick_interfaces(self.s.interfaces)
         self._names = {link.index: link.name for link in self._ifaces}
         self._cpus = nic_bpfmap.possible_cpus()
-        ring_bytes = self.s.ring_bytes(len(self._ifaces), self._cpus)
+        self._cpu_ids = nic_bpfmap.cpu_id_limit()      # the rings' CPU axis: by CPU id
+        ring_bytes = self.s.ring_bytes(len(self._ifaces), self._cpu_ids)
         if ring_bytes > settings_mod.RING_BUDGET_BYTES:
             # many CPUs or interfaces: shorter rings, drained more often than configured
             slots = settings_mod.slots_within(settings_mod.RING_BUDGET_BYTES,
-                                              len(self._ifaces), self._cpus)
+                                              len(self._ifaces), self._cpu_ids)
             if slots < self.s.ring_slots:
                 self.s = dataclasses.replace(self.s, ring_slots=slots)
                 self.max_poll_interval_s = (slots * self.s.bin_ns / 1e9
@@ -88,14 +90,15 @@ class NicProbe(Probe):
                          "the agent polls every %.3g s", slots,
                          settings_mod.RING_BUDGET_BYTES >> 20, len(self._ifaces), self._cpus,
                          self.max_poll_interval_s)
-            ring_bytes = self.s.ring_bytes(len(self._ifaces), self._cpus)
+            ring_bytes = self.s.ring_bytes(len(self._ifaces), self._cpu_ids)
         if ring_bytes > settings_mod.MAX_RING_BYTES:
             raise UserError(f"nic rings would take {ring_bytes >> 20} MiB ({len(self._ifaces)} "
                             f"interfaces, {self._cpus} CPUs, {self.s.ring_slots} bins)",
                             "raise --nic-bin-us, lower --poll-interval-s or list fewer "
                             "--interfaces")
         drops = nic_drops.read_layout() if nic_drops.in_initial_netns() else None
-        self._bpf = _compile(self.s, len(self._ifaces), drops, list(self.ctx.cflags))
+        self._bpf = _compile(self.s, len(self._ifaces), self._cpu_ids, drops,
+                             list(self.ctx.cflags))
         try:
             self._check_layouts()
             self._register_interfaces()
@@ -144,14 +147,16 @@ class NicProbe(Probe):
     def _start_state(self) -> None:
         s = self.s
         start = time.monotonic_ns() // s.bin_ns
-        ring_fd = self._bpf[b"fs_nic_ring"].map_fd
-        row_bytes = nic_bpfmap.percpu_stride(BIN_DTYPE.itemsize) * self._cpus
-
-        def read(first: int, count: int) -> np.ndarray:
-            raw = nic_bpfmap.read_array_range(ring_fd, first, count, row_bytes)
-            return np.frombuffer(raw, BIN_DTYPE).reshape(count, self._cpus)
-
-        pkts_fd, n_rings = self._bpf[b"fs_nic_ring_pkts"].map_fd, len(self._ifaces) * 2
+        n_rings = len(self._ifaces) * 2
+        try:
+            self._ring_map = nic_bpfmap.map_array(
+                self._bpf[b"fs_nic_ring"].map_fd,
+                n_rings * self._cpu_ids * s.ring_slots * BIN_DTYPE.itemsize)
+        except OSError as exc:
+            raise ProbeUnavailable(f"cannot map the bin rings into memory ({exc.strerror}): "
+                                   "BPF_F_MMAPABLE arrays need Linux 5.5+") from None
+        read = mapped_reader(self._ring_map, n_rings, self._cpu_ids, s.ring_slots)
+        pkts_fd = self._bpf[b"fs_nic_ring_pkts"].map_fd
 
         def packets() -> list[int]:
             raw = nic_bpfmap.read_array_range(pkts_fd, 0, n_rings, 8 * self._cpus)
@@ -304,6 +309,13 @@ class NicProbe(Probe):
                     self.stats()                  # keep the kernel counters' last values
             finally:
                 self._bpf = None
+                self._rings = None                # its reader views the mapping closed here
+                if self._ring_map is not None:
+                    try:
+                        self._ring_map.close()
+                    except BufferError:           # a view still held (a test): the GC unmaps
+                        pass
+                    self._ring_map = None
                 b.cleanup()
         if self._ipr is not None:
             self._ipr.close()
@@ -325,10 +337,11 @@ def _item_size(ctype) -> int:
         else ctypes.sizeof(ctype)
 
 
-def _compile(s, n_ifaces: int, drops, extra: list[str]):
+def _compile(s, n_ifaces: int, cpu_ids: int, drops, extra: list[str]):
     from agent import bpf
 
     flags = [f"-DFS_NIC_BIN_NS={s.bin_ns}", f"-DFS_NIC_RING_SLOTS={s.ring_slots}",
+             f"-DFS_NIC_CPUS={cpu_ids}",
              f"-DFS_NIC_RINGS={2 * n_ifaces}", f"-DFS_NIC_MAX_IFACES={max(n_ifaces, 1)}",
              f"-DFS_NIC_MAX_FLOWS={s.max_flows}"]
     if drops is not None:

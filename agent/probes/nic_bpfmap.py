@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import mmap
 import os
 import platform
 from pathlib import Path
@@ -44,6 +45,17 @@ def possible_cpus(path: Path = Path("/sys/devices/system/cpu/possible")) -> int:
         lo, _, hi = part.partition("-")
         count += int(hi or lo) - int(lo) + 1
     return count
+
+
+def cpu_id_limit(path: Path = Path("/sys/devices/system/cpu/possible")) -> int:
+    """Highest possible CPU id + 1: what bpf_get_smp_processor_id() stays below."""
+    return max(int(part.partition("-")[2] or part.partition("-")[0])
+               for part in path.read_text().strip().split(",")) + 1
+
+
+def map_array(map_fd: int, nbytes: int) -> mmap.mmap:
+    """Map a BPF_F_MMAPABLE array's values (nbytes of them) read-only into memory."""
+    return mmap.mmap(map_fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
 
 
 def percpu_stride(value_size: int) -> int:

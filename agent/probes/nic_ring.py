@@ -1,9 +1,11 @@
 """Decode the NIC bin rings (pure logic: unit-tested with synthetic per-CPU arrays).
 
-Layout (bpf/nic.h): one per-CPU array `fs_nic_ring` holding R rings of S slots
-(S a power of two); bin b of ring r lives at slot r * S + (b & (S - 1)) on every
-CPU, as struct fs_nic_bin {u32 epoch, bytes, packets, first_off, last_off, pad}
-where epoch = b mod 2**32.
+Layout (bpf/nic.h): one array `fs_nic_ring` holding R rings of S slots per CPU
+(S a power of two); bin b of ring r on CPU c lives at slot (r * C + c) * S +
+(b & (S - 1)), as struct fs_nic_bin {u32 epoch, bytes, packets, first_off,
+last_off, pad} where epoch = b mod 2**32. The agent maps the array into its
+memory (mapped_reader); a SlotReader hands the merge one ring's slots as an
+array of shape (count, CPUs), whatever the memory layout behind it.
 
 Draining ring r up to bin `upto` (exclusive) consumes bins (last, upto), where
 `last` is the last bin consumed before. A slot is taken only when its epoch is
@@ -28,8 +30,21 @@ BIN_DTYPE = np.dtype([("epoch", "<u4"), ("bytes", "<u4"), ("packets", "<u4"),
                       ("first_off", "<u4"), ("last_off", "<u4"), ("pad", "<u4")])
 _EPOCH_MOD = 1 << 32
 
-#: read(first_slot, count) -> array of shape (count, cpus) with dtype BIN_DTYPE
+#: read(first_slot, count) -> array of shape (count, cpus) with dtype BIN_DTYPE, where
+#: first_slot = ring * S + slot
 SlotReader = Callable[[int, int], np.ndarray]
+
+
+def mapped_reader(buffer, n_rings: int, cpus: int, slots: int) -> SlotReader:
+    """A SlotReader over the ring array as the kernel lays it out (ring, CPU, slot),
+    e.g. the BPF map's mmap: views, no copy (merge copies what it reads, at once)."""
+    view = np.frombuffer(buffer, BIN_DTYPE, count=n_rings * cpus * slots).reshape(
+        n_rings, cpus, slots)
+
+    def read(first: int, count: int) -> np.ndarray:
+        ring, slot = divmod(first, slots)
+        return view[ring, :, slot:slot + count].T
+    return read
 
 
 @dataclass
@@ -73,9 +88,10 @@ def merge(rows: np.ndarray, expected: np.ndarray, bin_ns: int, slots: int) -> tu
     """rows[i, cpu] should hold bin expected[i]. Returns (bins, lost, slots_read)."""
     n, cpus = rows.shape
     # one contiguous (field, cpu, bin) copy: numpy reduces fast across the outer axis
-    # and slowly across a short inner one (this runs 5 times a second per ring)
-    fields = np.ascontiguousarray(rows).view("<u4").reshape(
-        n, cpus, len(BIN_DTYPE.names)).transpose(2, 1, 0).copy()
+    # and slowly across a short inner one. Through (cpu, bin) first: the mapped ring
+    # holds each CPU's bins in a row, so that step is a copy of a few rows.
+    fields = np.ascontiguousarray(rows.T).view("<u4").reshape(
+        cpus, n, len(BIN_DTYPE.names)).transpose(2, 0, 1).copy()
     epoch, nbytes, npkts, first_off, last_off = fields[0], fields[1], fields[2], fields[3], fields[4]
     want = (expected % _EPOCH_MOD).astype(np.uint32)
     valid = (epoch == want) & (npkts > 0)

@@ -18,7 +18,7 @@ import pytest
 from agent import bpf, kernel
 from agent.probes import nic_bpfmap
 from agent.probes.nic_flows import KEY_DTYPE, VAL_DTYPE, FlowTable
-from agent.probes.nic_ring import BIN_DTYPE, RingSet
+from agent.probes.nic_ring import BIN_DTYPE, RingSet, mapped_reader
 
 pytestmark = pytest.mark.root
 
@@ -58,6 +58,7 @@ FRAMES = {
 def prog():
     kernel.prepare()
     b = bpf.compile_program("nic", [f"-DFS_NIC_BIN_NS={BIN_NS}", f"-DFS_NIC_RING_SLOTS={SLOTS}",
+                                    f"-DFS_NIC_CPUS={nic_bpfmap.cpu_id_limit()}",
                                     "-DFS_NIC_RINGS=2", "-DFS_NIC_MAX_IFACES=1"])
     try:
         yield b
@@ -116,13 +117,16 @@ def test_parser_bins_and_stats_on_crafted_frames(prog):
     assert frag.bytes == 3 * len(FRAMES["udp4_frag"])
     assert len(f) == 5
 
-    # the bins hold every frame, ingress in ring 0 and egress in ring 1
+    # the bins hold every frame, ingress in ring 0 and egress in ring 1, read where the
+    # kernel writes them (the array mapped into memory) and through bpf() alike
+    ids = nic_bpfmap.cpu_id_limit()
     fd = prog[b"fs_nic_ring"].map_fd
-    row = nic_bpfmap.percpu_stride(BIN_DTYPE.itemsize) * cpus
-    rings = RingSet(2, SLOTS, BIN_NS, lambda first, count: np.frombuffer(
-        nic_bpfmap.read_array_range(fd, first, count, row), BIN_DTYPE).reshape(count, cpus),
-        start_bin - 1)
+    mapped = nic_bpfmap.map_array(fd, 2 * ids * SLOTS * BIN_DTYPE.itemsize)
+    rings = RingSet(2, SLOTS, BIN_NS, mapped_reader(mapped, 2, ids, SLOTS), start_bin - 1)
     rx, tx = rings.drain(end_bin + 1)
+    raw = np.frombuffer(nic_bpfmap.read_array_range(fd, 0, 2 * ids * SLOTS, BIN_DTYPE.itemsize),
+                        BIN_DTYPE)
+    assert int(raw["bytes"].sum()) == int(rx.bins.bytes.sum() + tx.bins.bytes.sum())
     # every registered run is binned, IP or not; the unregistered first run is not
     assert int(rx.bins.bytes.sum()) == 3 * sum(len(x) for x in FRAMES.values())
     assert int(rx.bins.packets.sum()) == 3 * len(FRAMES)
