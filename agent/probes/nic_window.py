@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,8 +36,10 @@ def p99(nonzero: np.ndarray, total: int, q: float = 0.99) -> float:
     return float(np.partition(np.asarray(nonzero), k)[k])
 
 
-@dataclass(frozen=True)
-class Burst:
+class Burst(NamedTuple):
+    """A tuple: a busy link makes hundreds a second, and a frozen dataclass costs four
+    times as much to create."""
+
     start_ns: int       # monotonic: first packet
     end_ns: int         # monotonic: last packet
     bytes: int
@@ -74,55 +77,6 @@ class _Prev:
     claimed: bool       # part of a burst: cannot be the head of another
 
 
-class _Batch:
-    """One feed's bins with the carried bin in front (position 0), and prefix sums so
-    that a run of positions sums in O(1): Python loops over runs, not over bins. What
-    the loop over runs reads per position is also kept as Python lists: indexing a
-    numpy array one element at a time costs ten times a list's."""
-
-    def __init__(self, prev: _Prev | None, bins: Bins, hot_bytes: float, open_: bool):
-        head = [] if prev is None else [prev]
-        self.offset = len(head)
-        cat = (lambda name: np.concatenate([np.array([getattr(p, name) for p in head],
-                                                     np.int64), getattr(bins, name)]))
-        index, nbytes, packets = cat("index"), cat("bytes"), cat("packets")
-        self.hot = nbytes >= hot_bytes
-        if head:   # the carried bin is hot only as the end of a burst still open
-            self.hot[0] = open_
-        self.claimed = [False] * len(index)
-        if head:
-            self.claimed[0] = prev.claimed
-        zero = np.zeros(1, np.int64)
-        self._cb = np.concatenate([zero, np.cumsum(nbytes)]).tolist()
-        self._cp = np.concatenate([zero, np.cumsum(packets)]).tolist()
-        self._ch = np.concatenate([zero, np.cumsum(self.hot)]).tolist()
-        next_to = np.zeros(len(index), bool)               # [i]: bin i follows bin i-1
-        next_to[1:] = index[1:] == index[:-1] + 1
-        self._next_to = next_to
-        self.next_to = next_to.tolist()
-        self.index, self.bytes = index.tolist(), nbytes.tolist()
-        self.packets = packets.tolist()
-        self.first_ns, self.last_ns = cat("first_ns").tolist(), cat("last_ns").tolist()
-
-    def runs(self) -> list[tuple[int, int]]:
-        """(first, last) positions of maximal runs of consecutive hot bins."""
-        hot, nxt = self.hot, self._next_to
-        joined = np.zeros(len(hot), bool)
-        joined[1:] = hot[1:] & hot[:-1] & nxt[1:]
-        starts = np.flatnonzero(hot & ~joined)
-        ends = np.flatnonzero(hot & ~np.append(joined[1:], False))
-        return list(zip(starts.tolist(), ends.tolist()))
-
-    def add(self, burst: _Open, a: int, b: int) -> None:
-        """Add positions a..b (inclusive) to a burst."""
-        burst.bytes += self._cb[b + 1] - self._cb[a]
-        burst.packets += self._cp[b + 1] - self._cp[a]
-        burst.hot_bins += self._ch[b + 1] - self._ch[a]
-        burst.peak_bytes = max(burst.peak_bytes, max(self.bytes[a:b + 1]))
-        burst.bins += b - a + 1
-        burst.end_bin, burst.end_ns = self.index[b], self.last_ns[b]
-
-
 class BurstDetector:
     def __init__(self) -> None:
         self._open: _Open | None = None
@@ -137,7 +91,7 @@ class BurstDetector:
                                    int(bins.packets[last]), int(bins.first_ns[last]),
                                    int(bins.last_ns[last]), False)
             else:
-                self._feed(_Batch(self._prev, bins, hot_bytes, self._open is not None), out)
+                self._feed(bins, hot_bytes, out)
         if self._open is not None and upto > self._open.end_bin + 1:
             out.append(self._open.close())   # the bin after it was empty
             self._open = None
@@ -149,33 +103,80 @@ class BurstDetector:
         self._open = None
         return out
 
-    def _feed(self, batch: _Batch, out: list[Burst]) -> None:
-        n = len(batch.index)
-        for first, last in batch.runs():
-            if first == 0 and self._open is not None:
-                burst = self._open                     # continues: bin 0 is in it already
-                if last > 0:
-                    batch.add(burst, 1, last)
-            else:
-                burst = _Open(int(batch.first_ns[first]), 0, 0)
-                head = first - 1
-                if head >= 0 and batch.next_to[first] and not batch.claimed[head]:
-                    burst.start_ns = int(batch.first_ns[head])   # the partly filled head bin
-                    batch.add(burst, head, last)
-                else:
-                    batch.add(burst, first, last)
-            batch.claimed[first:last + 1] = [True] * (last + 1 - first)
-            self._open = burst
-            tail = last + 1
-            if tail < n:
-                if batch.next_to[tail]:                # the partly filled tail bin ends it
-                    batch.add(burst, tail, tail)
-                    batch.claimed[tail] = True
-                out.append(burst.close())              # else a gap of empty bins ended it
+    def _feed(self, bins: Bins, hot_bytes: float, out: list[Burst]) -> None:
+        """Runs of hot bins become bursts, with numpy over all the bins and a Python loop
+        over the bursts only (a DDP job makes hundreds a second per link). Position 0 is
+        the bin carried from the last feed: hot only as the end of a burst still open,
+        and a head no second burst may take once a burst claimed it as its tail."""
+        prev, open_ = self._prev, self._open
+        cols = [bins.index, bins.bytes, bins.packets, bins.first_ns, bins.last_ns]
+        if prev is not None:
+            carried = (prev.index, prev.bytes, prev.packets, prev.first_ns, prev.last_ns)
+            cols = [np.concatenate([np.array([c], np.int64), col]) for c, col in zip(carried, cols)]
+        index, nbytes, packets, first_ns, last_ns = cols
+        n = len(index)
+        hot = nbytes >= hot_bytes
+        if prev is not None:
+            hot[0] = open_ is not None
+        next_to = np.zeros(n, bool)                       # [i]: bin i follows bin i-1
+        next_to[1:] = index[1:] == index[:-1] + 1
+        joined = np.zeros(n, bool)
+        joined[1:] = hot[1:] & hot[:-1] & next_to[1:]
+        starts = np.flatnonzero(hot & ~joined)            # maximal runs of hot bins
+        ends = np.flatnonzero(hot & ~np.append(joined[1:], False))
+        tails, heads = ends + 1, starts - 1
+        closes = tails < n                    # a bin after the run: it ends there
+        tail_ok = closes.copy()               # ... and that bin, adjacent, is its tail
+        tail_ok[closes] = next_to[tails[closes]]
+        head_claimed = np.zeros(len(starts), bool)        # the run before took it as tail
+        head_claimed[1:] = tail_ok[:-1] & (tails[:-1] == heads[1:])
+        if prev is not None and prev.claimed:
+            head_claimed |= heads == 0
+        head_ok = (heads >= 0) & next_to[starts] & ~head_claimed
+        a = np.where(head_ok, heads, starts)  # each burst's positions: a..b
+        b = np.where(tail_ok, tails, ends)
+        continues = open_ is not None and len(starts) > 0 and starts[0] == 0
+        if continues:
+            a[0] = 1                          # bin 0 is in the open burst already
+        zero = np.zeros(1, np.int64)
+        cb = np.concatenate([zero, np.cumsum(nbytes)])
+        cp = np.concatenate([zero, np.cumsum(packets)])
+        ch = np.concatenate([zero, np.cumsum(hot)])
+        bounds = np.empty(2 * len(a), np.int64)
+        bounds[0::2], bounds[1::2] = a, b + 1
+        peaks = np.maximum.reduceat(np.append(nbytes, 0), bounds)[0::2] if len(a) else zero
+        for k, (ak, bk, close, start_ns, add_bytes, add_packets, add_hot, peak, end_bin,
+                end_ns) in enumerate(zip(
+                    a.tolist(), b.tolist(), closes.tolist(), first_ns[a.clip(0, n - 1)].tolist(),
+                    (cb[b + 1] - cb[a]).tolist(), (cp[b + 1] - cp[a]).tolist(),
+                    (ch[b + 1] - ch[a]).tolist(), peaks.tolist(), index[b].tolist(),
+                    last_ns[b].tolist())):
+            if k == 0 and continues:
+                burst = open_
+                if bk < ak:                   # nothing beyond bin 0 (an empty range)
+                    add_bytes = add_packets = add_hot = peak = 0
+                    end_bin, end_ns = burst.end_bin, burst.end_ns
+            elif close:                       # begins and ends here: no _Open needed
+                out.append(Burst(start_ns, end_ns, add_bytes, add_packets, peak, add_hot,
+                                 bk - ak + 1))
                 self._open = None
+                continue
+            else:
+                burst = _Open(start_ns, 0, 0)
+            burst.bytes += add_bytes
+            burst.packets += add_packets
+            burst.hot_bins += add_hot
+            burst.peak_bytes = max(burst.peak_bytes, peak)
+            burst.bins += max(0, bk - ak + 1)
+            burst.end_bin, burst.end_ns = end_bin, end_ns
+            if close:
+                out.append(burst.close())
+                self._open = None
+            else:
+                self._open = burst
         i = n - 1
-        self._prev = _Prev(int(batch.index[i]), int(batch.bytes[i]), int(batch.packets[i]),
-                           int(batch.first_ns[i]), int(batch.last_ns[i]), bool(batch.claimed[i]))
+        self._prev = _Prev(int(index[i]), int(nbytes[i]), int(packets[i]), int(first_ns[i]),
+                           int(last_ns[i]), bool(len(b) and b[-1] == i))
 
 
 @dataclass(frozen=True)
