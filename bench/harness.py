@@ -6,7 +6,12 @@ lab, a server, ...) and yields a `Sides` object with `baseline()` and
 `subject()`, each running one measurement and returning one number in `unit`.
 The harness runs them alternately (baseline, subject, baseline, ...) so that
 drift on a shared machine hits both sides alike, and reports per-side median,
-min and max, and ratio = median(subject) / median(baseline).
+min and max, and ratio = median(subject) / median(baseline). Beside it, the
+paired ratio: the median over rounds of each subject against the mean of the two
+baselines measured around it (the last against its own), which cancels a drift of
+the machine that the two medians do not (this VM's DDP step time drifts by 10-15 %
+within a five-minute run); and the quartiles of those per-round ratios, which say
+what difference the run can resolve at all.
 Extra per-run figures (e.g. CPU seconds) go in `Sides.extra()` and are reported
 as medians too.
 """
@@ -61,6 +66,8 @@ class Result:
     goal: str
     wall_s: float
     extra: dict[str, float] = field(default_factory=dict)
+    paired_ratio: float = float("nan")
+    paired_quartiles: tuple[float, float] = (float("nan"), float("nan"))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,7 +79,10 @@ class Result:
         lines = [f"{self.name}: {self.repeats} alternating rounds in {self.wall_s:.0f} s",
                  side(self.baseline), side(self.subject),
                  f"  ratio subject/baseline       {self.ratio:.4f}" +
-                 (f"  (goal: {self.goal})" if self.goal else "")]
+                 (f"  (goal: {self.goal})" if self.goal else ""),
+                 f"  paired ratio                 {self.paired_ratio:.4f}  (per-round "
+                 f"ratios: quartiles {self.paired_quartiles[0]:.4f}-"
+                 f"{self.paired_quartiles[1]:.4f})"]
         for key, value in self.extra.items():
             lines.append(f"  {key:<28} {value:.6g}")
         return "\n".join(lines)
@@ -95,9 +105,32 @@ def run(bench: Benchmark, args=None, repeats: int | None = None,
                      f"subject {subj[-1]:.6g} {bench.unit}")
     b, s = SideStats.of(bench.baseline_label, base), SideStats.of(bench.subject_label, subj)
     ratio = s.median / b.median if b.median else float("nan")
+    per_round = paired_ratios(base, subj)
     return Result(bench.name, bench.unit, repeats, b, s, ratio, bench.goal,
                   time.monotonic() - start,
-                  {k: statistics.median(v) for k, v in extras.items()})
+                  {k: statistics.median(v) for k, v in extras.items()},
+                  statistics.median(per_round) if per_round else float("nan"),
+                  quartiles(per_round))
+
+
+def paired_ratios(base: list[float], subj: list[float]) -> list[float]:
+    """Subject i against the baselines measured just before and just after it (the
+    next round's); the last subject against its own round's baseline only."""
+    out = []
+    for i, s in enumerate(subj):
+        around = base[i:i + 2]
+        ref = sum(around) / len(around)
+        if ref:
+            out.append(s / ref)
+    return out
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        v = values[0] if values else float("nan")
+        return v, v
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 @contextlib.contextmanager

@@ -51,3 +51,34 @@ def test_a_reader_that_goes_away_ends_output_quietly():
         os.close(write_end)
     assert proc.returncode == 141
     assert proc.stderr == ""
+
+
+def test_the_paired_ratio_cancels_a_drift_the_medians_do_not():
+    """A machine slowing down 2 % a round under a subject that costs exactly 5 %: the
+    ratio of the medians is off by the drift, the paired ratio is not."""
+    from bench import harness
+
+    class Drifting:
+        def __init__(self):
+            self.t = 0
+
+        def _tick(self, cost):
+            self.t += 1
+            return 1.0 * 1.02 ** self.t * cost
+
+        def baseline(self):
+            return self._tick(1.0)
+
+        def subject(self):
+            return self._tick(1.05)
+
+    import contextlib
+    bench = harness.Benchmark("drift", "", "s", "b", "s",
+                              lambda _a: contextlib.nullcontext(Drifting()), repeats=8)
+    result = harness.run(bench)
+    assert abs(result.ratio - 1.05 * 1.02) < 1e-9            # one step of drift in it
+    assert abs(result.paired_ratio - 1.05) < 1e-3
+    lo, hi = result.paired_quartiles
+    assert lo <= result.paired_ratio <= hi and hi - lo < 1e-3
+    assert "paired ratio" in result.to_text()
+    assert harness.paired_ratios([1.0, 3.0], [2.0, 4.0]) == [1.0, 4.0 / 3.0]
