@@ -55,6 +55,14 @@ class AgentConfig:
         "seconds of collective traffic each traffic_model record (T, B, D) is fitted to"))
     gloo_model_interval_s: float = field(default=5.0, metadata=doc(
         "how often the gloo probe writes a traffic_model record per training process"))
+    gloo_buffer_hooks: bool = field(default=False, metadata=doc(
+        "also hook gloo's UnboundBuffer::send/recv: per collective the payload sent and "
+        "posted and the send calls (sent_bytes, recv_bytes, sends), S from the transfers "
+        "where the options cannot be read, wire_efficiency and the traffic_model series. "
+        "Off by default: each hook is a uprobe trap in a rank's thread, about 30 per step "
+        "and rank in a DDP job, and in the lab they were half of what the agents cost the "
+        "step time (docs/PERFORMANCE.md). Without them: collectives (S from their "
+        "options), steps and phases"))
     kernel_headers: str = field(default="", metadata=doc(
         "kernel headers directory for BCC; empty: the running kernel's, else the "
         "distribution's linux-headers package"))
@@ -64,8 +72,8 @@ class AgentConfig:
         "overhead from 1.14 to 1.08); what the kernel aggregates keeps its own "
         "resolution (100 us NIC bins, exact event timestamps) at any interval. BPF "
         "ring buffers are sized to hold one interval. The agent polls more often where "
-        "the NIC probe's per-CPU rings would otherwise exceed 128 MiB (many CPUs and "
-        "interfaces), and says so in its log"))
+        "the NIC probe's rings (a region per CPU) would otherwise exceed 128 MiB (many "
+        "CPUs and interfaces), and says so in its log"))
     nice: int = field(default=10, metadata=doc(
         "CPU priority (nice, 0..19) the agent drops to once its probes are attached, so "
         "that training threads get the CPU first (a rank delayed by the agent delays every "

@@ -2,7 +2,8 @@
 execution windows, plus the training steps, phases and traffic model they imply.
 
 What it hooks: uprobes at entry and return of gloo::allreduce, broadcast,
-allgather(v), reduce, gather, scatter, alltoall(v) and barrier, and at entry of
+allgather(v), reduce, gather, scatter, alltoall(v) and barrier, and with
+`gloo_buffer_hooks` (off by default) at entry of
 gloo::transport::tcp::UnboundBuffer::send/recv, in each libtorch_cpu.so file in
 use (gloo is linked into it); see bpf/gloo.bpf.c. Which files: `gloo_paths`, the
 torch next to the agent's own Python (both attached at start, so a process
@@ -15,9 +16,10 @@ agent's network namespace are kept (others go to the BPF deny map and are counte
 as `filtered`). Job and rank tags come from the process's environment.
 
 What it exports (fabricscope/measurements/gloo.py): gloo_collective (one per
-collective: duration, S, algbw, busbw, sent bytes vs the ring model), gloo_step and
-gloo_phase (inferred, agent/probes/gloo_steps.py), traffic_model (T, B, D of the
-process's collective traffic every `gloo_model_interval_s`).
+collective: duration, S, algbw, busbw; with the buffer hooks sent bytes vs the ring
+model), gloo_step and gloo_phase (inferred, agent/probes/gloo_steps.py), and with
+the buffer hooks traffic_model (T, B, D of the process's collective traffic every
+`gloo_model_interval_s`).
 
 Message sizes: read from gloo's options objects and cross-checked (gloo_layout.py);
 "bytes on the wire" are the payload bytes the collective handed to gloo's TCP
@@ -25,8 +27,11 @@ transport (exact per collective and thread, from the send uprobe), not TCP bytes
 gloo's TCP writes happen partly on its device thread, where a collective is no
 longer known.
 
-What it costs: a uprobe is a trap (~1-2 us); per collective 2 + one per send/recv
-segment (<= 1 MiB each) -- a few dozen per DDP step, nothing per packet.
+What it costs: a uprobe is a trap (~1-2 us quiet, far more in a loaded VM); per
+collective 2, and with the buffer hooks one more per send/recv segment (<= 1 MiB
+each) -- a few dozen per DDP step, nothing per packet. In the 2-core lab the buffer
+hooks' traps were half of what the agents cost the step time (docs/PERFORMANCE.md:
+ddp-overhead 1.07 with them, 1.03 without), so they are off unless asked for.
 """
 
 from __future__ import annotations
@@ -52,9 +57,10 @@ log = logging.getLogger("fabricscope.agent.gloo")
 LIB_NAME = re.compile(r"^libtorch_cpu\.so(\.\d+)*$")
 RETURN_FN = "collective_return"
 #: collectives at entry and return (their window); transfers at entry only (their size)
-HOOKS = ([Hook(op.symbol, op.bpf_fn + "_entry", RETURN_FN) for op in layout.OPS]
-         + [Hook(layout.SEND_SYM, "buffer_send")]
-         + [Hook(sym, "buffer_recv") for sym in layout.RECV_SYMS])
+COLLECTIVE_HOOKS = [Hook(op.symbol, op.bpf_fn + "_entry", RETURN_FN) for op in layout.OPS]
+BUFFER_HOOKS = ([Hook(layout.SEND_SYM, "buffer_send")]
+                + [Hook(sym, "buffer_recv") for sym in layout.RECV_SYMS])
+HOOKS = COLLECTIVE_HOOKS + BUFFER_HOOKS
 _COLLECTIVES = frozenset(op.symbol for op in layout.OPS)
 
 
@@ -78,10 +84,13 @@ class GlooProbe(UprobeProbe):
 
     def __init__(self, ctx: ProbeContext, *, proc: Path = Path("/proc"), rescan_s: float = 2.0,
                  ringbuf_pages: int | None = None):
-        # configured files and the agent's own torch are pinned: never detached by rescans
-        super().__init__(ctx, LibraryUprobes("gloo", HOOKS, log, proc=proc, rescan_s=rescan_s,
-                                             maps_cache=shared_maps(ctx, proc)))
         cfg = ctx.config
+        #: UnboundBuffer hooks (config gloo_buffer_hooks): the payload of each collective
+        self.buffer_hooks = bool(getattr(cfg, "gloo_buffer_hooks", False))
+        # configured files and the agent's own torch are pinned: never detached by rescans
+        super().__init__(ctx, LibraryUprobes(
+            "gloo", HOOKS if self.buffer_hooks else COLLECTIVE_HOOKS, log, proc=proc,
+            rescan_s=rescan_s, maps_cache=shared_maps(ctx, proc)))
         self.paths = list(getattr(cfg, "gloo_paths", []) or [])
         self.model_window_s = float(getattr(cfg, "gloo_model_window_s", 10.0))
         self.model_interval_s = float(getattr(cfg, "gloo_model_interval_s", 5.0))
@@ -167,7 +176,8 @@ class GlooProbe(UprobeProbe):
             self._counters["bytes_from_transfers" if c.bytes is not None else "bytes_unknown"] += 1
         state = self._states.get(pid)
         if state is None:
-            state = self._states[pid] = ProcessState(info, self.model_window_s)
+            state = self._states[pid] = ProcessState(info, self.model_window_s,
+                                                     payload_known=self.buffer_hooks)
         self._pending += state.on_collective(c, self.ctx.clock.to_wall)
         return 0
 

@@ -22,10 +22,14 @@ def _tags(info: ProcessInfo) -> dict[str, str]:
     return {"job": info.job, "rank": info.rank}
 
 
-def collective_record(c: Collective, info: ProcessInfo, to_wall: Callable[[int], int]) -> Record:
+def collective_record(c: Collective, info: ProcessInfo, to_wall: Callable[[int], int],
+                      payload_known: bool = True) -> Record:
+    """payload_known: the UnboundBuffer hooks ran (gloo_buffer_hooks); without them the
+    sent and posted payload is unknown, and left out rather than written as 0."""
     fields: dict = {"seconds": c.seconds, "bytes_source": c.bytes_source,
-                    "sent_bytes": c.sent_bytes, "recv_bytes": c.recv_bytes, "sends": c.sends,
                     "pid": c.pid, "tid": c.tid}
+    if payload_known:
+        fields.update(sent_bytes=c.sent_bytes, recv_bytes=c.recv_bytes, sends=c.sends)
     if c.bytes is not None:
         fields["bytes"] = c.bytes
     if c.nranks is not None:
@@ -44,9 +48,11 @@ def collective_record(c: Collective, info: ProcessInfo, to_wall: Callable[[int],
 
 
 def step_record(s: Step, info: ProcessInfo, nranks: int | None,
-                to_wall: Callable[[int], int]) -> Record:
+                to_wall: Callable[[int], int], payload_known: bool = True) -> Record:
     fields: dict = {"step": s.index, "sync_seconds": s.sync_seconds, "buckets": s.buckets,
-                    "bytes": s.bytes, "sent_bytes": s.sent_bytes}
+                    "bytes": s.bytes}
+    if payload_known:
+        fields["sent_bytes"] = s.sent_bytes
     if s.seconds is not None:
         fields["seconds"] = s.seconds
         fields["compute_seconds"] = s.compute_seconds
@@ -70,8 +76,9 @@ def phase_record(p: Phase, info: ProcessInfo, to_wall: Callable[[int], int]) -> 
 class ProcessState:
     """Everything the probe keeps about one local training process."""
 
-    def __init__(self, info: ProcessInfo, model_window_s: float):
+    def __init__(self, info: ProcessInfo, model_window_s: float, payload_known: bool = True):
         self.info = info
+        self.payload_known = payload_known
         self.tracker = StepTracker()
         self.model_window_ns = int(model_window_s * 1e9)
         # (start_ns, end_ns, sent_bytes) of recent collectives, for the traffic model
@@ -82,7 +89,7 @@ class ProcessState:
     def on_collective(self, c: Collective, to_wall: Callable[[int], int]) -> list[Record]:
         if c.nranks and c.op == "AllReduce":
             self.nranks = c.nranks           # the gradient communicator's size
-        out = [collective_record(c, self.info, to_wall)]
+        out = [collective_record(c, self.info, to_wall, self.payload_known)]
         # the wave starts with the first gradient sync: the parameter broadcast before
         # it would set the burst level and hide the steps
         if c.sent_bytes and (c.op == "AllReduce" or self.tracker.init_done):
@@ -96,7 +103,8 @@ class ProcessState:
         return self._records(steps, phases, to_wall)
 
     def _records(self, steps: list[Step], phases: list[Phase], to_wall) -> list[Record]:
-        return [step_record(s, self.info, self.nranks, to_wall) for s in steps] + \
+        return [step_record(s, self.info, self.nranks, to_wall, self.payload_known)
+                for s in steps] + \
             [phase_record(p, self.info, to_wall) for p in phases]
 
     def model_record(self, now_ns: int, to_wall: Callable[[int], int]) -> Record | None:

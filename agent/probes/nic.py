@@ -3,9 +3,10 @@
 Hooks TC ingress and egress (clsact, cls_bpf direct action) of the watched
 interfaces (config `interfaces`, default every non-loopback interface that is up
 in the agent's network namespace) and, in the host's namespace only,
-skb/kfree_skb. Aggregates in the kernel (bpf/nic.bpf.c): per-CPU rings of
-bytes/packets per nic_bin_us bin, per-CPU flow counters, per-CPU drop counters;
-user space reads them in batches each poll (nic_bpfmap, nic_ring), cuts windows
+skb/kfree_skb. Aggregates in the kernel (bpf/nic.bpf.c): rings of bytes/packets
+per nic_bin_us bin, a region per CPU of one array the agent maps into its memory,
+per-CPU flow counters, per-CPU drop counters; user space reads the rings in place
+and the counters in batches each poll (nic_bpfmap, nic_ring), cuts windows
 and finds bursts (nic_window), takes flow deltas (nic_flows), qdisc counters
 (nic_qdisc) and drop reasons (nic_drops). Exports nic_window, nic_burst,
 nic_flow, nic_qdisc, skb_drop (fabricscope/measurements/nic.py).

@@ -1,8 +1,9 @@
 """Batched BPF map reads (BPF_MAP_LOOKUP_BATCH) through the bpf() syscall.
 
-BCC reads a per-CPU array one key per syscall; the NIC rings hold thousands of
-bins per drain, so the probe reads a whole key range in one call (kernel 5.6+)
-and decodes the bytes with numpy. Layout of the syscall's attribute (uapi
+BCC reads a map one key per syscall; the NIC flow table and counters hold
+thousands of entries, so the probe reads a whole key range in one call (kernel
+5.6+) and decodes the bytes with numpy. The NIC bin rings are not read through
+bpf() at all: map_array() maps the array into memory. Layout of the syscall's attribute (uapi
 linux/bpf.h, `union bpf_attr`, the `batch` member):
 
     u64 in_batch   u64 out_batch   u64 keys   u64 values

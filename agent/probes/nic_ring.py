@@ -1,4 +1,4 @@
-"""Decode the NIC bin rings (pure logic: unit-tested with synthetic per-CPU arrays).
+"""Decode the NIC bin rings (pure logic: unit-tested with synthetic (bin, CPU) arrays).
 
 Layout (bpf/nic.h): one array `fs_nic_ring` holding R rings of S slots per CPU
 (S a power of two); bin b of ring r on CPU c lives at slot (r * C + c) * S +
@@ -123,7 +123,7 @@ class Ring:
 
 
 class RingSet:
-    """Every ring of the per-CPU array, drained through one SlotReader."""
+    """Every ring of the bin array, drained through one SlotReader."""
 
     def __init__(self, n_rings: int, slots: int, bin_ns: int, read: SlotReader, start_bin: int,
                  packets: Callable[[], Sequence[int]] | None = None):

@@ -23,7 +23,7 @@ BIN_US_RANGE = (10, 10_000)
 #: drains are expected every poll_interval_s; the ring holds this many intervals
 RING_MARGIN = 4
 MIN_RING_SLOTS = 1024
-#: refuse rings larger than this (per-CPU arrays: slots x rings x 24 B x CPUs)
+#: refuse rings larger than this (a region per CPU: slots x rings x 24 B x CPUs)
 MAX_RING_BYTES = 512 << 20
 #: above this the rings get fewer slots and the agent polls more often than configured
 #: (what 2 NICs on 128 CPUs take at 0.2 s, the poll interval of earlier versions)

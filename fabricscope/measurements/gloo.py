@@ -29,19 +29,23 @@ MEASUREMENTS = [
             "bytes": Field(int, "B", "message size S (nccl-tests convention); when known"),
             "bytes_source": Field(str, "", "where S comes from: `options` (the options "
                                   "object, cross-checked), `transfers` (sent bytes / "
-                                  "bus factor) or `unknown`"),
+                                  "bus factor; with gloo_buffer_hooks) or `unknown`"),
             "nranks": Field(int, "ranks", "ranks in the communicator; when known"),
             "comm_rank": Field(int, "rank", "this process's rank in the communicator"),
             "sent_bytes": Field(int, "B", "payload handed to gloo's transport "
-                                "(UnboundBuffer::send) by this collective"),
-            "recv_bytes": Field(int, "B", "payload posted for receipt (UnboundBuffer::recv)"),
-            "sends": Field(int, "", "send calls (segments) of this collective"),
+                                "(UnboundBuffer::send) by this collective; only with "
+                                "gloo_buffer_hooks"),
+            "recv_bytes": Field(int, "B", "payload posted for receipt (UnboundBuffer::recv); "
+                                "only with gloo_buffer_hooks"),
+            "sends": Field(int, "", "send calls (segments) of this collective; only with "
+                           "gloo_buffer_hooks"),
             "algbw_gbs": Field(float, "GB/s", "S / seconds (1e9 bytes)"),
             "busbw_gbs": Field(float, "GB/s", "algbw x bus factor of the op"),
             "ring_bytes": Field(int, "B", "bytes a rank sends in the ring model (S x bus "
                                 "factor; AllReduce 2S(n-1)/n)"),
             "wire_efficiency": Field(float, "", "ring_bytes / sent_bytes: 1 when the rank "
-                                     "sent exactly the ring model, < 1 when it sent more"),
+                                     "sent exactly the ring model, < 1 when it sent more; "
+                                     "only with gloo_buffer_hooks"),
             "pid": Field(int, "", "process id"),
             "tid": Field(int, "", "thread id"),
             "retransmits": Field(int, "events", "TCP retransmits of this process stamped "
@@ -67,9 +71,11 @@ MEASUREMENTS = [
             "comm_fraction": Field(float, "", "sync_seconds / seconds"),
             "buckets": Field(int, "", "AllReduce calls (DDP gradient buckets)"),
             "bytes": Field(int, "B", "sum of their S: the gradient bytes"),
-            "sent_bytes": Field(int, "B", "payload this rank handed to the transport"),
+            "sent_bytes": Field(int, "B", "payload this rank handed to the transport; only "
+                                "with gloo_buffer_hooks"),
             "busbw_gbs": Field(float, "GB/s", "AllReduce bus bandwidth over sync_seconds"),
-            "wire_efficiency": Field(float, "", "ring-model bytes / sent_bytes"),
+            "wire_efficiency": Field(float, "", "ring-model bytes / sent_bytes; only with "
+                                     "gloo_buffer_hooks"),
             "retransmits": Field(int, "events", "TCP retransmits of this process stamped "
                                  "inside the step (agent/training_join.py; absent when no "
                                  "tcp probe runs, and on a process's last step, which has "
@@ -109,7 +115,8 @@ MEASUREMENTS = [
         name="traffic_model",
         doc="The job's traffic as a square wave (fabricscope/trafficmodel.py), fitted to a "
             "bandwidth series: here the bytes a process sent in its collectives, in 1 ms "
-            "bins, over the last window (time = end of the window).",
+            "bins, over the last window (time = end of the window). Only with "
+            "gloo_buffer_hooks (the sent bytes come from those hooks).",
         source=_SOURCE,
         tags={**_JOB_TAGS, "series": "what the bandwidth series is (gloo_sent)"},
         fields={

@@ -46,7 +46,8 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Run:
-    return collect(tmp_path_factory.mktemp("gloo"))
+    # every gloo hook, the UnboundBuffer ones too (off by default): all the fields
+    return collect(tmp_path_factory.mktemp("gloo"), extra_agent_args=("--gloo-buffer-hooks",))
 
 
 def collect(tmp: Path, steps: int = STEPS, extra_agent_args: tuple = ()) -> Run:
@@ -216,3 +217,24 @@ def test_traffic_model_records(run):
     last = models[-1]
     assert last.fields["period_s"] == pytest.approx(marker_mean_step_time(run), rel=0.10)
     assert last.fields["burst_bytes_per_s"] > 0
+
+
+def test_without_the_buffer_hooks_collectives_and_steps_remain(tmp_path):
+    """The default (a run of its own): no UnboundBuffer uprobes, so the
+    collectives' sizes come from their options only; steps, phases and step bytes are
+    unchanged, and the payload fields and the traffic model, which need the hooks, are
+    left out instead of written as zeros."""
+    steps_run = 12
+    run = collect(tmp_path, steps=steps_run)
+    allreduces = run.of("gloo_collective", op="AllReduce")
+    assert allreduces, run.agent_stderr[-2000:]
+    assert all(r.fields["bytes_source"] == "options" for r in allreduces)
+    assert sum(r.fields["bytes"] for r in allreduces) == run.param_bytes * steps_run
+    steps = run.of("gloo_step")
+    assert len(steps) >= steps_run - 1
+    assert all(r.fields["bytes"] == run.param_bytes for r in steps)
+    payload = {"sent_bytes", "recv_bytes", "sends", "wire_efficiency"}
+    assert not [r for r in run.of("gloo_collective") + steps if payload & set(r.fields)]
+    assert run.of("gloo_phase", phase="grad_sync") and not run.of("traffic_model")
+    for r in run.records:
+        schema.validate(r)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from agent.probes.gloo_procs import ProcessTable, describe
 from agent.probes.gloo_records import ProcessState, collective_record
 from agent.procmaps import parse_environ
 from fabricscope import schema
+from fabricscope.lineschema import canonical_line
 
 MS = 1_000_000
 INFO = describe(7, {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "198.18.0.1",
@@ -138,3 +140,40 @@ def test_the_rescan_learns_every_process_mapping_libtorch_while_it_lives():
     probe._procs = SimpleNamespace(get=asked.append)
     probe._learn_mapping_processes()
     assert sorted(asked) == [41, 42, 43]
+
+
+def test_without_the_buffer_hooks_the_payload_is_left_out_not_zero():
+    """gloo_buffer_hooks off: sent and posted payload are unknown, so the records carry
+    no sent_bytes, recv_bytes, sends or wire_efficiency (a 0 would read as 'nothing
+    sent'), and there is no traffic model (its series is the sent payload)."""
+    state = ProcessState(INFO, model_window_s=60, payload_known=False)
+    records = []
+    for i in range(12):
+        c = dataclasses.replace(allreduce(i * 40, i * 40 + 20), sent_bytes=0, recv_bytes=0,
+                                sends=0, recvs=0)
+        records += state.on_collective(c, to_wall)
+    colls = [r for r in records if r.measurement == "gloo_collective"]
+    steps = [r for r in records if r.measurement == "gloo_step"]
+    assert colls and steps
+    for r in colls + steps:
+        assert not {"sent_bytes", "recv_bytes", "sends", "wire_efficiency"} & set(r.fields), r
+        assert canonical_line(r)
+    assert all(r.fields["bytes"] > 0 for r in colls)
+    assert state.model_record(12 * 40 * 10**6, to_wall) is None
+    with_payload = collective_record(allreduce(0, 20), INFO, to_wall)
+    assert {"sent_bytes", "recv_bytes", "sends"} <= set(with_payload.fields)
+
+
+def test_the_probe_attaches_the_buffer_hooks_only_when_configured():
+    from types import SimpleNamespace
+
+    from agent.probes import gloo
+    from agent.probes.base import Clock, ProbeContext
+    names = {}
+    for on in (True, False):
+        cfg = SimpleNamespace(gloo_buffer_hooks=on, poll_interval_s=1.0)
+        probe = gloo.GlooProbe(ProbeContext("n0", frozenset(), Clock(), cfg))
+        names[on] = {h.entry_fn for h in probe._uprobes.hooks}
+    assert {"buffer_send", "buffer_recv"} <= names[True]
+    assert not {"buffer_send", "buffer_recv"} & names[False]
+    assert names[False] == {h.entry_fn for h in gloo.COLLECTIVE_HOOKS} and names[False]
