@@ -35,6 +35,10 @@ import threading
 import time
 
 
+#: written to the rank's log once every rank passed the final barrier (lab/training.py)
+TRAINED = "fabricscope-lab: all ranks trained; tearing down"
+
+
 def exit_with_parent() -> None:
     """Leave when the launcher (FABRICSCOPE_LAB_PARENT) is gone, e.g. SIGKILLed."""
     parent = os.environ.get("FABRICSCOPE_LAB_PARENT")
@@ -167,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         storage.close()
     markers.done()
     dist.barrier()
+    # every rank has trained: what follows is teardown (lab.training.TRAINED)
+    print(TRAINED, file=sys.stderr, flush=True)
     dist.destroy_process_group()
     return 0
 
