@@ -39,6 +39,7 @@ import time
 from fabricscope.errors import UserError
 from lab import exec_argv
 from lab.topology import Lab, load, require_root
+from lab.train_worker import TRAINED
 
 WIDTH = 1024
 RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -246,7 +247,6 @@ class TrainingRun:
 
 
 def _trained(log_path: str) -> bool:
-    from lab.train_worker import TRAINED
     try:
         with open(log_path, "rb") as f:
             return TRAINED.encode() in f.read()

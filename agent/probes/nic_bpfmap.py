@@ -39,19 +39,26 @@ class BatchUnsupported(OSError):
     """The kernel has no batch lookup for this map type (before 5.6)."""
 
 
-def possible_cpus(path: Path = Path("/sys/devices/system/cpu/possible")) -> int:
-    """Number of possible CPUs: how many values a per-CPU map returns per key."""
-    count = 0
+_POSSIBLE = Path("/sys/devices/system/cpu/possible")
+
+
+def _possible_ranges(path: Path) -> list[tuple[int, int]]:
+    """The CPU id ranges of a cpulist such as "0-3,8-11" (inclusive)."""
+    out = []
     for part in path.read_text().strip().split(","):
         lo, _, hi = part.partition("-")
-        count += int(hi or lo) - int(lo) + 1
-    return count
+        out.append((int(lo), int(hi or lo)))
+    return out
 
 
-def cpu_id_limit(path: Path = Path("/sys/devices/system/cpu/possible")) -> int:
+def possible_cpus(path: Path = _POSSIBLE) -> int:
+    """Number of possible CPUs: how many values a per-CPU map returns per key."""
+    return sum(hi - lo + 1 for lo, hi in _possible_ranges(path))
+
+
+def cpu_id_limit(path: Path = _POSSIBLE) -> int:
     """Highest possible CPU id + 1: what bpf_get_smp_processor_id() stays below."""
-    return max(int(part.partition("-")[2] or part.partition("-")[0])
-               for part in path.read_text().strip().split(",")) + 1
+    return max(hi for _, hi in _possible_ranges(path)) + 1
 
 
 def map_array(map_fd: int, nbytes: int) -> mmap.mmap:

@@ -174,3 +174,13 @@ def test_an_idle_ring_is_not_read_and_loses_nothing_however_long_it_slept():
     d0, d1 = rings.drain(upto=103 + 5 * SLOTS + 3)
     assert [r for r, _ in fake.reads] == [1 * SLOTS + (103 + 5 * SLOTS) % SLOTS]
     assert d1.bins.bytes.tolist() == [70] and d0.slots_read == 0
+
+
+def test_possible_cpus_count_and_id_limit_of_a_cpulist(tmp_path):
+    """Per-CPU maps hold one value per possible CPU; the mapped rings are indexed by CPU
+    id, so a cpulist with a hole needs more regions than CPUs."""
+    from agent.probes.nic_bpfmap import cpu_id_limit, possible_cpus
+    for text, count, limit in [("0\n", 1, 1), ("0-1\n", 2, 2), ("0-3,8-11\n", 8, 12)]:
+        path = tmp_path / "possible"
+        path.write_text(text)
+        assert (possible_cpus(path), cpu_id_limit(path)) == (count, limit)
