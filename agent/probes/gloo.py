@@ -30,8 +30,9 @@ longer known.
 What it costs: a uprobe is a trap (~1-2 us quiet, far more in a loaded VM); per
 collective 2, and with the buffer hooks one more per send/recv segment (<= 1 MiB
 each) -- a few dozen per DDP step, nothing per packet. In the 2-core lab the buffer
-hooks' traps were half of what the agents cost the step time (docs/PERFORMANCE.md:
-ddp-overhead 1.07 with them, 1.03 without), so they are off unless asked for.
+hooks' traps were the largest kernel-side cost (docs/PERFORMANCE.md: agents frozen
+with gloo only, 1.057 with them, 0.986 without; ddp-overhead about 1.07 with them,
+1.05 without), so they are off unless asked for.
 """
 
 from __future__ import annotations
