@@ -147,6 +147,12 @@ class AgentConfig:
         "transfers moving fewer bytes (in + out) are only counted "
         "(probe_events_total{event=\"transfers_small\"}), not reported: bulk transfers "
         "(data loading, checkpoints, collectives) stay, chatter does not"))
+    tcp_transfer_tail_us: int = field(default=20000, metadata=doc(
+        "a transfer under tcp_transfer_min_bytes is still reported when it began at most "
+        "this long after the flow's previous reported transfer ended: the rest of a bulk "
+        "transfer that a stall (a descheduled sender or reader) split keeps its bytes "
+        "(counted as probe_events_total{event=\"transfers_tail\"}); 0 turns this off "
+        "(0..10000000)"))
     tcp_transfers_per_s: int = field(default=200, metadata=doc(
         "tcp_transfer records written per second at most for processes that are not "
         "training ranks (a busy storage or web server makes thousands); the rest are "
@@ -260,6 +266,10 @@ class AgentConfig:
         if self.tcp_transfers_per_s < 0:
             raise UserError(f"tcp_transfers_per_s {self.tcp_transfers_per_s} is negative",
                             "give 0 or more, e.g. --tcp-transfers-per-s 200")
+        if not 0 <= self.tcp_transfer_tail_us <= 10_000_000:
+            raise UserError(f"tcp_transfer_tail_us {self.tcp_transfer_tail_us} is out of "
+                            "range", "give 0..10000000 (0: report no transfer under "
+                            "tcp_transfer_min_bytes)")
         if not 1 <= self.tcp_transfer_min_bytes <= 1 << 40:
             raise UserError(f"tcp_transfer_min_bytes {self.tcp_transfer_min_bytes} is out of "
                             "range", "give 1 or more, e.g. --tcp-transfer-min-bytes 65536")

@@ -51,6 +51,9 @@ enum sk_rst_reason { FS_SK_RST_REASON_PLACEHOLDER = 0 };
 #ifndef FS_TRANSFER_MIN_BYTES
 #define FS_TRANSFER_MIN_BYTES 65536      /* config tcp_transfer_min_bytes */
 #endif
+#ifndef FS_TRANSFER_TAIL_NS
+#define FS_TRANSFER_TAIL_NS 20000000     /* config tcp_transfer_tail_us */
+#endif
 
 #define FS_TCP_ESTABLISHED 1
 #define FS_TCP_SYN_SENT 2
@@ -110,13 +113,20 @@ static __always_inline struct fs_flow_slot *slot_for(struct fs_flow *flow, __u32
 	return s;
 }
 
-/* Report the socket's transfer in progress, when it moved FS_TRANSFER_MIN_BYTES (else
- * only count it), and end it. */
+/* Report the socket's transfer in progress and end it. Reported: one that moved
+ * FS_TRANSFER_MIN_BYTES, and one that began at most FS_TRANSFER_TAIL_NS after the
+ * socket's previous reported transfer ended: the rest of a bulk transfer that a
+ * stall (a descheduled sender or reader) split, which alone can be small. Others
+ * are only counted: chatter between bulk transfers makes no events. */
 static __always_inline void end_transfer(struct fs_sock *s, struct fs_flow *flow, __u16 family)
 {
 	if (!s->xfer_start)
 		return;
-	if (s->xfer_in + s->xfer_out >= FS_TRANSFER_MIN_BYTES) {
+	__u64 gap = s->xfer_reported_end ? s->xfer_start - s->xfer_reported_end : 0;
+	__u64 bytes = s->xfer_in + s->xfer_out;
+	int follows = bytes && s->xfer_reported_end && gap <= FS_TRANSFER_TAIL_NS;
+
+	if (bytes >= FS_TRANSFER_MIN_BYTES || follows) {
 		struct fs_flow_event ev = {};
 
 		ev.ts_ns = s->xfer_start;
@@ -128,7 +138,13 @@ static __always_inline void end_transfer(struct fs_sock *s, struct fs_flow *flow
 		ev.duration_ns = s->xfer_last - s->xfer_start;
 		ev.bytes_acked = s->xfer_out;
 		ev.bytes_received = s->xfer_in;
+		ev.gap_ns = gap;
+		if (s->xfer_reported_end)
+			ev.flags |= FS_TRANSFER_AFTER_REPORTED;
+		s->xfer_reported_end = s->xfer_last;
 		fstat_add(FS_FSTAT_TRANSFERS, 1);
+		if (bytes < FS_TRANSFER_MIN_BYTES)
+			fstat_add(FS_FSTAT_TRANSFERS_TAIL, 1);
 		emit_flow(&ev);
 	} else {
 		fstat_add(FS_FSTAT_TRANSFERS_SMALL, 1);
@@ -138,24 +154,33 @@ static __always_inline void end_transfer(struct fs_sock *s, struct fs_flow *flow
 	s->xfer_out = 0;
 }
 
-/* Transfers: a socket's hits that move bytes (payload in, or snd_una advancing) with
- * no gap over FS_TRANSFER_GAP_NS between them. A gap ends the transfer before the
- * hit (reported here, on the first hit after the gap) and the hit starts the next;
- * a close ends it too. Nothing is sent while bytes flow: one event per transfer. */
+/* Transfers: a socket's hits that move bytes (payload in, snd_una advancing, or
+ * data in flight to be acknowledged) with no gap over FS_TRANSFER_GAP_NS between
+ * them. A gap ends the transfer before the hit (reported here, on the first hit
+ * after the gap) and the hit starts the next; a close ends it too. Nothing is sent
+ * while bytes flow: one event per transfer.
+ *
+ * tcp_probe shows the socket as the previous segment left it, so `out` (snd_una's
+ * advance) is what the segment before this hit acknowledged: after a gap it is the
+ * last acknowledgment of the transfer that ended, and counts there. */
 static __always_inline void add_transfer(struct fs_sock *s, struct fs_flow *flow, __u16 family,
-					 __u32 in, __u32 out)
+					 __u32 in, __u32 out, int in_flight)
 {
-	if (!in && !out)
-		return;
 	__u64 now = bpf_ktime_get_ns();
-	if (s->xfer_start && now - s->xfer_last > FS_TRANSFER_GAP_NS)
+
+	if (s->xfer_start && now - s->xfer_last > FS_TRANSFER_GAP_NS) {
+		s->xfer_out += out;
+		out = 0;
 		end_transfer(s, flow, family);
+	}
+	s->received += in;
+	if (!in && !out && !in_flight)
+		return;
 	if (!s->xfer_start)
 		s->xfer_start = now;
 	s->xfer_last = now;
 	s->xfer_in += in;
 	s->xfer_out += out;
-	s->received += in;
 }
 
 /* snd_una/snd_nxt progress of the socket since its previous hit (returns the bytes
@@ -172,14 +197,14 @@ static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
 		socks.update(&sk, &init);
 		s = socks.lookup(&sk);
 		if (s)
-			add_transfer(s, flow, family, in, 0);
+			add_transfer(s, flow, family, in, 0, una != nxt);
 		return 0;
 	}
 	if (!s->has_una) {
 		s->last_una = una;
 		s->last_nxt = una;
 		s->has_una = 1;
-		add_transfer(s, flow, family, in, 0);
+		add_transfer(s, flow, family, in, 0, una != nxt);
 		return 0;
 	}
 	__u32 sent = nxt - s->last_nxt;
@@ -194,7 +219,7 @@ static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
 		s->acked += acked;
 		s->last_una = una;
 	}
-	add_transfer(s, flow, family, in, acked);
+	add_transfer(s, flow, family, in, acked, una != nxt);
 	return acked;
 }
 

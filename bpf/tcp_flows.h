@@ -25,7 +25,9 @@
 #define FS_FSTAT_STATE_HITS 5    /* inet_sock_set_state hits on own TCP sockets */
 #define FS_FSTAT_TRANSFERS 6     /* transfers reported (also in EMITTED or LOST) */
 #define FS_FSTAT_TRANSFERS_SMALL 7   /* transfers under FS_TRANSFER_MIN_BYTES: not reported */
-#define FS_NFSTATS 8
+#define FS_FSTAT_TRANSFERS_TAIL 8    /* of TRANSFERS: under the minimum, reported as the rest of
+                                      * the one before (FS_TRANSFER_TAIL_NS) */
+#define FS_NFSTATS 9
 
 /* One flow's aggregates over one window, on one CPU. */
 struct fs_flow_slot {
@@ -64,6 +66,7 @@ struct fs_sock {
 	__u64 xfer_last;      /* its last hit that moved bytes */
 	__u64 xfer_in;        /* its payload received */
 	__u64 xfer_out;       /* its bytes acknowledged by the peer */
+	__u64 xfer_reported_end;  /* last hit of the socket's last reported transfer; 0: none */
 	__u32 last_una;
 	__u32 last_nxt;
 	__u8 has_una;         /* last_una/last_nxt are set */
@@ -81,7 +84,8 @@ struct fs_flow_event {
 	__s32 oldstate;       /* open/close: state before */
 	__s32 state;          /* open/close: new state; resets: socket state (0: none) */
 	__u32 reason;         /* sent resets: enum sk_rst_reason (6.10+); FS_RST_REASON_NONE */
-	__u32 flags;          /* close: 1 established seen, 2 snd_una seen */
+	__u32 flags;          /* close: 1 established seen, 2 snd_una seen;
+	                       * transfer: 4 the socket reported a transfer before (gap_ns) */
 	__u64 duration_ns;    /* open: SYN_SENT -> ESTABLISHED; close: ESTABLISHED -> CLOSE;
 	                       * transfer: first to last hit (ts_ns: its first) */
 	__u64 bytes_acked;    /* close: sum of snd_una advances seen; transfer: its share */
@@ -90,10 +94,12 @@ struct fs_flow_event {
 	__u32 pid;            /* open/close/transfer: the process that connected (host pid
 	                       * namespace); 0: unknown (passive side, or opened before attach) */
 	__u32 pad;
+	__u64 gap_ns;         /* transfer: since the socket's previous reported transfer ended */
 };
 
 #define FS_RST_REASON_NONE 0xffffffff   /* the kernel's tcp_send_reset has no reason */
 #define FS_CLOSE_ESTABLISHED 1
 #define FS_CLOSE_UNA 2
+#define FS_TRANSFER_AFTER_REPORTED 4
 
 #endif

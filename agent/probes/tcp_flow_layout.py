@@ -18,11 +18,11 @@ RTT_BUCKETS = 24          # FS_RTT_BUCKETS
 CWND_BUCKETS = 16         # FS_CWND_BUCKETS
 SSTHRESH_INFINITE = 0x7FFFFFFF
 EV_OPEN, EV_CLOSE, EV_RST_SENT, EV_RST_RECV, EV_TRANSFER = 1, 2, 3, 4, 5
-CLOSE_ESTABLISHED, CLOSE_UNA = 1, 2
+CLOSE_ESTABLISHED, CLOSE_UNA, TRANSFER_AFTER_REPORTED = 1, 2, 4
 RST_REASON_NONE = 0xFFFFFFFF
 #: FS_FSTAT_* order
 FLOW_STATS = ("probe_hits", "rtt_samples", "flow_events_emitted", "flow_events_lost",
-              "no_slot", "state_hits", "transfers", "transfers_small")
+              "no_slot", "state_hits", "transfers", "transfers_small", "transfers_tail")
 
 #: enum sk_rst_reason (include/net/rstreason.h, 6.10+), as the tracepoint prints it
 RST_REASONS = ("NOT_SPECIFIED", "NO_SOCKET", "TCP_INVALID_ACK_SEQUENCE", "TCP_RFC7323_PAWS",
@@ -53,7 +53,7 @@ class Sock(ctypes.Structure):
                 ("acked", ctypes.c_uint64), ("sent", ctypes.c_uint64),
                 ("received", ctypes.c_uint64), ("xfer_start", ctypes.c_uint64),
                 ("xfer_last", ctypes.c_uint64), ("xfer_in", ctypes.c_uint64),
-                ("xfer_out", ctypes.c_uint64),
+                ("xfer_out", ctypes.c_uint64), ("xfer_reported_end", ctypes.c_uint64),
                 ("last_una", ctypes.c_uint32), ("last_nxt", ctypes.c_uint32),
                 ("has_una", ctypes.c_uint8), ("active", ctypes.c_uint8),
                 ("pad", ctypes.c_uint8 * 2), ("pid", ctypes.c_uint32)]
@@ -66,7 +66,8 @@ class FlowEvent(ctypes.Structure):
                 ("reason", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                 ("duration_ns", ctypes.c_uint64), ("bytes_acked", ctypes.c_uint64),
                 ("bytes_sent", ctypes.c_uint64), ("bytes_received", ctypes.c_uint64),
-                ("pid", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+                ("pid", ctypes.c_uint32), ("pad", ctypes.c_uint32),
+                ("gap_ns", ctypes.c_uint64)]
 
 
 FLOW_DTYPE = np.dtype(FsFlow)
@@ -123,5 +124,7 @@ def decode_flow_event(raw: bytes, to_wall) -> Record:
         seconds = ev.duration_ns / 1e9
         fields = {"seconds": seconds, "bytes_in": int(ev.bytes_received),
                   "bytes_out": int(ev.bytes_acked)}
+        if ev.flags & TRANSFER_AFTER_REPORTED:
+            fields["gap_s"] = ev.gap_ns / 1e9
         return Record("tcp_transfer", time_ns, {**tags, "side": side}, fields)
     raise ValueError(f"flow event of unknown type {ev.type}")

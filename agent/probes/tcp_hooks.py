@@ -39,6 +39,7 @@ class FlowSettings:
     hooks: tuple[str, ...] = DEFAULT_HOOKS
     transfer_gap_us: int = 2000
     transfer_min_bytes: int = 65536
+    transfer_tail_us: int = 20000
 
     @classmethod
     def from_config(cls, cfg) -> "FlowSettings":
@@ -46,11 +47,13 @@ class FlowSettings:
         if cfg is None:
             return cls()
         return cls(float(cfg.tcp_window_s), int(cfg.tcp_max_flows), tuple(cfg.tcp_flow_hooks),
-                   int(cfg.tcp_transfer_gap_us), int(cfg.tcp_transfer_min_bytes))
+                   int(cfg.tcp_transfer_gap_us), int(cfg.tcp_transfer_min_bytes),
+                   int(cfg.tcp_transfer_tail_us))
 
     def transfer_cflags(self) -> list[str]:
         return [f"-DFS_TRANSFER_GAP_NS={self.transfer_gap_us * 1000}",
-                f"-DFS_TRANSFER_MIN_BYTES={self.transfer_min_bytes}"]
+                f"-DFS_TRANSFER_MIN_BYTES={self.transfer_min_bytes}",
+                f"-DFS_TRANSFER_TAIL_NS={self.transfer_tail_us * 1000}"]
 
 
 def hook_cflags(hooks, tracefs=None) -> list[str]:

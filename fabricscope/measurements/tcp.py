@@ -183,7 +183,9 @@ MEASUREMENTS = [
         name="tcp_transfer",
         doc="One transfer of a connection: a run of segments that moved bytes (payload "
             "received, or data the peer acknowledged) with no gap longer than "
-            "tcp_transfer_gap_us, of at least tcp_transfer_min_bytes. Reported when the "
+            "tcp_transfer_gap_us, of at least tcp_transfer_min_bytes or beginning at most "
+            "tcp_transfer_tail_us after the flow's previous reported one ended (the rest of "
+            "a transfer a stall split). Reported when the "
             "next transfer of the flow starts or the flow closes. The agent folds the "
             "transfers of a training process inside its own collective windows into those "
             "(gloo_collective); the others, data loading and checkpoints among them, are "
@@ -196,6 +198,8 @@ MEASUREMENTS = [
             "seconds": _f("s", "first to last segment that moved bytes"),
             "bytes_in": _i("bytes", "TCP payload received"),
             "bytes_out": _i("bytes", "bytes the peer acknowledged (what this side sent)"),
+            "gap_s": _f("s", "pause since the flow's previous reported transfer ended "
+                             "(absent for its first)"),
         },
     ),
     Measurement(

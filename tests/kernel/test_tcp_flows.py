@@ -217,6 +217,46 @@ def test_opens_closes_and_resets_with_exact_bytes(lab, col):
                if r.tags["dport"] == "5321") == nbytes
 
 
+# Sends pieces of argv[3:] bytes: after each, waits until the peer acknowledged all of
+# it (TIOCOUTQ 0), then pauses `pauses`[i] seconds.
+PIECES = """import fcntl, socket, struct, sys, termios, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+for size, pause in zip(map(int, sys.argv[3:]), (0.008, 0.5, 0.0)):
+    s.sendall(b"x" * size)
+    while struct.unpack("i", fcntl.ioctl(s, termios.TIOCOUTQ, b"0000"))[0]:
+        time.sleep(0.0002)
+    time.sleep(pause)
+s.close()
+"""
+
+
+def test_a_small_piece_right_after_a_transfer_is_its_tail_not_chatter(lab, col):
+    """A stall splits a bulk transfer; its small rest is reported (with the pause), a
+    small piece long after is not."""
+    n0, n1 = lab.nodes[0], lab.nodes[1]
+    tail0 = col.probes[0].stats()["transfers_tail"]
+    small0 = col.probes[0].stats()["transfers_small"]
+    with traffic([(n1, sink_argv(5323))]) as (sink,):
+        await_up(sink)
+        with traffic([(n0, [sys.executable, "-c", PIECES, n1.address, "5323",
+                            "300000", "3000", "2000"])]) as (sender,):
+            finish(sender)
+        assert int(finish(sink)) == 305_000
+
+    def mine(c):
+        return [r for r in c.of(0, "tcp_transfer") if r.tags["dport"] == "5323"]
+    col.until(lambda c: any(r.tags["dport"] == "5323" for r in c.of(0, "tcp_flow_close")),
+              20, "the flow's close")
+    pieces = sorted(mine(col), key=lambda r: r.time_ns)
+    # the stall-split rest counts; the piece half a second later does not
+    assert sum(r.fields["bytes_out"] for r in pieces) == 303_000, [(r.fields, r.time_ns) for r in pieces]
+    assert "gap_s" not in pieces[0].fields
+    last = pieces[-1]
+    assert last.fields["bytes_out"] == 3000 and 0.002 < last.fields["gap_s"] <= 0.020, last
+    stats = col.probes[0].stats()
+    assert stats["transfers_tail"] - tail0 >= 1 and stats["transfers_small"] - small0 >= 1
+
+
 def test_ddp_rank_flows_carry_pid_comm_and_rank(lab, col):
     from lab.training import start_training
     with start_training(lab, 6, model_mb=1) as run:

@@ -16,15 +16,15 @@ from agent.probes.tcp_common import addr_key
 from fabricscope import schema
 
 # struct fs_flow_event, packed by hand from bpf/tcp_flows.h (not via ctypes).
-EVENT = struct.Struct("<Q16s16sHHHBBiiIIQQQQII")
+EVENT = struct.Struct("<Q16s16sHHHBBiiIIQQQQIIQ")
 
 
 def raw(ev_type, saddr="198.18.0.1", daddr="198.18.0.2", sport=40000, dport=29500, active=1,
         oldstate=2, state=1, reason=0xFFFFFFFF, flags=0, duration_ns=0, acked=0, sent=0,
-        received=0, pid=0):
+        received=0, pid=0, gap_ns=0):
     return EVENT.pack(1_000, addr_key(saddr), addr_key(daddr), sport, dport, 2, ev_type,
                       active, oldstate, state, reason, flags, duration_ns, acked, sent,
-                      received, pid, 0)
+                      received, pid, 0, gap_ns)
 
 
 def wall(ns):
@@ -75,6 +75,10 @@ def test_transfer_event():
     assert (rec.measurement, rec.time_ns) == ("tcp_transfer", 10 ** 18 + 1_000)
     assert rec.tags["side"] == "server" and rec.tags["daddr"] == "198.18.0.2"
     assert rec.fields == {"seconds": 0.0015, "bytes_in": 1 << 20, "bytes_out": 120}
+    # one after a reported transfer of the flow carries the pause (0 is a pause too)
+    after = valid(fl.decode_flow_event(raw(fl.EV_TRANSFER, flags=fl.TRANSFER_AFTER_REPORTED,
+                                           acked=3000, gap_ns=7_500_000), wall))
+    assert after.fields["gap_s"] == 0.0075 and after.fields["bytes_out"] == 3000
 
 
 def test_bad_events_are_errors_not_guesses():
@@ -92,7 +96,7 @@ def test_the_connecting_pid_rides_on_the_event_not_in_the_record():
 
 
 def test_mirror_sizes():
-    assert ctypes.sizeof(fl.FlowEvent) == EVENT.size == 104
+    assert ctypes.sizeof(fl.FlowEvent) == EVENT.size == 112
     assert ctypes.sizeof(fl.FlowSlot) == 232 and ctypes.sizeof(fl.FlowStat) == 464
     assert fl.STAT_DTYPE.itemsize == 464 and fl.FLOW_DTYPE.itemsize == 36
 
