@@ -1,5 +1,5 @@
 """Helpers shared by the BCC probes: compile bpf/<family>.bpf.c, check struct
-layouts, read per-CPU counters, read tracepoint formats, attach TC egress.
+layouts, read per-CPU counters, read tracepoint formats (TC attach: agent/tc.py).
 
 BCC is imported only inside functions: the agent must prepare the kernel
 (agent.kernel.prepare: tracefs, headers) before the first `import bcc`, because
@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from agent.probes.base import ProbeUnavailable
@@ -21,7 +19,6 @@ log = logging.getLogger("fabricscope.agent.bpf")
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 TRACEFS = Path("/sys/kernel/tracing")
-CLSACT_EGRESS = "ffff:fff3"
 
 
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
@@ -113,74 +110,3 @@ def prog_run_stats(fds) -> tuple[int, int]:
         ns += int(fields.get("run_time_ns", "0").strip() or 0)
         runs += int(fields.get("run_cnt", "0").strip() or 0)
     return ns, runs
-
-
-@dataclass(frozen=True)
-class TcHook:
-    ifindex: int
-    ifname: str
-    prio: int
-    created_clsact: bool
-
-
-class TcEgress:
-    """Attach one direct-action cls_bpf program at clsact egress of some interfaces.
-
-    Works in the calling thread's network namespace. Shares clsact with other
-    programs: ours returns TC_ACT_UNSPEC so later filters still run, uses its own
-    priority, and on detach removes only its filter (and clsact only if it made
-    it and nothing else hangs there)."""
-
-    def __init__(self, fn, prio: int | None = None):
-        self.fn = fn
-        # Two agents may share a namespace (tests); distinct priorities keep
-        # their filters apart.
-        self.prio = prio or 0x4000 + os.getpid() % 0x3000
-        self.hooks: list[TcHook] = []
-
-    def attach(self, ifaces) -> None:
-        from pyroute2 import IPRoute
-        from pyroute2.netlink.exceptions import NetlinkError
-
-        with IPRoute() as ipr:
-            for iface in ifaces:
-                try:
-                    ipr.tc("add", "clsact", iface.index)
-                    created = True
-                except NetlinkError as exc:
-                    if exc.code != 17:   # EEXIST: someone else's clsact, share it
-                        raise ProbeUnavailable(f"cannot add clsact on {iface.name}: "
-                                               f"{os.strerror(exc.code)}") from None
-                    created = False
-                try:
-                    ipr.tc("add-filter", "bpf", iface.index, ":1", fd=self.fn.fd,
-                           name=self.fn.name, parent=CLSACT_EGRESS, classid=1,
-                           direct_action=True, prio=self.prio)
-                except NetlinkError as exc:
-                    raise ProbeUnavailable(f"cannot attach TC egress on {iface.name}: "
-                                           f"{os.strerror(exc.code)}") from None
-                self.hooks.append(TcHook(iface.index, iface.name, self.prio, created))
-
-    def detach(self) -> None:
-        from pyroute2 import IPRoute
-        from pyroute2.netlink.exceptions import NetlinkError
-
-        hooks, self.hooks = self.hooks, []
-        if not hooks:
-            return
-        with IPRoute() as ipr:
-            for h in hooks:
-                try:
-                    ipr.tc("del-filter", "bpf", h.ifindex, ":1", parent=CLSACT_EGRESS,
-                           prio=h.prio)
-                    if h.created_clsact and not _has_filters(ipr, h.ifindex):
-                        ipr.tc("del", "clsact", h.ifindex)
-                except NetlinkError as exc:   # interface gone with its namespace
-                    log.debug("TC detach on %s: %s", h.ifname, os.strerror(exc.code))
-
-
-def _has_filters(ipr, ifindex: int) -> bool:
-    for parent in (CLSACT_EGRESS, "ffff:fff2"):
-        if list(ipr.get_filters(index=ifindex, parent=parent)):
-            return True
-    return False

@@ -167,6 +167,11 @@ class AgentConfig:
                      "kernel lacks makes the probe unavailable (logged; the agent runs on)",
                      default_doc=["tcp/tcp_probe", "sock/inet_sock_set_state",
                                   "tcp/tcp_send_reset", "tcp/tcp_receive_reset"]))
+    tc_attach: str = field(default="auto", metadata=doc(
+        "how the nic and tcp_retransmit probes hook TC: tcx (BPF links, Linux 6.6+; no "
+        "qdisc or classifier in between, cheaper per packet), clsact (cls_bpf filters, any "
+        "kernel with clsact), auto: tcx, else clsact (logged)",
+        choices=["auto", "tcx", "clsact"]))
     # --- probe nic (agent/probes/nic.py) ---
     interfaces: list[str] = field(default_factory=list, metadata=doc(
         "interfaces the nic probe watches (TC ingress and egress); empty: every "
@@ -193,6 +198,9 @@ class AgentConfig:
         "evicted and counted)"))
 
     def check(self) -> None:
+        if self.tc_attach not in ("auto", "tcx", "clsact"):
+            raise UserError(f"tc_attach {self.tc_attach!r} is not a TC attach mode",
+                            "give auto, tcx or clsact")
         if self.output not in ("none", "jsonl"):
             raise UserError(f"--output must be jsonl or none, not {self.output!r}",
                             "use --output jsonl")

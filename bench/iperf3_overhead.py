@@ -191,15 +191,13 @@ def bpf_ns_per_packet(repeat: int = 1_000_000) -> float:
     import struct
 
     from agent import bpf, kernel
+    from agent.probes.nic import register_interface
     from agent.probes.nic_bpfmap import prog_test_run
     kernel.prepare()
     prog = bpf.compile_program("nic", ["-DFS_NIC_RINGS=2", "-DFS_NIC_MAX_IFACES=1"])
     try:
         fn = prog.load_func(b"fs_nic_ingress", type(prog).SCHED_CLS)
-        ifaces = prog[b"fs_nic_ifaces"]
-        value = ifaces.Leaf()
-        value.ring, value.l2_len = 0, 14
-        ifaces[ifaces.Key(1)] = value            # test runs put the skb on loopback
+        register_interface(prog, 1, 0, 14)      # test runs put the skb on loopback
         frame = (bytes(12) + b"\x08\x00" + bytes([0x45, 0, 0x05, 0xdc, 0, 0, 0x40, 0, 64, 6, 0, 0,
                                                  198, 19, 1, 1, 198, 19, 1, 2])
                  + struct.pack("!HH", 40000, 5201) + bytes(16 + 1460))

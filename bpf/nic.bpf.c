@@ -20,8 +20,9 @@
  * Egress runs before the root qdisc: a shaped or congested NIC's egress bins show
  * the offered load at enqueue time, its peer's ingress shows the wire.
  *
- * Flows: 5-tuple (IPv4/IPv6, TCP/UDP ports) parsed with bpf_skb_load_bytes, per-CPU
- * LRU hash of growing counters (user space takes deltas per window).
+ * Flows: 5-tuple (IPv4/IPv6, TCP/UDP ports) read from the skb's linear data (the
+ * helper copies what is not there), per-CPU LRU hash of growing counters (user
+ * space takes deltas per window).
  *
  * Returns TC_ACT_UNSPEC so that other filters on the same clsact still run.
  *
@@ -64,6 +65,10 @@
 /* slot of bin b of ring r on CPU c: (r * FS_NIC_CPUS + c) * FS_NIC_RING_SLOTS + (b & mask) */
 BPF_F_TABLE("array", __u32, struct fs_nic_bin, fs_nic_ring,
 	    FS_NIC_RINGS * FS_NIC_CPUS * FS_NIC_RING_SLOTS, BPF_F_MMAPABLE);
+/* Watched interfaces by ifindex: an array for the small ifindexes almost every host
+ * has (a lookup the verifier inlines), a hash for the rest (a host with veth churn
+ * counts ifindexes up into the thousands). */
+BPF_ARRAY(fs_nic_iface_slots, struct fs_nic_iface, FS_NIC_IFINDEX_SLOTS);
 BPF_HASH(fs_nic_ifaces, __u32, struct fs_nic_iface, FS_NIC_MAX_IFACES);
 BPF_TABLE("lru_percpu_hash", struct fs_nic_flow_key, struct fs_nic_flow_val, fs_nic_flows,
 	  FS_NIC_MAX_FLOWS);
@@ -106,6 +111,20 @@ static __always_inline void count_bin(__u32 ring, __u64 ts, __u32 len, __u32 seg
 		*n += 1;
 }
 
+/* len bytes of the frame at off: straight from the skb's linear data when they are
+ * there (headers almost always are), else copied by the helper (paged or
+ * non-linear skbs); <0 when the frame is shorter. */
+static __always_inline int load_hdr(struct __sk_buff *skb, __u32 off, void *dst, __u32 len)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+
+	if (off <= FS_NIC_MAX_HDR_OFF && data + off + len <= end) {
+		__builtin_memcpy(dst, data + off, len);
+		return 0;
+	}
+	return bpf_skb_load_bytes(skb, off, dst, len);
+}
+
 /* Network header offset and ethertype (network order); -1 when unreadable. */
 static __always_inline int l3_start(struct __sk_buff *skb, __u32 l2_len, __u16 *proto)
 {
@@ -113,7 +132,7 @@ static __always_inline int l3_start(struct __sk_buff *skb, __u32 l2_len, __u16 *
 
 	if (l2_len && (et == htons(ETH_P_8021Q) || et == htons(ETH_P_8021AD))) {
 		/* tag still in the frame (no VLAN offload): inner ethertype follows it */
-		if (bpf_skb_load_bytes(skb, l2_len + 2, &et, 2) < 0)
+		if (load_hdr(skb, l2_len + 2, &et, 2) < 0)
 			return -1;
 		l2_len += 4;
 	}
@@ -133,7 +152,7 @@ static __always_inline int parse_flow(struct __sk_buff *skb, __u32 l2_len,
 		return -FS_NIC_STAT_SHORT;
 	if (et == htons(ETH_P_IP)) {
 		__u8 h[20];
-		if (bpf_skb_load_bytes(skb, off, h, 20) < 0)
+		if (load_hdr(skb, off, h, 20) < 0)
 			return -FS_NIC_STAT_SHORT;
 		k->family = 4;
 		*tos = h[1];
@@ -145,7 +164,7 @@ static __always_inline int parse_flow(struct __sk_buff *skb, __u32 l2_len,
 			ports_known = 0;
 	} else if (et == htons(ETH_P_IPV6)) {
 		__u8 h[40];
-		if (bpf_skb_load_bytes(skb, off, h, 40) < 0)
+		if (load_hdr(skb, off, h, 40) < 0)
 			return -FS_NIC_STAT_SHORT;
 		k->family = 6;
 		*tos = (__u8)((h[0] << 4) | (h[1] >> 4));
@@ -159,7 +178,7 @@ static __always_inline int parse_flow(struct __sk_buff *skb, __u32 l2_len,
 	k->proto = l4proto;
 	if (ports_known && (l4proto == IPPROTO_TCP || l4proto == IPPROTO_UDP)) {
 		__u16 ports[2];
-		if (bpf_skb_load_bytes(skb, l4off, ports, 4) < 0)
+		if (load_hdr(skb, l4off, ports, 4) < 0)
 			return -FS_NIC_STAT_SHORT;
 		k->sport = ntohs(ports[0]);
 		k->dport = ntohs(ports[1]);
@@ -199,14 +218,22 @@ static __always_inline void count_flow(struct __sk_buff *skb, __u32 l2_len, __u8
 		v->ce += segs;
 }
 
+static __always_inline struct fs_nic_iface *iface_of(__u32 ifindex)
+{
+	if (ifindex < FS_NIC_IFINDEX_SLOTS) {
+		struct fs_nic_iface *ifc = fs_nic_iface_slots.lookup(&ifindex);
+		return ifc && ifc->watched ? ifc : 0;
+	}
+	return fs_nic_ifaces.lookup(&ifindex);
+}
+
+/* skbs seen = the rings' packet counts + FS_NIC_STAT_NO_IFACE: no counter of its own. */
 static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 {
-	__u32 ifindex = skb->ifindex;
-	struct fs_nic_iface *ifc = fs_nic_ifaces.lookup(&ifindex);
+	struct fs_nic_iface *ifc = iface_of(skb->ifindex);
 	__u64 ts = bpf_ktime_get_ns();
 	__u32 segs = skb->gso_segs ? skb->gso_segs : 1;
 
-	stat_add(FS_NIC_STAT_SKBS);
 	if (!ifc) {
 		stat_add(FS_NIC_STAT_NO_IFACE);
 		return TC_ACT_UNSPEC;

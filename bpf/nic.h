@@ -10,7 +10,8 @@
 #define FS_NIC_TX 1   /* TC egress (before the root qdisc) */
 
 /* indexes of the per-CPU `fs_nic_stats` array */
-#define FS_NIC_STAT_SKBS 0        /* skbs seen by the TC programs */
+#define FS_NIC_STAT_SKBS 0        /* not counted by the programs (saves a write per skb):
+                                   * user space sums fs_nic_ring_pkts + NO_IFACE */
 #define FS_NIC_STAT_NO_IFACE 1    /* skbs on an ifindex the agent did not register */
 #define FS_NIC_STAT_NOT_IP 2      /* skbs that are neither IPv4 nor IPv6 (ARP, LLDP...) */
 #define FS_NIC_STAT_SHORT 3       /* skbs too short for the headers they announce */
@@ -36,10 +37,19 @@ struct fs_nic_bin {
 	__u32 pad;
 };
 
-/* Value of `fs_nic_ifaces` (key: ifindex): which rings the interface writes. */
+/* Interfaces with an ifindex below this live in the array `fs_nic_iface_slots`
+ * (index: ifindex), the others in the hash `fs_nic_ifaces` (key: ifindex). */
+#ifndef FS_NIC_IFINDEX_SLOTS
+#define FS_NIC_IFINDEX_SLOTS 1024
+#endif
+/* Farthest header offset read straight from the skb's data (verifier bound). */
+#define FS_NIC_MAX_HDR_OFF 256
+
+/* A watched interface: which rings it writes. */
 struct fs_nic_iface {
 	__u32 ring;         /* ring index of RX; TX is ring + 1 */
-	__u32 l2_len;       /* bytes before the network header: 14 Ethernet, 0 raw IP */
+	__u16 l2_len;       /* bytes before the network header: 14 Ethernet, 0 raw IP */
+	__u16 watched;      /* 1; 0: an empty slot of fs_nic_iface_slots */
 };
 
 /* Key of `fs_nic_flows`. Addresses: IPv4 in the first 4 bytes, rest zero. */

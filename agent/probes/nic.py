@@ -1,6 +1,6 @@
 """Probe nic: every NIC's traffic in microsecond bins, bursts, flows, queues, drops.
 
-Hooks TC ingress and egress (clsact, cls_bpf direct action) of the watched
+Hooks TC ingress and egress (tcx links, or clsact + cls_bpf: agent/tc.py) of the watched
 interfaces (config `interfaces`, default every non-loopback interface that is up
 in the agent's network namespace) and, in the host's namespace only,
 skb/kfree_skb. Aggregates in the kernel (bpf/nic.bpf.c): rings of bytes/packets
@@ -11,13 +11,15 @@ and finds bursts (nic_window), takes flow deltas (nic_flows), qdisc counters
 (nic_qdisc) and drop reasons (nic_drops). Exports nic_window, nic_burst,
 nic_flow, nic_qdisc, skb_drop (fabricscope/measurements/nic.py).
 
-Cost: per packet one hash lookup (interface), one array update (bin), a header
-parse and one LRU-hash update (flow); nothing is sent per packet. User space
-reads ~poll_interval/bin slots per ring and CPU per poll (2000 at 100 us, 0.2 s).
-Measured here (2-core VM shared with other work; `fabricscope bench iperf3-overhead`):
-the TC program 88-102 ns per 1514-byte frame (BPF_PROG_TEST_RUN, warm), 0.4-0.9 us
-per skb live under load (bpf_stats); both probe processes of a veth pair together
-4.7 % of one core at 10-13 Gbit/s of iperf3; ~86 wire packets per user-space event.
+Cost: per packet one array lookup (interface), one array update (bin), a header
+parse from the skb's linear data and one LRU-hash update (flow); nothing is sent
+per packet. User space reads the bins in place and ~poll_interval/bin slots per
+ring and CPU per poll. Measured here (2-core VM; `fabricscope bench iperf3-overhead`,
+docs/PERFORMANCE.md): the TC program 78 ns per 1514-byte frame (BPF_PROG_TEST_RUN,
+warm), ~210 ns per skb live under load (bpf_stats, itself ~50 ns of that); iperf3
+over a veth pair keeps 0.91-0.94 of its throughput with the probe on both ends, where
+empty TC programs alone keep 0.95-0.99 (the hook's own cost on this VM); both probe
+processes together 1.3 % of one core; ~77 wire packets per user-space event.
 
 Standalone: `python -m agent.probes.nic_standalone --interfaces eth0` prints records.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -45,6 +48,7 @@ log = logging.getLogger("fabricscope.agent.nic")
 
 FAMILY = "nic"
 DIRECTIONS = ("rx", "tx")          # ring = interface slot * 2 + FS_NIC_RX/TX
+IFINDEX_SLOTS = 1024      # FS_NIC_IFINDEX_SLOTS
 KERNEL_STATS = ("skbs", "no_iface", "not_ip", "short", "flow_full", "ring_miss")  # FS_NIC_STAT_*
 DROP_SLOTS = 512                   # FS_NIC_DROP_SLOTS
 IFF_UP, IFF_LOOPBACK = 0x1, 0x8
@@ -64,6 +68,7 @@ class NicProbe(Probe):
         self._rings: RingSet | None = None
         self._ipr = None
         self._ring_map = None                          # the mmap of fs_nic_ring
+        self._ring_packets = None                      # () -> skbs counted per ring
         self._pending: list[Record] = []
         # `lost` (bins the ring overwrote before a drain) is fabricscope_agent_events_lost_total
         self._counts = {"lost": 0, "slots_read": 0, "flow_entries_read": 0, "windows": 0,
@@ -115,9 +120,10 @@ class NicProbe(Probe):
         except BaseException:
             self.detach()
             raise
-        log.info("nic: watching %s (%d us bins, %d-bin rings, %s)",
-                 ", ".join(link.name for link in self._ifaces), self.s.bin_ns // 1000,
-                 self.s.ring_slots, "host-wide drop reasons" if drops else
+        log.info("nic: watching %s (TC by %s, %d us bins, %d-bin rings, %s)",
+                 ", ".join(link.name for link in self._ifaces), self._tc.mechanism,
+                 self.s.bin_ns // 1000, self.s.ring_slots,
+                 "host-wide drop reasons" if drops else
                  "no drop reasons: not in the host's network namespace")
 
     def _check_layouts(self) -> None:
@@ -130,19 +136,19 @@ class NicProbe(Probe):
             raise ProbeUnavailable("bpf/nic.h and its Python mirror differ: " + ", ".join(bad))
 
     def _register_interfaces(self) -> None:
-        table = self._bpf[b"fs_nic_ifaces"]
         for slot, link in enumerate(self._ifaces):
-            value = table.Leaf()
-            value.ring, value.l2_len = slot * 2, L2_LEN.get(link.arphrd, 0)
-            table[table.Key(link.index)] = value
+            register_interface(self._bpf, link.index, slot * 2, L2_LEN.get(link.arphrd, 0))
 
     def _attach_tc(self) -> None:
-        from agent.probes.nic_tc import TcHooks
+        from agent import tc
 
         kind = type(self._bpf).SCHED_CLS
-        fns = {"rx": self._bpf.load_func(b"fs_nic_ingress", kind),
-               "tx": self._bpf.load_func(b"fs_nic_egress", kind)}
-        self._tc = TcHooks(fns)
+        fns = {"ingress": self._bpf.load_func(b"fs_nic_ingress", kind),
+               "egress": self._bpf.load_func(b"fs_nic_egress", kind)}
+        # clsact: a priority below tcp_retransmit's range (0x4000..), so the NIC counts
+        # first; per process, so that two agents sharing a namespace (tests) keep apart
+        self._tc = tc.TcPrograms(fns, tc.mode_of(self.ctx.config),
+                                 prio=0x1000 + os.getpid() % 0x2000)
         self._tc.attach(self._ifaces)
 
     def _start_state(self) -> None:
@@ -162,6 +168,7 @@ class NicProbe(Probe):
         def packets() -> list[int]:
             raw = nic_bpfmap.read_array_range(pkts_fd, 0, n_rings, 8 * self._cpus)
             return np.frombuffer(raw, "<u8").reshape(n_rings, self._cpus).sum(axis=1).tolist()
+        self._ring_packets = packets
 
         rings = RingSet(n_rings, s.ring_slots, s.bin_ns, read, start, packets)
         self._windows = [WindowAssembler(s.bin_ns, s.bins_per_window, start)
@@ -290,6 +297,8 @@ class NicProbe(Probe):
             from agent import bpf
             kernel = dict(zip(KERNEL_STATS, bpf.percpu_sums(self._bpf[b"fs_nic_stats"],
                                                             len(KERNEL_STATS))))
+            if self._ring_packets is not None:     # the programs count no skbs themselves
+                kernel["skbs"] = sum(self._ring_packets()) + kernel["no_iface"]
             runs = [nic_bpfmap.prog_run_stats(fn.fd) for fn in
                     (self._tc.fns.values() if self._tc is not None else ())]
             self._kernel_stats = {**kernel, "bpf_run_ns": sum(r[0] for r in runs),
@@ -329,6 +338,18 @@ class Link:
     name: str
     arphrd: int         # ARPHRD_* link type
     flags: int          # IFF_*
+
+
+def register_interface(bpf_obj, ifindex: int, ring: int, l2_len: int,
+                       slots: int = IFINDEX_SLOTS) -> None:
+    """Make the TC programs of a compiled nic object count an interface: its bins in
+    rings `ring` (RX) and ring + 1 (TX); l2_len bytes before the network header.
+    slots: the object's FS_NIC_IFINDEX_SLOTS."""
+    small = ifindex < slots
+    table = bpf_obj[b"fs_nic_iface_slots" if small else b"fs_nic_ifaces"]
+    value = table.Leaf()
+    value.ring, value.l2_len, value.watched = ring, l2_len, 1
+    table[table.Key(ifindex)] = value
 
 
 def _item_size(ctype) -> int:

@@ -54,14 +54,16 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
+import os
 
 from agent import addresses as addrs
-from agent import bpf
+from agent import bpf, tc
 from agent.owners import Owners
 from agent.probes.base import Probe, ProbeUnavailable
 from agent.probes.base import ringbuf_pages as ringbuf_pages_for
 from agent.probes.tcp_common import (FsFlow, addr_key, addr_text, fill_own_addrs,  # noqa: F401
                                      flow_key, flow_tags, recursion_misses, state_name)
+from agent.tc import TcPrograms
 from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.tcp_retransmit")
@@ -198,7 +200,7 @@ class TcpRetransmitProbe(Probe):
     def __init__(self, ctx):
         super().__init__(ctx)
         self._bpf = None
-        self._tc: bpf.TcEgress | None = None
+        self._tc: TcPrograms | None = None
         self._pending: list[Record] = []
         self._decode_errors = 0
         self.owners = Owners()
@@ -263,10 +265,13 @@ class TcpRetransmitProbe(Probe):
                         "to 1 per retransmit", self.name, ", ".join(sorted(self.ctx.addresses)))
             return
         fn = self._bpf.load_func(b"tc_egress", type(self._bpf).SCHED_CLS)
-        self._tc = bpf.TcEgress(fn)
+        # its own clsact priority range, above the nic probe's: the NIC counts first
+        self._tc = TcPrograms({"egress": fn}, tc.mode_of(self.ctx.config),
+                              prio=0x4000 + os.getpid() % 0x3000)
         self._tc.attach(ifaces)
-        log.info("%s: attached for %s (TC egress on %s)", self.name,
-                 ", ".join(sorted(self.ctx.addresses)), ", ".join(i.name for i in ifaces))
+        log.info("%s: attached for %s (TC egress on %s, %s)", self.name,
+                 ", ".join(sorted(self.ctx.addresses)), ", ".join(i.name for i in ifaces),
+                 self._tc.mechanism)
 
     def _on_event(self, _ctx, data, size) -> int:
         try:

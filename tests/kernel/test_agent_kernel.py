@@ -132,12 +132,12 @@ def in_netns(name: str, fn):
 
 
 @contextlib.contextmanager
-def attached_probe(ns: str, address: str):
+def attached_probe(ns: str, address: str, config=None):
     from agent import kernel
     from agent.probes.base import Clock, ProbeContext
     from agent.probes.tcp_retransmit import TcpRetransmitProbe
     kernel.prepare()
-    probe = TcpRetransmitProbe(ProbeContext(ns, frozenset([address]), Clock(), None))
+    probe = TcpRetransmitProbe(ProbeContext(ns, frozenset([address]), Clock(), config))
     try:
         in_netns(ns, probe.attach)
         yield probe
@@ -180,9 +180,32 @@ def test_retransmitted_segments_match_nstat_exactly_and_stay_with_their_node(net
     assert stats_a["emitted"] == len(recs_a) and stats_a["tc_packets"] > 0
 
 
-def test_detach_leaves_no_filter_behind(netpair):
+def _tcx_egress(ns: str) -> list[int]:
+    from agent import tc
+
+    def query():
+        from pyroute2 import IPRoute
+        with IPRoute() as ipr:
+            return tc.tcx_programs(ipr.link_lookup(ifname="eth0")[0], "egress")
+    return in_netns(ns, query)
+
+
+def test_detach_leaves_no_tcx_link_behind(netpair):
     p = netpair
-    with attached_probe(p.a, p.addr_a):
+    with attached_probe(p.a, p.addr_a) as probe:
+        assert probe._tc.mechanism == "tcx"        # this kernel has tcx (6.6+)
+        assert len(_tcx_egress(p.a)) == 1
+        # tcx needs no qdisc: nothing shows in tc
+        assert "clsact" not in sh("ip", "netns", "exec", p.a, "tc", "qdisc", "show", "dev",
+                                  "eth0").stdout
+    assert _tcx_egress(p.a) == []
+
+
+def test_clsact_detach_leaves_no_filter_behind(netpair):
+    from agent.config import AgentConfig
+    p = netpair
+    with attached_probe(p.a, p.addr_a, AgentConfig(tc_attach="clsact")) as probe:
+        assert probe._tc.mechanism == "clsact" and _tcx_egress(p.a) == []
         shown = sh("ip", "netns", "exec", p.a, "tc", "filter", "show", "dev", "eth0",
                    "egress").stdout
         assert "tc_egress" in shown

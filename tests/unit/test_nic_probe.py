@@ -8,7 +8,7 @@ import pytest
 from agent.config import AgentConfig
 from agent.probes import REGISTRY, load_class
 from agent.probes.base import Clock, ProbeContext
-from agent.probes.nic import DROP_SLOTS, KERNEL_STATS, NicProbe
+from agent.probes.nic import DROP_SLOTS, IFINDEX_SLOTS, KERNEL_STATS, NicProbe
 from agent.probes.nic_window import Burst, WindowStats
 from fabricscope.errors import UserError
 from fabricscope.records import Record
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 C_SOURCE = (ROOT / "bpf" / "nic.bpf.c").read_text()
 HEADER = (ROOT / "bpf" / "nic.h").read_text()
 LOADER = "".join((ROOT / "agent" / "probes" / name).read_text()
-                 for name in ("nic.py", "nic_tc.py"))
+                 for name in ("nic.py",))
 
 
 def probe(**cfg) -> NicProbe:
@@ -44,6 +44,7 @@ def test_kernel_stat_names_follow_the_header_order():
     assert len(KERNEL_STATS) == int(re.search(r"FS_NIC_NSTATS (\d+)", HEADER).group(1))
     assert [defines[i].lower() for i in range(len(KERNEL_STATS))] == list(KERNEL_STATS)
     assert DROP_SLOTS == int(re.search(r"FS_NIC_DROP_SLOTS (\d+)", HEADER).group(1))
+    assert IFINDEX_SLOTS == int(re.search(r"FS_NIC_IFINDEX_SLOTS (\d+)", HEADER).group(1))
 
 
 def test_window_record_values():
