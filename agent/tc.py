@@ -31,6 +31,7 @@ import platform
 from dataclasses import dataclass
 
 from agent.probes.base import ProbeUnavailable
+from agent.probes.nic_bpfmap import _SYS_BPF, _libc   # the bpf() number and libc, loaded once
 
 log = logging.getLogger("fabricscope.agent.tc")
 
@@ -39,7 +40,6 @@ PARENTS = {"ingress": "ffff:fff2", "egress": "ffff:fff3"}    # clsact's two hook
 _BPF_PROG_QUERY = 16
 _BPF_LINK_CREATE = 28
 _TCX_ATTACH_TYPE = {"ingress": 46, "egress": 47}    # BPF_TCX_INGRESS, BPF_TCX_EGRESS (uapi)
-_SYS_BPF = {"x86_64": 321, "aarch64": 280}
 _EEXIST = 17
 #: what a kernel without tcx answers (524: ENOTSUPP, kernel-internal)
 _NO_TCX = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS, 524)
@@ -69,8 +69,7 @@ def _bpf(cmd: int, attr) -> int:
     nr = _SYS_BPF.get(platform.machine())
     if nr is None:
         raise OSError(errno.ENOSYS, f"bpf() syscall number unknown on {platform.machine()}")
-    rc = ctypes.CDLL(None, use_errno=True).syscall(nr, cmd, ctypes.byref(attr),
-                                                   ctypes.sizeof(attr))
+    rc = _libc().syscall(nr, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
     if rc < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
