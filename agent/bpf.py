@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.probes.base import ProbeUnavailable
@@ -95,12 +96,26 @@ def percpu_sums(table, count: int) -> list[int]:
     return out
 
 
-def prog_run_stats(fds) -> tuple[int, int]:
-    """(run_time_ns, run_cnt) summed over BPF program fds, from /proc/self/fdinfo.
+@dataclass(frozen=True)
+class ProgStats:
+    """What the kernel counts about a set of loaded BPF programs (/proc/self/fdinfo).
 
-    The kernel counts these only while BPF stats are enabled (sysctl
-    kernel.bpf_stats_enabled=1 or a BPF_ENABLE_STATS fd); otherwise both stay 0."""
-    ns = runs = 0
+    run_ns, runs: only while BPF stats are enabled (sysctl kernel.bpf_stats_enabled=1
+    or a BPF_ENABLE_STATS fd, itself ~20 ns per run); else 0.
+    missed: runs the kernel skipped (recursion_misses, 5.12+; else 0). Tracepoint and
+    kprobe programs share one per-CPU guard (bpf_prog_active) with each other and with
+    every BPF map syscall, which raises it for its duration, preempted or not: a hit
+    that comes meanwhile on that CPU (this agent draining a map, a softirq interrupting
+    another of our programs) does not run ours. Raw tracepoints, TC and (6.1+) uprobe
+    programs are guarded per program and miss only when they would recurse."""
+    run_ns: int = 0
+    runs: int = 0
+    missed: int = 0
+
+
+def prog_stats(fds) -> ProgStats:
+    """ProgStats summed over BPF program fds."""
+    ns = runs = missed = 0
     for fd in fds:
         try:
             text = Path(f"/proc/self/fdinfo/{fd}").read_text()
@@ -109,4 +124,11 @@ def prog_run_stats(fds) -> tuple[int, int]:
         fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
         ns += int(fields.get("run_time_ns", "0").strip() or 0)
         runs += int(fields.get("run_cnt", "0").strip() or 0)
-    return ns, runs
+        missed += int(fields.get("recursion_misses", "0").strip() or 0)
+    return ProgStats(ns, runs, missed)
+
+
+def prog_stat_counters(fds) -> dict[str, int]:
+    """A probe's counters for its programs: bpf_run_ns, bpf_runs, missed_hits."""
+    st = prog_stats(fds)
+    return {"bpf_run_ns": st.run_ns, "bpf_runs": st.runs, "missed_hits": st.missed}

@@ -103,7 +103,8 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
         outputs.append(shipper.start())
     names = {p.name for p in probes}
     join = TrainingJoin(retransmits_known=bool(names & {"tcp_retransmit", "tcp_flows"}),
-                        transfers_per_s=cfg.tcp_transfers_per_s)
+                        transfers_per_s=cfg.tcp_transfers_per_s,
+                        tail_s=cfg.tcp_transfer_tail_us / 1e6)
     interval = effective_poll_interval(cfg.poll_interval_s, probes)
     if interval < cfg.poll_interval_s:
         log.info("polling every %.3g s, not %.3g s (config poll_interval_s): what probes "
@@ -116,8 +117,25 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
     finally:
         detach_all(probes)      # no-op after a normal stop; frees BPF on errors
         readiness.mark_not_ready("stopped")
-    log.info("agent %s stopped", cfg.node)
+    log.info("agent %s stopped; %s", cfg.node, final_counts(metrics.probe_stats))
     return 0
+
+
+def final_counts(probe_stats) -> str:
+    """The counters worth a line in the log at stop (all are exported as metrics too):
+    what each probe lost or skipped, and what the training join did with transfers."""
+    parts = []
+    for probe in probe_stats.names():
+        stats = probe_stats.get(probe)
+        if probe == "join":
+            shown = {k: v for k, v in stats.items() if k.startswith("transfers_") and v}
+        else:
+            shown = {k: v for k, v in stats.items()
+                     if v and (k in ("lost", "missed_hits", "decode_errors")
+                               or k.endswith("_recovered_bytes"))}
+        if shown:
+            parts.append(f"{probe}: " + ", ".join(f"{k} {v}" for k, v in sorted(shown.items())))
+    return "; ".join(parts) or "nothing lost"
 
 
 def lower_priority(nice: int, policy: str = "normal") -> None:

@@ -36,6 +36,10 @@ class _ProbeStats:
             if now is not None:
                 self._taken[probe] = now
 
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._snap)
+
     def get(self, probe: str) -> dict[str, int]:
         with self._lock:
             return dict(self._snap.get(probe, {}))

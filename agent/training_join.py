@@ -23,8 +23,11 @@ owner's pid, tcp_transfer: runs of bytes without a gap). Put together:
    traffic, folded too. Any other transfer is written, and when its owner is a
    training process (a job and rank in its environment) it is also a phase of that
    job's step: `data_load` when it mostly received, `checkpoint` when it mostly
-   sent. No list of rank peers is needed: a rank moves gradient bytes only on the
-   flows of its collectives.
+   sent. A small piece (under TAIL_BYTES) that began at most tail_s after the
+   flow's previous transfer (its gap_s) continues that transfer's phase: the
+   8-byte acknowledgment a store sends after a checkpoint, late because the store
+   was descheduled, is part of the checkpoint, not a read. No list of rank peers is
+   needed: a rank moves gradient bytes only on the flows of its collectives.
 3. NCCL communicators created before the agent attached: their nccl_call records
    lack rank, nranks and comm_id; the NCCL_DEBUG log's `Init COMPLETE` line of the
    same pid and communicator handle (nccl_log_comm) has them.
@@ -49,6 +52,9 @@ from fabricscope.records import Record
 HOLD_S = 2.0          # seconds a joined record waits for its partners
 WINDOW_WAIT_S = 10.0  # at most this long a training transfer waits for its windows
 HORIZON_S = 60.0      # seconds of windows, steps and retransmits kept per process
+TAIL_S = 0.02         # default tail_s: the agent passes config tcp_transfer_tail_us
+TAIL_BYTES = 64 << 10     # a piece this small after a transfer continues its phase
+MAX_FLOW_PHASES = 4096    # flows per process whose last phase is remembered (oldest go)
 MAX_NCCL_COMMS = 65536    # communicators remembered from NCCL logs (oldest dropped)
 _HELD = frozenset({"gloo_collective", "gloo_step", "tcp_transfer"})
 
@@ -73,6 +79,8 @@ class _Process:
     retrans: list[tuple[int, int]] = field(default_factory=list)     # (time, segs), sorted
     votes: dict[tuple[str, str, str, str], list[int]] = field(default_factory=dict)
     #   flow -> [bytes of transfers inside windows, bytes outside, transfers inside]
+    phases: dict[tuple[str, str, str, str], str] = field(default_factory=dict)
+    #   flow -> phase of its last written transfer
     newest_end_ns: int = 0                                           # latest window end
 
     def add_window(self, start_ns: int, end_ns: int) -> None:
@@ -136,11 +144,15 @@ class _Process:
 
 class TrainingJoin:
     def __init__(self, retransmits_known: bool, hold_s: float = HOLD_S,
-                 horizon_s: float = HORIZON_S, transfers_per_s: int = 200):
+                 horizon_s: float = HORIZON_S, transfers_per_s: int = 200,
+                 tail_s: float = TAIL_S):
         """retransmits_known: a tcp probe runs, so a window without retransmit records
         really had none. transfers_per_s: written tcp_transfer records of processes that
-        are not training ranks, at most, per second of the records' own time."""
+        are not training ranks, at most, per second of the records' own time. tail_s: a
+        small piece at most this long after its flow's previous transfer continues that
+        transfer's phase (0: never)."""
         self.retransmits_known = retransmits_known
+        self.tail_s = tail_s
         self.transfers_per_s = transfers_per_s
         self._budget_second, self._budget_used = -1, 0
         self.hold_s, self.horizon_ns = hold_s, int(horizon_s * 1e9)
@@ -367,8 +379,15 @@ class TrainingJoin:
     def _phase(self, r: Record, start: int, end: int) -> Record:
         key = (r.tags["job"], r.tags["rank"])
         bytes_in, bytes_out = int(r.fields["bytes_in"]), int(r.fields["bytes_out"])
-        tags = {"job": key[0], "rank": key[1],
-                "phase": "data_load" if bytes_in >= bytes_out else "checkpoint"}
+        phase = "data_load" if bytes_in >= bytes_out else "checkpoint"
+        phases = self._procs[r.tags["pid"]].phases
+        gap = r.fields.get("gap_s")
+        if gap is not None and gap <= self.tail_s and bytes_in + bytes_out < TAIL_BYTES:
+            phase = phases.get(_flow(r), phase)       # the rest of the transfer before
+        phases[_flow(r)] = phase
+        if len(phases) > MAX_FLOW_PHASES:
+            del phases[next(iter(phases))]
+        tags = {"job": key[0], "rank": key[1], "phase": phase}
         if "node" in r.tags:
             tags["node"] = r.tags["node"]
         fields = {"seconds": (end - start) / 1e9, "bytes": bytes_in + bytes_out,

@@ -154,6 +154,50 @@ static __always_inline void end_transfer(struct fs_sock *s, struct fs_flow *flow
 	s->xfer_out = 0;
 }
 
+/* Received bytes of hits this program missed. The kernel skips a tracepoint program
+ * while another tracing program or a BPF map syscall (bpf_disable_instrumentation:
+ * user space draining maps, even preempted inside it) holds the CPU's
+ * bpf_prog_active; tcp_probe's data_len then never counts those segments (measured:
+ * ~1.5 MB of a 2 MiB read). Our ACKs say what arrived: the acknowledgment number of
+ * the socket's last packet out (TC egress) advances by every byte received in
+ * order. rcv_acked accumulates those advances on `received`'s scale.
+ *
+ * Compared only when that packet left after the last hit that counted payload: the
+ * socket is locked from a hit until its segment is processed, so such a packet was
+ * built after and acknowledges everything counted; both sides then cover the same
+ * bytes, but for those of missed hits, which the ACK has and data_len not. (Earlier,
+ * the ACK may lag what data_len counted; the first comparison would take the lag for
+ * the baseline and later report it as missed.) Out-of-order and duplicate segments
+ * count before they are acknowledged, or twice: they only hide as many missed bytes.
+ *
+ * `fin`: 1 when the peer's FIN may be acknowledged (at close): it takes one sequence
+ * number and carries no byte. Returns the recovered bytes (added to `received` by
+ * the caller) and, in *ack_ns, when the ACK that covers them left. */
+static __always_inline __u32 recover_received(__u64 sk, struct fs_flow *flow,
+					      struct fs_sock *s, __u64 *ack_ns, __u32 fin)
+{
+	__u32 ack;
+
+	if (!fs_last_ack(sk, flow, &ack, ack_ns) || *ack_ns <= s->last_in_ns)
+		return 0;
+	if (!s->has_ack) {
+		s->has_ack = 1;
+		s->last_ack = ack;
+		s->rcv_acked = s->received;
+		return 0;
+	}
+	__u32 d = ack - s->last_ack;
+	if (!d || d >= 0x80000000)
+		return 0;
+	s->last_ack = ack;
+	s->rcv_acked += d;
+	if (s->rcv_acked <= s->received + fin)
+		return 0;
+	__u64 missed = s->rcv_acked - s->received - fin;
+	fstat_add(FS_FSTAT_RECOVERED, missed);
+	return missed > 0xffffffff ? 0xffffffff : (__u32)missed;
+}
+
 /* Transfers: a socket's hits that move bytes (payload in, snd_una advancing, or
  * data in flight to be acknowledged) with no gap over FS_TRANSFER_GAP_NS between
  * them. A gap ends the transfer before the hit (reported here, on the first hit
@@ -162,49 +206,71 @@ static __always_inline void end_transfer(struct fs_sock *s, struct fs_flow *flow
  *
  * tcp_probe shows the socket as the previous segment left it, so `out` (snd_una's
  * advance) is what the segment before this hit acknowledged: after a gap it is the
- * last acknowledgment of the transfer that ended, and counts there. */
-static __always_inline void add_transfer(struct fs_sock *s, struct fs_flow *flow, __u16 family,
-					 __u32 in, __u32 out, int in_flight)
+ * last acknowledgment of the transfer that ended, and counts there. Bytes of missed
+ * hits (recover_received, checked at a gap: once per transfer, not per segment)
+ * count for the transfer that ended when our ACK covering them left before the gap
+ * began; else the hits missed were the beginning of the one this hit starts, and
+ * they, with that snd_una advance, count for it. Returns the recovered bytes. */
+static __always_inline __u32 add_transfer(__u64 sk, struct fs_sock *s, struct fs_flow *flow,
+					  __u16 family, __u32 in, __u32 out, int in_flight)
 {
 	__u64 now = bpf_ktime_get_ns();
+	__u32 recovered = 0;
 
 	if (s->xfer_start && now - s->xfer_last > FS_TRANSFER_GAP_NS) {
-		s->xfer_out += out;
-		out = 0;
+		__u64 ack_ns = 0;
+
+		recovered = recover_received(sk, flow, s, &ack_ns, 0);
+		if (recovered && ack_ns > s->xfer_last + FS_TRANSFER_GAP_NS) {
+			in += recovered;     /* and `out`: acknowledged in those hits, likely */
+		} else {
+			s->xfer_in += recovered;
+			s->received += recovered;
+			s->xfer_out += out;
+			out = 0;
+		}
 		end_transfer(s, flow, family);
 	}
 	s->received += in;
+	if (in)
+		s->last_in_ns = now;
 	if (!in && !out && !in_flight)
-		return;
+		return recovered;
 	if (!s->xfer_start)
 		s->xfer_start = now;
 	s->xfer_last = now;
 	s->xfer_in += in;
 	s->xfer_out += out;
+	return recovered;
 }
 
 /* snd_una/snd_nxt progress of the socket since its previous hit (returns the bytes
- * newly acknowledged), and its transfer bookkeeping (`in`: payload of this segment). */
+ * newly acknowledged), and its transfer bookkeeping (`in`: payload of this segment;
+ * *recovered: received bytes of missed hits found now, see recover_received). */
 static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
-				     struct fs_flow *flow, __u16 family)
+				     struct fs_flow *flow, __u16 family, __u32 *recovered)
 {
 	struct fs_sock *s = socks.lookup(&sk);
+	__u64 ack_ns;
 
 	/* Both count from the first snd_una seen, so bytes in flight then are "sent"
-	 * too and sent >= acked holds. */
+	 * too and sent >= acked holds. The ACK baseline is taken then too. */
 	if (!s) {
 		struct fs_sock init = {.last_una = una, .last_nxt = una, .has_una = 1};
 		socks.update(&sk, &init);
 		s = socks.lookup(&sk);
-		if (s)
-			add_transfer(s, flow, family, in, 0, una != nxt);
+		if (s) {
+			recover_received(sk, flow, s, &ack_ns, 0);
+			*recovered = add_transfer(sk, s, flow, family, in, 0, una != nxt);
+		}
 		return 0;
 	}
 	if (!s->has_una) {
 		s->last_una = una;
 		s->last_nxt = una;
 		s->has_una = 1;
-		add_transfer(s, flow, family, in, 0, una != nxt);
+		recover_received(sk, flow, s, &ack_ns, 0);
+		*recovered = add_transfer(sk, s, flow, family, in, 0, una != nxt);
 		return 0;
 	}
 	__u32 sent = nxt - s->last_nxt;
@@ -219,7 +285,7 @@ static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
 		s->acked += acked;
 		s->last_una = una;
 	}
-	add_transfer(s, flow, family, in, acked, una != nxt);
+	*recovered = add_transfer(sk, s, flow, family, in, acked, una != nxt);
 	return acked;
 }
 
@@ -234,8 +300,9 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
 	if (!g || *g == 0)
 		return 0;        /* user space has not started the first window yet */
 	__u32 gen = *g;
+	__u32 recovered = 0;
 	__u32 acked = advance((__u64)args->skaddr, args->snd_una, args->snd_nxt, args->data_len,
-			      &flow, args->family);
+			      &flow, args->family, &recovered);
 	fstat_add(FS_FSTAT_PROBE_HITS, 1);
 
 	struct fs_flow_slot *s = slot_for(&flow, gen);
@@ -244,7 +311,7 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
 		return 0;
 	}
 	s->segs_in++;
-	s->received += args->data_len;
+	s->received += args->data_len + recovered;
 	__u32 cwnd = args->snd_cwnd;
 	if (cwnd < s->cwnd_min)
 		s->cwnd_min = cwnd;
@@ -335,6 +402,16 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 			ev.duration_ns = now - s->est_ns;
 			ev.flags |= FS_CLOSE_ESTABLISHED;
 		}
+#ifdef FS_WITH_TCP_PROBE
+		if (s->has_una) {          /* the last bytes, when their hits were missed */
+			__u64 ack_ns;
+			__u32 recovered = recover_received(sk, &ev.flow, s, &ack_ns, 1);
+
+			s->received += recovered;
+			if (s->xfer_start)
+				s->xfer_in += recovered;
+		}
+#endif
 		if (s->has_una) {
 			ev.bytes_acked = s->acked;
 			ev.bytes_sent = s->sent;

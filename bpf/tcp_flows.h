@@ -27,7 +27,9 @@
 #define FS_FSTAT_TRANSFERS_SMALL 7   /* transfers under FS_TRANSFER_MIN_BYTES: not reported */
 #define FS_FSTAT_TRANSFERS_TAIL 8    /* of TRANSFERS: under the minimum, reported as the rest of
                                       * the one before (FS_TRANSFER_TAIL_NS) */
-#define FS_NFSTATS 9
+#define FS_FSTAT_RECOVERED 9     /* bytes received in tcp_probe hits our program missed,
+                                  * counted from our ACKs (recover_received) */
+#define FS_NFSTATS 10
 
 /* One flow's aggregates over one window, on one CPU. */
 struct fs_flow_slot {
@@ -71,8 +73,14 @@ struct fs_sock {
 	__u32 last_nxt;
 	__u8 has_una;         /* last_una/last_nxt are set */
 	__u8 active;          /* 1: this side connected */
-	__u8 pad[2];
+	__u8 has_ack;         /* last_ack/rcv_acked are set */
+	__u8 pad;
 	__u32 pid;            /* the process that connected (tgid at SYN_SENT); 0: unknown */
+	__u64 rcv_acked;      /* bytes our ACKs acknowledged since last_ack was first seen,
+	                       * on `received`'s scale (set equal to it then) */
+	__u64 last_in_ns;     /* the last hit that received payload */
+	__u32 last_ack;       /* acknowledgment number of our last packet out (TC egress) */
+	__u32 pad2;
 };
 
 struct fs_flow_event {

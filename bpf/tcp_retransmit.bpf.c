@@ -9,7 +9,8 @@
  *   tracepoint tcp/tcp_retransmit_synack  SYN-ACK retransmits (RetransSegs counts them)
  *   tracepoint tcp/tcp_cong_state_set     congestion state per socket: the kind
  *   tracepoint tcp/tcp_destroy_sock       forgets a socket's congestion state
- *   TC egress (cls_bpf, direct action)    gso_segs and payload of each own TCP packet
+ *   TC egress (cls_bpf, direct action)    gso_segs, payload and ack number of each own
+ *       TCP packet
  *
  * Why TC egress: the kernel's RetransSegs adds tcp_skb_pcount(skb) per retransmit,
  * and with TSO/GSO one retransmitted skb carries several segments; the tracepoint
@@ -263,6 +264,13 @@ static __always_inline void remember_tx(struct __sk_buff *skb, struct fs_flow *f
 	/* In place when the socket is known: an LRU update allocates a new element
 	 * per packet, and that churn can evict other live sockets' entries. */
 	struct fs_sock_tx *old = socks_tx.lookup(&sk);
+	if (!seen->has_ack && old) {            /* a packet without ACK keeps the last one */
+		tx.ack_seq = old->ack_seq;
+		tx.has_ack = old->has_ack;
+	} else {
+		tx.ack_seq = seen->ack_seq;
+		tx.has_ack = seen->has_ack;
+	}
 	if (old)
 		*old = tx;
 	else
@@ -270,9 +278,26 @@ static __always_inline void remember_tx(struct __sk_buff *skb, struct fs_flow *f
 }
 #endif
 
-/* TC egress, direct action: remember gso_segs and payload of the last own TCP packet
- * per flow, and add them to the node totals. Returns TC_ACT_UNSPEC (not OK) so
- * filters of other tools behind ours still run. */
+/* The acknowledgment number of the last own packet of a socket seen on TC egress
+ * (the socket's rcv_nxt when it left) and when it left. 0: TC saw none with ACK.
+ * tcp_flows counts received bytes from it when its tcp_probe program missed hits. */
+static __always_inline int fs_last_ack(__u64 sk, struct fs_flow *flow, __u32 *ack, __u64 *ts)
+{
+#ifdef FS_RAW_RETRANSMIT
+	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
+#else
+	struct fs_egress *tx = egress.lookup(flow);
+#endif
+	if (!tx || !tx->has_ack)
+		return 0;
+	*ack = tx->ack_seq;
+	*ts = tx->ts_ns;
+	return 1;
+}
+
+/* TC egress, direct action: remember gso_segs, payload and acknowledgment number of
+ * the last own TCP packet per flow, and add the first two to the node totals.
+ * Returns TC_ACT_UNSPEC (not OK) so filters of other tools behind ours still run. */
 int tc_egress(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
@@ -315,10 +340,19 @@ int tc_egress(struct __sk_buff *skb)
 		.ts_ns = bpf_ktime_get_ns(),
 		.gso_segs = skb->gso_segs ? skb->gso_segs : 1,
 		.bytes = skb->len > headers ? skb->len - headers : 0,
+		.ack_seq = ((__u32)l4[8] << 24) | ((__u32)l4[9] << 16) | ((__u32)l4[10] << 8) | l4[11],
+		.has_ack = (l4[13] & 0x10) != 0,
 	};
 #ifdef FS_RAW_RETRANSMIT
 	remember_tx(skb, &flow, &seen, l4[13], eth->h_proto);
 #else
+	if (!seen.has_ack) {
+		struct fs_egress *old = egress.lookup(&flow);
+		if (old) {
+			seen.ack_seq = old->ack_seq;
+			seen.has_ack = old->has_ack;
+		}
+	}
 	egress.update(&flow, &seen);
 #endif
 	stat_add(FS_STAT_TC_PACKETS, 1);

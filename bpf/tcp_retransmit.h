@@ -31,6 +31,8 @@ struct fs_egress {
 	__u64 ts_ns;
 	__u32 gso_segs;   /* segments on the wire (tcp_skb_pcount of the skb) */
 	__u32 bytes;      /* TCP payload bytes of the skb (all its segments) */
+	__u32 ack_seq;    /* its acknowledgment number: the socket's rcv_nxt when sent */
+	__u32 has_ack;    /* 1: ack_seq is set (the ACK flag was on, this or an earlier packet) */
 };
 
 /* Last packet of an own socket seen leaving on TC egress (key: the socket's
@@ -43,6 +45,8 @@ struct fs_sock_tx {
 	__u8 fresh;       /* 1: no retransmit took this packet yet */
 	__u32 gso_segs;
 	__u32 bytes;
+	__u32 ack_seq;    /* as in fs_egress */
+	__u32 has_ack;
 };
 
 /* Congestion state of one own socket (key: skaddr), from tcp/tcp_cong_state_set. */

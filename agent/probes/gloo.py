@@ -150,6 +150,7 @@ class GlooProbe(UprobeProbe):
             table = self._bpf[b"stats"]
             for i, name in enumerate(layout.STATS):
                 out[name] = int(table.sum(ctypes.c_int(i)).value)
+            out.update(bpf.prog_stat_counters(fn.fd for fn in self._bpf.funcs.values()))
         return out
 
     # --- events ------------------------------------------------------------------------

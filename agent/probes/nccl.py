@@ -100,9 +100,8 @@ class NcclProbe(UprobeProbe):
         if self._bpf is not None:
             out.update(zip(STAT_NAMES, bpf.percpu_sums(self._bpf[b"stats"], len(STAT_NAMES))))
             # Run time of our programs (not the uprobe trap itself), while the kernel's
-            # BPF stats are on (sysctl kernel.bpf_stats_enabled=1); else 0.
-            out["bpf_run_ns"], out["bpf_runs"] = bpf.prog_run_stats(
-                fn.fd for fn in self._bpf.funcs.values())
+            # BPF stats are on (sysctl kernel.bpf_stats_enabled=1), else 0; missed_hits.
+            out.update(bpf.prog_stat_counters(fn.fd for fn in self._bpf.funcs.values()))
         return out
 
     # --- events ------------------------------------------------------------------------

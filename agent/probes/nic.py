@@ -299,10 +299,8 @@ class NicProbe(Probe):
                                                             len(KERNEL_STATS))))
             if self._ring_packets is not None:     # the programs count no skbs themselves
                 kernel["skbs"] = sum(self._ring_packets()) + kernel["no_iface"]
-            runs = [nic_bpfmap.prog_run_stats(fn.fd) for fn in
-                    (self._tc.fns.values() if self._tc is not None else ())]
-            self._kernel_stats = {**kernel, "bpf_run_ns": sum(r[0] for r in runs),
-                                  "bpf_runs": sum(r[1] for r in runs)}
+            self._kernel_stats = {**kernel, **bpf.prog_stat_counters(
+                fn.fd for fn in (self._tc.fns.values() if self._tc is not None else ()))}
         return {**self._counts, **self._kernel_stats}
 
     def detach(self) -> None:

@@ -180,7 +180,6 @@ BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_PROG_GET_FD_BY_ID = 13
 _PROG_INFO_SIZE = 256
 _NAME_OFFSET = 64           # struct bpf_prog_info: name[16] (uapi, 4.15+)
-_RUN_TIME_OFFSET = 192      # struct bpf_prog_info: run_time_ns, then run_cnt (uapi, 5.1+)
 
 
 def _prog_info(prog_fd: int) -> bytes | None:
@@ -193,17 +192,6 @@ def _prog_info(prog_fd: int) -> bytes | None:
     if nr is None or _libc().syscall(nr, BPF_OBJ_GET_INFO_BY_FD, attr, ctypes.sizeof(attr)) != 0:
         return None
     return info.raw
-
-
-def prog_run_stats(prog_fd: int) -> tuple[int, int]:
-    """(run_time_ns, run_cnt) of a loaded program; both stay 0 unless the kernel counts
-    them (sysctl kernel.bpf_stats_enabled=1, which itself costs ~20 ns per run)."""
-    info = _prog_info(prog_fd)
-    if info is None:
-        return 0, 0
-    run_ns = int.from_bytes(info[_RUN_TIME_OFFSET:_RUN_TIME_OFFSET + 8], "little")
-    runs = int.from_bytes(info[_RUN_TIME_OFFSET + 8:_RUN_TIME_OFFSET + 16], "little")
-    return run_ns, runs
 
 
 def prog_name_by_id(prog_id: int) -> str:

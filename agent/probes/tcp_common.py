@@ -81,18 +81,3 @@ def tracepoint_field_types(category: str, event: str,
     except OSError:
         return None
     return {m.group("name"): m.group("type").strip() for m in _FIELD.finditer(text)}
-
-
-def recursion_misses(fd: int) -> int:
-    """Hits a BPF program missed because another tracing program was running on that
-    CPU (the kernel runs one kprobe/tracepoint/uprobe program per CPU at a time; a
-    tracepoint that fires meanwhile, e.g. a retransmit in a softirq that interrupted
-    tcp_probe's program, skips ours). From /proc/self/fdinfo (5.12+; else 0)."""
-    try:
-        text = Path(f"/proc/self/fdinfo/{fd}").read_text()
-    except OSError:
-        return 0
-    for line in text.splitlines():
-        if line.startswith("recursion_misses:"):
-            return int(line.split(":", 1)[1])
-    return 0

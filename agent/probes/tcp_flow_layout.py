@@ -22,7 +22,8 @@ CLOSE_ESTABLISHED, CLOSE_UNA, TRANSFER_AFTER_REPORTED = 1, 2, 4
 RST_REASON_NONE = 0xFFFFFFFF
 #: FS_FSTAT_* order
 FLOW_STATS = ("probe_hits", "rtt_samples", "flow_events_emitted", "flow_events_lost",
-              "no_slot", "state_hits", "transfers", "transfers_small", "transfers_tail")
+              "no_slot", "state_hits", "transfers", "transfers_small", "transfers_tail",
+              "received_recovered_bytes")
 
 #: enum sk_rst_reason (include/net/rstreason.h, 6.10+), as the tracepoint prints it
 RST_REASONS = ("NOT_SPECIFIED", "NO_SOCKET", "TCP_INVALID_ACK_SEQUENCE", "TCP_RFC7323_PAWS",
@@ -56,7 +57,10 @@ class Sock(ctypes.Structure):
                 ("xfer_out", ctypes.c_uint64), ("xfer_reported_end", ctypes.c_uint64),
                 ("last_una", ctypes.c_uint32), ("last_nxt", ctypes.c_uint32),
                 ("has_una", ctypes.c_uint8), ("active", ctypes.c_uint8),
-                ("pad", ctypes.c_uint8 * 2), ("pid", ctypes.c_uint32)]
+                ("has_ack", ctypes.c_uint8), ("pad", ctypes.c_uint8),
+                ("pid", ctypes.c_uint32), ("rcv_acked", ctypes.c_uint64),
+                ("last_in_ns", ctypes.c_uint64), ("last_ack", ctypes.c_uint32),
+                ("pad2", ctypes.c_uint32)]
 
 
 class FlowEvent(ctypes.Structure):

@@ -19,6 +19,15 @@ wall-clock multiple of it):
 The window in progress when the agent stops is cut short and written (its
 `seconds` says how long it was), in the poll after detach.
 
+Received bytes come from tcp_probe's data_len per segment, and the kernel skips
+tcp_probe's program now and then (another tracing program or a BPF map syscall on
+that CPU: agent/bpf.py, ProgStats; measured ~1.4 % of the bytes with map syscalls
+beside the receiver). The bytes of skipped hits are recovered from the
+acknowledgment number of the socket's last packet out, kept by the TC egress
+program, once per transfer (bpf/tcp_flows.bpf.c: recover_received): exported as
+probe_events_total{event="received_recovered_bytes"}, the skipped runs the kernel
+counted as {event="missed_hits"}.
+
 Cost (BPF run-time stats, kernel.bpf_stats_enabled=1, iperf3 over a lab veth,
 4 s): tcp/tcp_probe ~200 ns per segment received (it runs for every socket on
 the kernel; other nodes' exit after the address lookup), TC egress ~350 ns per

@@ -26,9 +26,11 @@ a probe (after an undo, or a path-MTU drop, which also enters Loss) is filed as 
 or rto when it is a single segment; TcpExtTCPFastRetrans also counts single-segment
 retransmits from the queue outside Recovery, which land in tlp here.
 
-Misses: the kernel runs one tracing BPF program (kprobe, tracepoint, uprobe) per
-CPU at a time; a retransmit tracepoint that fires while another one runs on its
-CPU (a softirq interrupting tcp_probe's program) skips ours (1-2.5 % of them).
+Misses: the kernel runs one tracepoint/kprobe BPF program per CPU at a time, and
+none while a BPF map syscall runs there (agent/bpf.py: ProgStats); a retransmit
+tracepoint that fires meanwhile on that CPU (a softirq interrupting tcp_probe's
+program) skips ours (1-2.5 % of them). Every program's skipped runs are exported
+as probe_events_total{event="missed_hits"}.
 So retransmits come from the raw tracepoint (guarded per program only), which
 gets the socket's address and err: flow, segments and payload come from the
 socket's last TC egress packet (map socks_tx, keyed by skb->sk). Kernels
@@ -62,7 +64,7 @@ from agent.owners import Owners
 from agent.probes.base import Probe, ProbeUnavailable
 from agent.probes.base import ringbuf_pages as ringbuf_pages_for
 from agent.probes.tcp_common import (FsFlow, addr_key, addr_text, fill_own_addrs,  # noqa: F401
-                                     flow_key, flow_tags, recursion_misses, state_name)
+                                     flow_key, flow_tags, state_name)
 from agent.tc import TcPrograms
 from fabricscope.records import Record
 
@@ -293,19 +295,18 @@ class TcpRetransmitProbe(Probe):
             return {}
         out = dict(zip(STATS, bpf.percpu_sums(self._bpf[b"stats"], len(STATS))))
         out["decode_errors"] = self._decode_errors
-        misses = {name: recursion_misses(fn.fd) for name, fn in self._bpf.funcs.items()}
+        funcs = self._bpf.funcs
         # retransmits our program never saw are lost events; the rest are counted apart
-        out["missed_retransmits"] = sum(n for name, n in misses.items()
-                                        if b"tcp_retransmit" in name)
+        out["missed_retransmits"] = bpf.prog_stats(
+            fn.fd for name, fn in funcs.items() if b"tcp_retransmit" in name).missed
         out["lost"] += out["missed_retransmits"]
-        out["missed_hits"] = sum(misses.values())
         o = self.owners.stats
         out.update(owners_resolved=o.resolved, owners_unresolved=o.unresolved,
                    owners_from_connect=o.learned,
                    owner_scans=o.scans, owner_waiting=self._tagger.waiting)
-        # Cost of our programs, when the kernel's BPF stats are on (else 0).
-        out["bpf_run_ns"], out["bpf_runs"] = bpf.prog_run_stats(
-            fn.fd for fn in self._bpf.funcs.values())
+        # Cost of our programs, when the kernel's BPF stats are on (else 0), and the
+        # hits they missed (missed_hits).
+        out.update(bpf.prog_stat_counters(fn.fd for fn in funcs.values()))
         return out
 
     def detach(self) -> None:

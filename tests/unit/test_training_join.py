@@ -219,3 +219,30 @@ def test_a_transfer_falls_in_the_step_whose_span_holds_it():
     key = (JOB["job"], JOB["rank"])
     assert [join._step_at(key, T0 + ms * MS) for ms in (-5, 0, 150, 399, 400, 10_000)] \
         == [-1, 0, 1, 3, 4, 4]
+
+
+def test_a_small_piece_right_after_a_checkpoint_is_its_tail_not_a_read():
+    """The store's 8-byte acknowledgment came 3.5 ms after the checkpoint's last byte
+    (the store was descheduled): still the checkpoint. A small piece long after, or a
+    big one right after, is classified by its own bytes."""
+    def piece(start_ms, bytes_in, bytes_out, gap_s=None):
+        r = transfer(start_ms, 0.001, bytes_in, bytes_out)
+        if gap_s is not None:
+            r.fields["gap_s"] = gap_s
+        return r
+    out, _ = run([collective(0, 0.010), piece(20, 0, 4_200_309), piece(29, 8, 0, 0.0035),
+                  piece(60, 8, 0, 0.030), piece(100, 0, 4_200_309, 0.069),
+                  piece(104, 2 << 20, 16, 0.003)])
+    phases = sorted(by(out, "gloo_phase"), key=lambda r: r.time_ns)
+    assert [(p.tags["phase"], p.fields["bytes"]) for p in phases] == [
+        ("checkpoint", 4_200_309), ("checkpoint", 8), ("data_load", 8),
+        ("checkpoint", 4_200_309), ("data_load", (2 << 20) + 16)]
+
+
+def test_with_the_tail_rule_off_every_piece_is_classified_by_its_own_bytes():
+    join = TrainingJoin(True, tail_s=0)
+    first, tail = transfer(20, 0.001, 0, 4_200_309), transfer(29, 0.001, 8, 0)
+    tail.fields["gap_s"] = 0.0035
+    out = join.feed([first, tail], now_s=100.0) + join.flush()
+    assert [p.tags["phase"] for p in sorted(by(out, "gloo_phase"), key=lambda r: r.time_ns)] \
+        == ["checkpoint", "data_load"]

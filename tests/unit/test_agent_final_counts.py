@@ -1,0 +1,23 @@
+"""agent/main.py: final_counts, the log line at stop."""
+
+from __future__ import annotations
+
+from agent.main import final_counts
+from agent.metrics import AgentMetrics
+
+
+def test_the_stop_line_names_losses_skips_and_what_the_join_did_with_transfers():
+    stats = AgentMetrics().probe_stats
+    stats.update("tcp_flows", {"lost": 0, "missed_hits": 3, "received_recovered_bytes": 1500,
+                               "probe_hits": 99})
+    stats.update("gloo", {"lost": 2, "events": 10})
+    stats.update("join", {"transfers_written": 18, "transfers_folded": 0,
+                          "phases_inferred": 12})
+    assert final_counts(stats) == ("gloo: lost 2; join: transfers_written 18; tcp_flows: "
+                                   "missed_hits 3, received_recovered_bytes 1500")
+
+
+def test_a_clean_run_says_so():
+    stats = AgentMetrics().probe_stats
+    stats.update("tcp_flows", {"lost": 0, "missed_hits": 0})
+    assert final_counts(stats) == "nothing lost"
