@@ -57,6 +57,11 @@
 
 #ifdef FS_RAW_RETRANSMIT
 BPF_TABLE("lru_hash", __u64, struct fs_sock_tx, socks_tx, FLOW_ENTRIES);
+#ifdef FS_REMEMBER_SYNACK
+/* The last SYN-ACK per flow (tcp_flows: an accepted socket's first acknowledgment
+ * number; the SYN-ACK leaves with the request socket, not the socket it becomes). */
+BPF_TABLE("lru_hash", struct fs_flow, struct fs_egress, synacks, FLOW_ENTRIES / 4);
+#endif
 #else
 BPF_TABLE("lru_hash", struct fs_flow, struct fs_egress, egress, FLOW_ENTRIES);
 #endif
@@ -279,11 +284,23 @@ static __always_inline void remember_tx(struct __sk_buff *skb, struct fs_flow *f
 #endif
 
 /* The acknowledgment number of the last own packet of a socket seen on TC egress
- * (the socket's rcv_nxt when it left) and when it left. 0: TC saw none with ACK.
- * tcp_flows counts received bytes from it when its tcp_probe program missed hits. */
-static __always_inline int fs_last_ack(__u64 sk, struct fs_flow *flow, __u32 *ack, __u64 *ts)
+ * (the socket's rcv_nxt when it left) and when it left; with `synack`, of the
+ * flow's last SYN-ACK. 0: TC saw none with ACK. tcp_flows counts received bytes
+ * from it when its tcp_probe program missed hits. */
+static __always_inline int fs_last_ack(__u64 sk, struct fs_flow *flow, __u32 *ack, __u64 *ts,
+				       int synack)
 {
 #ifdef FS_RAW_RETRANSMIT
+#ifdef FS_REMEMBER_SYNACK
+	if (synack) {
+		struct fs_egress *sa = synacks.lookup(flow);
+		if (!sa)
+			return 0;
+		*ack = sa->ack_seq;
+		*ts = sa->ts_ns;
+		return 1;
+	}
+#endif
 	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
 #else
 	struct fs_egress *tx = egress.lookup(flow);
@@ -345,6 +362,10 @@ int tc_egress(struct __sk_buff *skb)
 	};
 #ifdef FS_RAW_RETRANSMIT
 	remember_tx(skb, &flow, &seen, l4[13], eth->h_proto);
+#ifdef FS_REMEMBER_SYNACK
+	if ((l4[13] & 0x12) == 0x12)
+		synacks.update(&flow, &seen);
+#endif
 #else
 	if (!seen.has_ack) {
 		struct fs_egress *old = egress.lookup(&flow);
