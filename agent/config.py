@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from fabricscope.config import doc
 from fabricscope.errors import UserError
 
+#: config tc_attach (agent/tc.py)
+TC_ATTACH_MODES = ("auto", "tcx", "clsact")
+
 
 #: Every probe that needs no extra input. Those whose library or interface is
 #: absent attach nothing and cost a /proc rescan every few seconds.
@@ -171,7 +174,7 @@ class AgentConfig:
         "how the nic and tcp_retransmit probes hook TC: tcx (BPF links, Linux 6.6+; no "
         "qdisc or classifier in between, cheaper per packet), clsact (cls_bpf filters, any "
         "kernel with clsact), auto: tcx, else clsact (logged)",
-        choices=["auto", "tcx", "clsact"]))
+        choices=list(TC_ATTACH_MODES)))
     # --- probe nic (agent/probes/nic.py) ---
     interfaces: list[str] = field(default_factory=list, metadata=doc(
         "interfaces the nic probe watches (TC ingress and egress); empty: every "
@@ -198,9 +201,9 @@ class AgentConfig:
         "evicted and counted)"))
 
     def check(self) -> None:
-        if self.tc_attach not in ("auto", "tcx", "clsact"):
+        if self.tc_attach not in TC_ATTACH_MODES:
             raise UserError(f"tc_attach {self.tc_attach!r} is not a TC attach mode",
-                            "give auto, tcx or clsact")
+                            f"give one of {', '.join(TC_ATTACH_MODES)}")
         if self.output not in ("none", "jsonl"):
             raise UserError(f"--output must be jsonl or none, not {self.output!r}",
                             "use --output jsonl")

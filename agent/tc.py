@@ -30,12 +30,12 @@ import os
 import platform
 from dataclasses import dataclass
 
+from agent.config import TC_ATTACH_MODES as MODES
 from agent.probes.base import ProbeUnavailable
 from agent.probes.nic_bpfmap import _SYS_BPF, _libc   # the bpf() number and libc, loaded once
 
 log = logging.getLogger("fabricscope.agent.tc")
 
-MODES = ("auto", "tcx", "clsact")
 PARENTS = {"ingress": "ffff:fff2", "egress": "ffff:fff3"}    # clsact's two hooks
 _BPF_PROG_QUERY = 16
 _BPF_LINK_CREATE = 28
