@@ -154,7 +154,9 @@ class AgentConfig:
         "a transfer under tcp_transfer_min_bytes is still reported when it began at most "
         "this long after the flow's previous reported transfer ended: the rest of a bulk "
         "transfer that a stall (a descheduled sender or reader) split keeps its bytes "
-        "(counted as probe_events_total{event=\"transfers_tail\"}); 0 turns this off "
+        "(counted as probe_events_total{event=\"transfers_tail\"}), and a training rank's "
+        "piece under 64 KiB that soon after keeps the phase of the transfer before (a "
+        "store's late acknowledgment of a checkpoint is no read); 0 turns both off "
         "(0..10000000)"))
     tcp_transfers_per_s: int = field(default=200, metadata=doc(
         "tcp_transfer records written per second at most for processes that are not "
