@@ -112,23 +112,29 @@ class ProgStats:
     runs: int = 0
     missed: int = 0
 
+    def __add__(self, other: "ProgStats") -> "ProgStats":
+        return ProgStats(self.run_ns + other.run_ns, self.runs + other.runs,
+                         self.missed + other.missed)
+
+    def counters(self) -> dict[str, int]:
+        """As a probe's counters: bpf_run_ns, bpf_runs, missed_hits."""
+        return {"bpf_run_ns": self.run_ns, "bpf_runs": self.runs, "missed_hits": self.missed}
+
 
 def prog_stats(fds) -> ProgStats:
     """ProgStats summed over BPF program fds."""
-    ns = runs = missed = 0
+    total = ProgStats()
     for fd in fds:
         try:
             text = Path(f"/proc/self/fdinfo/{fd}").read_text()
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-        ns += int(fields.get("run_time_ns", "0").strip() or 0)
-        runs += int(fields.get("run_cnt", "0").strip() or 0)
-        missed += int(fields.get("recursion_misses", "0").strip() or 0)
-    return ProgStats(ns, runs, missed)
+        total += ProgStats(*(int(fields.get(k, "0").strip() or 0)
+                             for k in ("run_time_ns", "run_cnt", "recursion_misses")))
+    return total
 
 
 def prog_stat_counters(fds) -> dict[str, int]:
     """A probe's counters for its programs: bpf_run_ns, bpf_runs, missed_hits."""
-    st = prog_stats(fds)
-    return {"bpf_run_ns": st.run_ns, "bpf_runs": st.runs, "missed_hits": st.missed}
+    return prog_stats(fds).counters()

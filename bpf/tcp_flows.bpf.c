@@ -205,11 +205,11 @@ static __always_inline void ack_baseline(__u64 sk, struct fs_flow *flow, struct 
 	__u32 ack;
 	__u64 ts;
 
-	if (fs_last_ack(sk, flow, &ack, &ts, 0) && ts >= s->est_ns) {
-	} else if (!(s->est_ns && !s->active && fs_last_ack(sk, flow, &ack, &ts, 1) &&
-		     ts <= s->est_ns)) {
+	int own = fs_last_ack(sk, flow, &ack, &ts, 0) && ts >= s->est_ns;
+
+	if (!own && !(s->est_ns && !s->active && fs_last_ack(sk, flow, &ack, &ts, 1) &&
+		      ts <= s->est_ns))
 		return;
-	}
 	s->has_ack = 1;
 	s->last_ack = ack;
 	s->rcv_acked = 0;

@@ -295,10 +295,10 @@ class TcpRetransmitProbe(Probe):
             return {}
         out = dict(zip(STATS, bpf.percpu_sums(self._bpf[b"stats"], len(STATS))))
         out["decode_errors"] = self._decode_errors
-        funcs = self._bpf.funcs
+        progs = {name: bpf.prog_stats([fn.fd]) for name, fn in self._bpf.funcs.items()}
         # retransmits our program never saw are lost events; the rest are counted apart
-        out["missed_retransmits"] = bpf.prog_stats(
-            fn.fd for name, fn in funcs.items() if b"tcp_retransmit" in name).missed
+        out["missed_retransmits"] = sum(st.missed for name, st in progs.items()
+                                        if b"tcp_retransmit" in name)
         out["lost"] += out["missed_retransmits"]
         o = self.owners.stats
         out.update(owners_resolved=o.resolved, owners_unresolved=o.unresolved,
@@ -306,7 +306,7 @@ class TcpRetransmitProbe(Probe):
                    owner_scans=o.scans, owner_waiting=self._tagger.waiting)
         # Cost of our programs, when the kernel's BPF stats are on (else 0), and the
         # hits they missed (missed_hits).
-        out.update(bpf.prog_stat_counters(fn.fd for fn in funcs.values()))
+        out.update(sum(progs.values(), bpf.ProgStats()).counters())
         return out
 
     def detach(self) -> None:
