@@ -419,17 +419,16 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 			ev.duration_ns = now - s->est_ns;
 			ev.flags |= FS_CLOSE_ESTABLISHED;
 		}
+		if (s->has_una) {
 #ifdef FS_WITH_TCP_PROBE
-		if (s->has_una) {          /* the last bytes, when their hits were missed */
+			/* the last bytes, when their hits were missed */
 			__u64 ack_ns;
 			__u32 recovered = recover_received(sk, &ev.flow, s, &ack_ns, 1);
 
 			s->received += recovered;
 			if (s->xfer_start)
 				s->xfer_in += recovered;
-		}
 #endif
-		if (s->has_una) {
 			ev.bytes_acked = s->acked;
 			ev.bytes_sent = s->sent;
 			ev.bytes_received = s->received;
