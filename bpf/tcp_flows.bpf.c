@@ -42,6 +42,12 @@ enum sk_rst_reason { FS_SK_RST_REASON_PLACEHOLDER = 0 };
 /* TC egress also keeps each flow's last SYN-ACK: recover_received's baseline for
  * accepted sockets. */
 #define FS_REMEMBER_SYNACK 1
+#if defined(FS_WITH_SET_STATE) && defined(FS_RAW_RETRANSMIT)
+/* The raw tcp_destroy_sock program (never skipped) closes a flow whose
+ * inet_sock_set_state hit to CLOSE the kernel skipped (below). */
+static __always_inline void close_at_destroy(__u64 sk);
+#define FS_ON_DESTROY(sk) close_at_destroy(sk)
+#endif
 #include "tcp_retransmit.bpf.c"
 #include "tcp_flows.h"
 
@@ -366,6 +372,43 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
 #endif
 
 #ifdef FS_WITH_SET_STATE
+/* The close event of socket sk (its entry s, or none): the counts, the last
+ * transfer; forgets the socket. ev has the flow, family and states. */
+static __always_inline void close_flow(__u64 sk, struct fs_sock *s, struct fs_flow_event *ev,
+				       __u64 now)
+{
+	ev->ts_ns = now;
+	ev->type = FS_EV_CLOSE;
+	if (s) {
+		ev->active = s->active;
+		ev->pid = s->pid;
+		if (s->est_ns) {
+			ev->duration_ns = now - s->est_ns;
+			ev->flags |= FS_CLOSE_ESTABLISHED;
+		}
+		if (s->has_una) {
+#ifdef FS_WITH_TCP_PROBE
+			/* the last bytes, when their hits were missed */
+			__u64 ack_ns;
+			__u32 recovered = recover_received(sk, &ev->flow, s, &ack_ns, 1);
+
+			s->received += recovered;
+			if (s->xfer_start)
+				s->xfer_in += recovered;
+#endif
+			ev->bytes_acked = s->acked;
+			ev->bytes_sent = s->sent;
+			ev->bytes_received = s->received;
+			ev->flags |= FS_CLOSE_UNA;
+		}
+#ifdef FS_WITH_TCP_PROBE
+		end_transfer(s, &ev->flow, ev->family);
+#endif
+		socks.delete(&sk);
+	}
+	emit_flow(ev);
+}
+
 TRACEPOINT_PROBE(sock, inet_sock_set_state)
 {
 	struct fs_flow_event ev = {};
@@ -411,37 +454,36 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 		emit_flow(&ev);
 		return 0;
 	}
-	ev.type = FS_EV_CLOSE;
-	if (s) {
-		ev.active = s->active;
-		ev.pid = s->pid;
-		if (s->est_ns) {
-			ev.duration_ns = now - s->est_ns;
-			ev.flags |= FS_CLOSE_ESTABLISHED;
-		}
-		if (s->has_una) {
-#ifdef FS_WITH_TCP_PROBE
-			/* the last bytes, when their hits were missed */
-			__u64 ack_ns;
-			__u32 recovered = recover_received(sk, &ev.flow, s, &ack_ns, 1);
-
-			s->received += recovered;
-			if (s->xfer_start)
-				s->xfer_in += recovered;
-#endif
-			ev.bytes_acked = s->acked;
-			ev.bytes_sent = s->sent;
-			ev.bytes_received = s->received;
-			ev.flags |= FS_CLOSE_UNA;
-		}
-#ifdef FS_WITH_TCP_PROBE
-		end_transfer(s, &ev.flow, args->family);
-#endif
-		socks.delete(&sk);
-	}
-	emit_flow(&ev);
+	close_flow(sk, s, &ev, now);
 	return 0;
 }
+
+#ifdef FS_RAW_RETRANSMIT
+/* Called by tcp_retransmit.bpf.c's raw tcp_destroy_sock before it forgets the
+ * socket: every full socket reaches CLOSE before it is destroyed, and that hit
+ * deletes the socket's entry, so an entry left here is a close the kernel skipped
+ * (a tracepoint program does not run while a BPF map syscall holds the CPU). The
+ * flow comes from TC egress's entry; the state it closed from is unknown (0). */
+static __always_inline void close_at_destroy(__u64 sk)
+{
+	struct fs_sock *s = socks.lookup(&sk);
+
+	if (!s)
+		return;
+	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
+	if (!tx) {
+		socks.delete(&sk);
+		return;
+	}
+	struct fs_flow_event ev = {
+		.flow = tx->flow,
+		.family = tx->family,
+		.state = FS_TCP_CLOSE,
+	};
+	fstat_add(FS_FSTAT_CLOSED_AT_DESTROY, 1);
+	close_flow(sk, s, &ev, bpf_ktime_get_ns());
+}
+#endif /* FS_RAW_RETRANSMIT */
 #endif
 
 #ifdef FS_WITH_SEND_RESET

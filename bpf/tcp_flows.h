@@ -29,7 +29,9 @@
                                       * the one before (FS_TRANSFER_TAIL_NS) */
 #define FS_FSTAT_RECOVERED 9     /* bytes received in tcp_probe hits our program missed,
                                   * counted from our ACKs (recover_received) */
-#define FS_NFSTATS 10
+#define FS_FSTAT_CLOSED_AT_DESTROY 10 /* closes reported at socket teardown: their
+				      * inet_sock_set_state hit was skipped */
+#define FS_NFSTATS 11
 
 /* One flow's aggregates over one window, on one CPU. */
 struct fs_flow_slot {

@@ -2,23 +2,30 @@
 /* tcp_retransmit: one event per TCP retransmission sent from this node's addresses,
  * with its kind (fast retransmit, RTO, slow start after RTO, tail loss probe).
  *
- * Hooks (stable ABI only; no kernel struct is read):
- *   raw tracepoint tcp_retransmit_skb     one hit per retransmitted skb (sk, err);
- *       -DFS_RAW_RETRANSMIT (else the tracepoint, which misses hits while another
- *       tracing program runs on the CPU); flow/segs from socks_tx (TC egress)
- *   tracepoint tcp/tcp_retransmit_synack  SYN-ACK retransmits (RetransSegs counts them)
- *   tracepoint tcp/tcp_cong_state_set     congestion state per socket: the kind
- *   tracepoint tcp/tcp_destroy_sock       forgets a socket's congestion state
- *   TC egress (cls_bpf, direct action)    gso_segs, payload and ack number of each own
- *       TCP packet
+ * Hooks (stable ABI only; no kernel struct is read), with -DFS_RAW_RETRANSMIT:
+ *   TC egress (cls_bpf, direct action)    every own TCP packet: node totals of skbs,
+ *       segments (gso_segs) and payload; per socket (skb->sk) the highest sequence
+ *       number sent, so that a packet starting below it is a retransmission: the
+ *       event, with its segments and payload
+ *   raw tracepoint tcp_retransmit_skb     (sk, skb, err): the attempts that sent no
+ *       packet (err < 0) and those the qdisc dropped after TC counted them (err > 0)
+ *   raw tracepoint tcp_cong_state_set     congestion state per socket: the kind
+ *   raw tracepoint tcp_destroy_sock       forgets a socket
+ *   tracepoint tcp/tcp_retransmit_synack  SYN-ACK retransmits (RetransSegs counts them;
+ *       a SYN-ACK leaves with the request socket, which TC does not follow)
+ * Without raw tracepoints (before 4.17) the tracepoints of the same names do it
+ * all, each retransmit taking its segments from the flow's last egress packet.
  *
  * Why TC egress: the kernel's RetransSegs adds tcp_skb_pcount(skb) per retransmit,
- * and with TSO/GSO one retransmitted skb carries several segments; the tracepoint
- * has no segment count. tcp_retransmit_skb transmits a clone of the skb through
- * ip_output -> dev_queue_xmit -> TC egress synchronously, under the socket lock,
- * before the tracepoint fires; so the last egress packet of the flow is the
- * retransmitted one and its __sk_buff.gso_segs is the pcount. The tracepoint
- * consumes (deletes) that entry. When TC did not see it, segs is 0 and counted.
+ * and with TSO/GSO one retransmitted skb carries several segments, which only the
+ * packet shows (__sk_buff.gso_segs). And a TC program always runs, while the kernel
+ * skips a tracepoint program whenever another tracing program or a BPF map syscall
+ * holds the CPU (agent/bpf.py: ProgStats), sometimes without counting the miss.
+ * What tcp_retransmit_skb sends is the only own packet that consumes sequence space
+ * (payload, SYN or FIN) and starts below the highest sequence sent: new data, a
+ * loss probe's included, starts at snd_nxt; keepalives and window probes carry no
+ * payload. A SYN is a retransmit when it repeats the socket's initial sequence
+ * number. The raw tracepoints are guarded per program only, so they miss nothing.
  * TC egress also adds every own TCP packet's segments and payload bytes to node
  * totals (the denominator of the retransmit ratio).
  *
@@ -50,10 +57,10 @@
 #endif
 
 #define FS_CA_LOSS 4
-/* TC egress runs synchronously before the raw tracepoint (with, at most, the
- * softirqs that the transmit's local_bh_enable runs, ~2 ms at most); older
- * entries are not this retransmit's packet. */
-#define FS_TX_FRESH_NS 50000000ULL
+#define FS_TCP_FIN 0x01
+#define FS_TCP_SYN 0x02
+#define FS_TCP_RST 0x04
+#define FS_TCP_ACK 0x10
 
 #ifdef FS_RAW_RETRANSMIT
 BPF_TABLE("lru_hash", __u64, struct fs_sock_tx, socks_tx, FLOW_ENTRIES);
@@ -106,47 +113,38 @@ static __always_inline void take_cong(struct fs_retransmit_event *ev, __u64 sk)
 
 #ifdef FS_RAW_RETRANSMIT
 /* Raw tracepoint: args (const struct sock *sk, const struct sk_buff *skb, int err);
- * only the values are used (sk as an opaque key, err), no struct is read. Unlike a
- * tracepoint program it is guarded per program, not by the per-CPU "one tracing
- * program at a time" flag, so tcp_probe running on this CPU does not make it miss.
- * The flow, segments and payload come from TC egress (socks_tx, keyed by the same
- * sk). Negative err (no packet left): the event has segs 0. Without raw
- * tracepoints (before 4.17) the tracepoint below does it all. */
+ * only the values are used (sk as an opaque key, err), no struct is read. A sent
+ * retransmit (err 0) is TC egress's event; this one reports those that sent no
+ * packet (err < 0: the kernel retries later, or the transmit failed) with the flow
+ * TC egress last saw on the socket, and counts those the qdisc dropped after TC
+ * (err > 0). Kernels before the err argument trace sent skbs only. */
 RAW_TRACEPOINT_PROBE(tcp_retransmit_skb)
 {
 	__u64 sk = ctx->args[0];
-	struct fs_retransmit_event ev = {};
+	__s32 err = 0;
 
 	stat_add(FS_STAT_HITS, 1);
 #ifdef FS_TP_HAS_ERR
-	ev.err = (__s32)ctx->args[2];
+	err = (__s32)ctx->args[2];
 #endif
+	if (err == 0)
+		return 0;
 	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
 	if (!tx)
 		return 0;        /* not one of our sockets (no own packet left through TC) */
-	ev.ts_ns = bpf_ktime_get_ns();
-	/* Only a packet TC saw just now, in this same call, is this retransmit: a
-	 * stale entry may be a freed socket whose address another node's socket now
-	 * has (tcp_destroy_sock forgets entries, but tracepoints can miss). */
-	ev.flow = tx->flow;
-	ev.family = tx->family;
-	ev.state = tx->state;
-	ev.hook = FS_HOOK_SKB;
+	if (err > 0) {
+		stat_add(FS_STAT_QDISC_DROPPED, 1);
+		return 0;
+	}
+	struct fs_retransmit_event ev = {
+		.ts_ns = bpf_ktime_get_ns(),
+		.flow = tx->flow,
+		.family = tx->family,
+		.state = tx->state,
+		.err = err,
+		.hook = FS_HOOK_SKB,
+	};
 	take_cong(&ev, sk);
-	/* err 0: sent; err > 0: NET_XMIT_DROP from the qdisc, which runs after TC
-	 * egress. Both passed TC, so the socket's last egress packet is this one,
-	 * unless an earlier retransmit already took it. */
-	if (ev.err < 0) {
-		emit(&ev);       /* failed before or in the transmit: no packet to count */
-		return 0;
-	}
-	if (!tx->fresh || ev.ts_ns - tx->ts_ns > FS_TX_FRESH_NS) {
-		stat_add(FS_STAT_SEGS_UNKNOWN, 1);
-		return 0;
-	}
-	ev.segs = tx->gso_segs;
-	ev.bytes = tx->bytes;
-	tx->fresh = 0;
 	emit(&ev);
 	return 0;
 }
@@ -209,7 +207,25 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_synack)
 }
 #endif
 
-#ifdef FS_TP_CONG_STATE
+#if defined(FS_TP_CONG_STATE) && defined(FS_RAW_RETRANSMIT)
+/* Raw: args (struct sock *sk, u8 ca_state). Own sockets are those TC egress saw
+ * (a socket sends before its congestion state can change). */
+RAW_TRACEPOINT_PROBE(tcp_cong_state_set)
+{
+	__u64 sk = ctx->args[0];
+	__u8 ca_state = (__u8)ctx->args[1];
+
+	if (!socks_tx.lookup(&sk))
+		return 0;
+	struct fs_cong c = {
+		.ca_state = ca_state,
+		.timeout = ca_state == FS_CA_LOSS,
+	};
+	cong.update(&sk, &c);
+	stat_add(FS_STAT_CONG_SET, 1);
+	return 0;
+}
+#elif defined(FS_TP_CONG_STATE)
 TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
 {
 	struct fs_flow flow = {};
@@ -227,59 +243,107 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
 }
 #endif
 
-#if (defined(FS_TP_CONG_STATE) || defined(FS_RAW_RETRANSMIT)) && defined(FS_TP_DESTROY)
 /* A freed socket's address is reused by the next one (maybe another node's),
  * which starts in Open. */
+#if defined(FS_RAW_RETRANSMIT) && defined(FS_TP_DESTROY)
+RAW_TRACEPOINT_PROBE(tcp_destroy_sock)
+{
+	__u64 sk = ctx->args[0];
+
+#ifdef FS_ON_DESTROY
+	FS_ON_DESTROY(sk);       /* an includer's teardown work, before the entry goes */
+#endif
+	cong.delete(&sk);
+	socks_tx.delete(&sk);
+	return 0;
+}
+#elif defined(FS_TP_CONG_STATE) && defined(FS_TP_DESTROY)
 TRACEPOINT_PROBE(tcp, tcp_destroy_sock)
 {
 	__u64 sk = (__u64)args->skaddr;
 
-#ifdef FS_TP_CONG_STATE
 	cong.delete(&sk);
-#endif
-#ifdef FS_RAW_RETRANSMIT
-	socks_tx.delete(&sk);
-#endif
 	return 0;
 }
 #endif
 
 #ifdef FS_RAW_RETRANSMIT
-/* Keep the packet as its socket's last one (key: the socket's address, the value
- * the raw tracepoint gets as sk; the kernel sets skb->sk on every skb TCP sends).
- * The TCP flags stand in for the socket state the raw tracepoint cannot read:
- * a SYN without ACK is SYN_SENT, anything else is reported as ESTABLISHED. */
+static __always_inline int fs_flow_same(const struct fs_flow *a, const struct fs_flow *b)
+{
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
+	__u32 diff = 0;
+
+#pragma unroll
+	for (int i = 0; i < sizeof(struct fs_flow) / 4; i++)
+		diff |= x[i] ^ y[i];
+	return diff == 0;
+}
+
+/* A retransmitted packet of the socket TC egress just saw (see the top comment). */
+static __always_inline void emit_tc_retransmit(__u64 sk, struct fs_flow *flow,
+					       struct fs_egress *seen, __u16 family, __u8 state)
+{
+	struct fs_retransmit_event ev = {
+		.ts_ns = seen->ts_ns,
+		.flow = *flow,
+		.family = family,
+		.segs = seen->gso_segs,
+		.state = state,
+		.hook = FS_HOOK_SKB,
+		.bytes = seen->bytes,
+	};
+
+	take_cong(&ev, sk);
+	stat_add(FS_STAT_TC_RETRANSMITS, 1);
+	emit(&ev);
+}
+
+/* Follow the socket (key: its address, which the raw tracepoints get as sk; the
+ * kernel sets skb->sk on every skb TCP sends) and report the packet when it is a
+ * retransmission. The TCP flags stand in for the socket state the raw tracepoint
+ * cannot read: a SYN without ACK is SYN_SENT, anything else is reported as
+ * ESTABLISHED. SYN-ACKs leave with request sockets and are the synack
+ * tracepoint's; RSTs and segments without payload are never retransmissions. */
 static __always_inline void remember_tx(struct __sk_buff *skb, struct fs_flow *flow,
-					struct fs_egress *seen, __u8 flags, __u16 proto)
+					struct fs_egress *seen, __u8 flags, __u16 proto, __u32 seq)
 {
 	struct bpf_sock *bsk = skb->sk;
 
 	if (!bsk)
 		return;
 	__u64 sk = (__u64)(long)bsk;
+	__u8 syn_sent = (flags & (FS_TCP_SYN | FS_TCP_ACK)) == FS_TCP_SYN;
+	__u32 end = seq + seen->bytes + ((flags & FS_TCP_SYN) != 0) + ((flags & FS_TCP_FIN) != 0);
 	struct fs_sock_tx tx = {
 		.ts_ns = seen->ts_ns,
 		.flow = *flow,
 		.family = proto == bpf_htons(ETH_P_IP) ? FS_AF_INET : FS_AF_INET6,
-		.state = (flags & 0x12) == 0x02 ? 2 : 1,
-		.fresh = 1,
-		.gso_segs = seen->gso_segs,
-		.bytes = seen->bytes,
+		.state = syn_sent ? 2 : 1,
+		.snd_end = end,
+		.ack_seq = seen->ack_seq,
+		.has_ack = seen->has_ack,
 	};
-	/* In place when the socket is known: an LRU update allocates a new element
-	 * per packet, and that churn can evict other live sockets' entries. */
 	struct fs_sock_tx *old = socks_tx.lookup(&sk);
-	if (!seen->has_ack && old) {            /* a packet without ACK keeps the last one */
-		tx.ack_seq = old->ack_seq;
-		tx.has_ack = old->has_ack;
-	} else {
-		tx.ack_seq = seen->ack_seq;
-		tx.has_ack = seen->has_ack;
-	}
-	if (old)
+
+	/* Another flow's entry: a freed socket's, whose address this one reuses. */
+	if (old && fs_flow_same(&old->flow, flow)) {
+		int sequenced = end != seq && !(flags & FS_TCP_RST) &&
+				(flags & (FS_TCP_SYN | FS_TCP_ACK)) != (FS_TCP_SYN | FS_TCP_ACK);
+		/* a SYN with another initial sequence number is a new connection */
+		if (sequenced && (syn_sent ? old->snd_end == end : (__s32)(seq - old->snd_end) < 0))
+			emit_tc_retransmit(sk, flow, seen, tx.family, tx.state);
+		if (!syn_sent && (__s32)(end - old->snd_end) < 0)
+			tx.snd_end = old->snd_end;
+		if (!seen->has_ack) {            /* a packet without ACK keeps the last one */
+			tx.ack_seq = old->ack_seq;
+			tx.has_ack = old->has_ack;
+		}
+		/* In place: an LRU update allocates a new element per packet, and that churn
+		 * can evict other live sockets' entries. */
 		*old = tx;
-	else
-		socks_tx.update(&sk, &tx);
+		return;
+	}
+	socks_tx.update(&sk, &tx);
 }
 #endif
 
@@ -312,15 +376,17 @@ static __always_inline int fs_last_ack(__u64 sk, struct fs_flow *flow, __u32 *ac
 	return 1;
 }
 
-/* TC egress, direct action: remember gso_segs, payload and acknowledgment number of
- * the last own TCP packet per flow, and add the first two to the node totals.
+/* TC egress, direct action: add each own TCP packet's segments and payload to the
+ * node totals; raw mode: follow its socket and report it when it is a retransmission;
+ * tracepoint mode: keep it as the flow's last packet for the tracepoint.
  * Returns TC_ACT_UNSPEC (not OK) so filters of other tools behind ours still run. */
 int tc_egress(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
-	struct fs_flow flow = {};
+	/* aligned: fs_flow_same compares it a word at a time */
+	struct fs_flow flow __attribute__((aligned(4))) = {};
 	__u8 *l4;
 
 	if ((void *)(eth + 1) > data_end)
@@ -361,7 +427,8 @@ int tc_egress(struct __sk_buff *skb)
 		.has_ack = (l4[13] & 0x10) != 0,
 	};
 #ifdef FS_RAW_RETRANSMIT
-	remember_tx(skb, &flow, &seen, l4[13], eth->h_proto);
+	remember_tx(skb, &flow, &seen, l4[13], eth->h_proto,
+		    ((__u32)l4[4] << 24) | ((__u32)l4[5] << 16) | ((__u32)l4[6] << 8) | l4[7]);
 #ifdef FS_REMEMBER_SYNACK
 	if ((l4[13] & 0x12) == 0x12)
 		synacks.update(&flow, &seen);

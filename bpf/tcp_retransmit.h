@@ -16,15 +16,16 @@
 #define FS_STAT_HITS 0          /* tracepoint hits, before the address filter */
 #define FS_STAT_EMITTED 1       /* events written to the ring buffer */
 #define FS_STAT_LOST 2          /* events lost: ring buffer full */
-#define FS_STAT_SEGS_UNKNOWN 3  /* events whose segment count TC egress did not see; with
-				 * the raw tracepoint: hits on a known socket address whose
-				 * packet TC did not see just before (not reported: it may be
-				 * another node's socket at a reused address) */
+#define FS_STAT_SEGS_UNKNOWN 3  /* tracepoint fallback: events whose segment count TC
+				 * egress did not see (0 in raw mode: TC emits them) */
 #define FS_STAT_TC_PACKETS 4    /* own TCP packets (skbs) seen on TC egress */
 #define FS_STAT_TC_SEGS 5       /* their wire segments (gso_segs) */
 #define FS_STAT_TC_BYTES 6      /* their TCP payload bytes */
 #define FS_STAT_CONG_SET 7      /* own congestion state changes seen */
-#define FS_NSTATS 8
+#define FS_STAT_QDISC_DROPPED 8 /* raw tracepoint: retransmits TC egress counted that the
+				 * qdisc after it dropped (err > 0; still in RetransSegs) */
+#define FS_STAT_TC_RETRANSMITS 9 /* retransmitted skbs found on TC egress (raw mode) */
+#define FS_NSTATS 10
 
 /* Last packet of a flow seen leaving on TC egress. */
 struct fs_egress {
@@ -35,16 +36,16 @@ struct fs_egress {
 	__u32 has_ack;    /* 1: ack_seq is set (the ACK flag was on, this or an earlier packet) */
 };
 
-/* Last packet of an own socket seen leaving on TC egress (key: the socket's
- * address), for the raw tracepoint, which gets only that address. */
+/* An own socket as TC egress saw it leave (key: the socket's address, which the
+ * raw tracepoints get as their only socket argument). */
 struct fs_sock_tx {
-	__u64 ts_ns;      /* bpf_ktime_get_ns at TC egress */
+	__u64 ts_ns;      /* bpf_ktime_get_ns at TC egress of its last packet */
 	struct fs_flow flow;
 	__u16 family;     /* AF_INET 2, AF_INET6 10 (of the packet) */
 	__u8 state;       /* from the TCP flags: SYN_SENT 2 for a SYN, else ESTABLISHED 1 */
-	__u8 fresh;       /* 1: no retransmit took this packet yet */
-	__u32 gso_segs;
-	__u32 bytes;
+	__u8 pad;
+	__u32 snd_end;    /* highest sequence number sent + 1 (SYN and FIN count one) */
+	__u32 pad2;
 	__u32 ack_seq;    /* as in fs_egress */
 	__u32 has_ack;
 };

@@ -27,17 +27,18 @@ or rto when it is a single segment; TcpExtTCPFastRetrans also counts single-segm
 retransmits from the queue outside Recovery, which land in tlp here.
 
 Misses: the kernel runs one tracepoint/kprobe BPF program per CPU at a time, and
-none while a BPF map syscall runs there (agent/bpf.py: ProgStats); a retransmit
-tracepoint that fires meanwhile on that CPU (a softirq interrupting tcp_probe's
-program) skips ours (1-2.5 % of them). Every program's skipped runs are exported
-as probe_events_total{event="missed_hits"}.
-So retransmits come from the raw tracepoint (guarded per program only), which
-gets the socket's address and err: flow, segments and payload come from the
-socket's last TC egress packet (map socks_tx, keyed by skb->sk). Kernels
-without raw tracepoints fall back to the tracepoint (logged). Misses left are
-exported as probe_events_total{event="missed_retransmits"} and included in
-events_lost_total. Measured (3 nodes, wire frames, 2 % loss): stored = kernel
-to within ~0.3 %, uncounted (cause not found yet).
+none while a BPF map syscall runs there (agent/bpf.py: ProgStats); a tracepoint
+that fires meanwhile on that CPU skips ours, and not every such skip is counted.
+So retransmits are found where nothing is skipped: TC egress sees every packet
+the node sends, and a packet consuming sequence space below the highest sequence
+its socket sent is a retransmission (bpf/tcp_retransmit.bpf.c); the congestion
+state (the kind) and socket teardown come from raw tracepoints, which are guarded
+per program only. The raw tcp_retransmit_skb tracepoint adds the attempts that
+sent nothing (tcp_retransmit_skipped, and transmit failures after the count) and
+counts retransmits the qdisc dropped after TC (retransmits_qdisc_dropped). Kernels
+without raw tracepoints, and nodes whose addresses sit on no Ethernet interface,
+fall back to the tracepoints (logged), whose skipped runs are exported as
+probe_events_total{event="missed_retransmits"} and included in events_lost_total.
 
 Cost (measured with BPF run-time stats, veth, 50 MiB with 2 % loss): TC egress
 ~470 ns per egress skb (GSO: ~17 skbs per MiB sent, so ~8 us of CPU per MiB);
@@ -76,7 +77,7 @@ SYN_SENT = 2
 KINDS = ("fast", "rto", "slow_start", "tlp", "syn", "synack", "unknown")
 #: FS_STAT_* order (bpf/tcp_retransmit.h)
 STATS = ("hits", "emitted", "lost", "segs_unknown", "tc_packets", "tc_segs", "tc_bytes",
-         "cong_set")
+         "cong_set", "retransmits_qdisc_dropped", "tc_retransmits")
 
 
 # Mirror of bpf/tcp_retransmit.h (checked against the compiled layout at load).
@@ -236,20 +237,27 @@ class TcpRetransmitProbe(Probe):
         if not self.ctx.addresses:
             raise ProbeUnavailable("no node addresses to attribute retransmits to")
         flags = self._cflags()
-        try:
-            self._bpf = bpf.compile_program(self.family, flags + ["-DFS_RAW_RETRANSMIT"])
-            self.raw_retransmit = True
-        except ProbeUnavailable as exc:
-            # Raw tracepoints came with 4.17; the tracepoint alone misses retransmits
-            # that fire while another tracing program runs on their CPU.
-            log.warning("%s: raw tracepoint tcp_retransmit_skb unavailable (%s); using the "
-                        "tracepoint, which can miss retransmits (missed_retransmits)",
-                        self.name, exc)
+        ifaces = addrs.interfaces_owning(self.ctx.addresses)
+        if not ifaces:
+            log.warning("%s: no Ethernet interface here holds %s, so TC egress cannot see "
+                        "retransmitted packets; using the tracepoints (segments: 1 per "
+                        "retransmit; misses counted as missed_retransmits)", self.name,
+                        ", ".join(sorted(self.ctx.addresses)))
             self._bpf = bpf.compile_program(self.family, flags)
-            self.raw_retransmit = False
+        else:
+            try:
+                self._bpf = bpf.compile_program(self.family, flags + ["-DFS_RAW_RETRANSMIT"])
+                self.raw_retransmit = True
+            except ProbeUnavailable as exc:
+                # Raw tracepoints came with 4.17; the tracepoint alone misses
+                # retransmits that fire while another tracing program runs on their CPU.
+                log.warning("%s: raw tracepoints unavailable (%s); using the tracepoints, "
+                            "which can miss retransmits (missed_retransmits)", self.name, exc)
+                self._bpf = bpf.compile_program(self.family, flags)
         try:
             self._setup()
-            self._attach_tc()
+            if ifaces:
+                self._attach_tc(ifaces)
         except BaseException:
             self.detach()
             raise
@@ -260,12 +268,7 @@ class TcpRetransmitProbe(Probe):
         fill_own_addrs(self._bpf[b"own_addrs"], self.ctx.addresses)
         self._bpf[b"events"].open_ring_buffer(self._on_event)
 
-    def _attach_tc(self) -> None:
-        ifaces = addrs.interfaces_owning(self.ctx.addresses)
-        if not ifaces:
-            log.warning("%s: no Ethernet interface here holds %s; segment counts fall back "
-                        "to 1 per retransmit", self.name, ", ".join(sorted(self.ctx.addresses)))
-            return
+    def _attach_tc(self, ifaces) -> None:
         fn = self._bpf.load_func(b"tc_egress", type(self._bpf).SCHED_CLS)
         # its own clsact priority range, above the nic probe's: the NIC counts first
         self._tc = TcPrograms({"egress": fn}, tc.mode_of(self.ctx.config),

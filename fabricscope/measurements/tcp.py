@@ -51,8 +51,9 @@ MEASUREMENTS = [
     Measurement(
         name="tcp_retransmit",
         doc="One TCP retransmission counted by the kernel in TcpRetransSegs, sent from "
-            "this node: one per retransmitted skb (tcp/tcp_retransmit_skb, err 0 or a "
-            "transmit error) and one per SYN-ACK retransmit (tcp/tcp_retransmit_synack). "
+            "this node: one per retransmitted skb (found on TC egress: it starts below "
+            "the highest sequence its socket sent; or tcp_retransmit_skb with a transmit "
+            "error) and one per SYN-ACK retransmit (tcp/tcp_retransmit_synack). "
             "With TSO/GSO one skb carries several segments: sum(segs) equals nstat's "
             "TcpRetransSegs, the number of records does not.",
         source=_SOURCE_R,
@@ -61,13 +62,17 @@ MEASUREMENTS = [
         fields={
             "segs": _i("segments",
                        "segments retransmitted (tcp_skb_pcount, read as gso_segs at TC "
-                       "egress); 1 when TC egress did not see the packet (counted in "
+                       "egress); 1 when no packet left (err < 0) or, on kernels without "
+                       "raw tracepoints, TC egress did not see it (counted in "
                        "fabricscope_agent_probe_events_total{event=\"segs_unknown\"})"),
-            "payload_bytes": _i("bytes", "TCP payload bytes retransmitted (absent when TC "
-                                         "egress did not see the packet)"),
-            "err": _i("code", "0: sent; > 0: the qdisc dropped it (1 NET_XMIT_DROP); < 0: "
-                              "-errno of the transmit (ENOBUFS, EPERM from netfilter); "
-                              "failures are also in TcpExtTCPRetransFail"),
+            "payload_bytes": _i("bytes", "TCP payload bytes retransmitted (absent when no "
+                                         "packet was seen)"),
+            "err": _i("code", "0: it left through TC egress (the qdisc behind may still "
+                              "drop it: counted in fabricscope_agent_probe_events_total"
+                              "{event=\"retransmits_qdisc_dropped\"}; on kernels without "
+                              "raw tracepoints err > 0 says so); < 0: -errno of the "
+                              "transmit (ENOBUFS, EPERM from netfilter); failures are also "
+                              "in TcpExtTCPRetransFail"),
         },
     ),
     Measurement(
@@ -170,7 +175,9 @@ MEASUREMENTS = [
         source=_SOURCE_F,
         tags={**_FLOW, **_SIDE, **OWNER_TAGS,
               "from_state": "state it closed from (ESTABLISHED: reset or abort, "
-                            "SYN_SENT: connect failed, LAST_ACK/FIN_WAIT2/...: normal)"},
+                            "SYN_SENT: connect failed, LAST_ACK/FIN_WAIT2/...: normal; "
+                            "UNKNOWN: the kernel skipped the state change's hook and the "
+                            "close was seen at socket teardown, tcp_destroy_sock)"},
         optional_tags=_OWNERS,
         fields={
             "established": Field(bool, "", "the probe saw it reach ESTABLISHED"),

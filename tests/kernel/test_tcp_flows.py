@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from fabricscope.labstack import await_stable
 from fabricscope.records import Record
 from fabricscope.schema import validate
 from tests.kernel.tcp_lab import (Collector, await_up, finish, nstat, probes_on, send_argv,
@@ -129,6 +130,41 @@ def test_retransmits_per_node_match_nstat_by_kind(lab, probes, col):
         ratio = sum(w.fields["retrans_bytes"] for w in windows) / \
             sum(w.fields["bytes_out"] for w in windows)
         assert 0.002 < ratio < 0.2, ratio
+
+
+def test_retransmits_are_exact_while_map_syscalls_hold_the_senders_cpu(lab, probes, col):
+    """The kernel skips tracepoint programs while a BPF map syscall runs on their CPU
+    (sometimes without counting the skip); retransmits are found on TC egress, which
+    always runs. Sender and a map-syscall hammer share CPU 0 under 2 % loss: node 0's
+    retransmitted segments equal its TcpRetransSegs, to the segment."""
+    from lab.faults import clear, loss
+    n0, n1 = lab.nodes[0], lab.nodes[1]
+    before = nstat(n0.netns)["TcpRetransSegs"]
+    try:
+        loss(lab, 1, 2.0)
+        with traffic([(n1, ["taskset", "-c", "0", sys.executable, "-c", MAP_SYSCALLS])]) \
+                as (hammer,):
+            await_up(hammer)
+            with traffic([(n1, sink_argv(5355))]) as (sink,):
+                await_up(sink)
+                with traffic([(n0, ["taskset", "-c", "0",
+                                    *send_argv(n1.address, 5355, 32 << 20)])]) as (sender,):
+                    finish(sender)
+                finish(sink)
+        # a FIN can still be retransmitted while the socket closes: count once settled
+        kernel = await_stable(lambda: nstat(n0.netns)["TcpRetransSegs"] - before,
+                              quiet_s=1.0, timeout_s=30, what="node 0's TcpRetransSegs")
+    finally:
+        clear(lab, 1)
+    assert kernel > 20, f"2 % loss should make node 0 retransmit, kernel counted {kernel}"
+    start = time.time_ns()
+    col.until(lambda c: any(r.time_ns > start for r in c.of(0, "tcp_node")), 30,
+              "a window after the traffic")
+    col.settle()
+    recs = [r for r in col.records[0] if r.time_ns < start]
+    assert segs(recs) == kernel, (kernel, probes[0].stats(),
+                                  [(r.tags["kind"], r.fields) for r in recs
+                                   if r.measurement == "tcp_retransmit"])
 
 
 def _ss_rtts_ms(netns: str, dport: int) -> list[float]:

@@ -57,6 +57,10 @@ def test_close_event_with_and_without_what_the_probe_saw():
     failed = valid(fl.decode_flow_event(raw(fl.EV_CLOSE, oldstate=2, state=7), wall))
     assert failed.tags["from_state"] == "SYN_SENT"
     assert failed.fields == {"established": False, "active": True}
+    # seen only at teardown (tcp_destroy_sock): the state it closed from is not known
+    late = valid(fl.decode_flow_event(raw(fl.EV_CLOSE, oldstate=0, state=7,
+                                          flags=fl.CLOSE_ESTABLISHED), wall))
+    assert late.tags["from_state"] == "UNKNOWN" and late.fields["established"] is True
 
 
 def test_reset_events():
