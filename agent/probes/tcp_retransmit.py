@@ -49,7 +49,7 @@ Measured here (veth pair on a bridge, nft 2 % loss of skbs, 50 MiB, TSO on):
 TcpRetransSegs 1043, tracepoint events with err 0: 31, sum(segs): 1043; with
 tso/gso/gro off on both ends 732 vs 724 events (TCP keeps building GSO skbs),
 sum(segs) 732. Lab acceptance: tests/kernel/test_e2e_retransmits.py and
-tests/kernel/test_tcp_kinds.py.
+tests/kernel/test_tcp_flows.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ One lab and one probe per node (attached in the node's namespace) serve the modu
 each test measures deltas, uses its own ports and clears its faults in `finally`.
 - retransmits per node, by kind, against nstat (TcpRetransSegs, TcpExtTCPFastRetrans,
   ...TCPSlowStartRetrans, ...TCPTimeouts, ...TCPLossProbes) and TC egress against
-  TcpOutSegs; no node is charged with another's flows;
+  TcpOutSegs; no node is charged with another's flows; exact to the segment while
+  map syscalls hold the sender's CPU; SYN and SYN-ACK retransmits counted once;
 - RTT percentiles against `ss -ti`, within a log2 bucket;
 - opens, closes and resets, with exact byte counts;
 - transfers and closes count every byte received, also when tcp_probe missed hits;
@@ -165,6 +166,62 @@ def test_retransmits_are_exact_while_map_syscalls_hold_the_senders_cpu(lab, prob
     assert segs(recs) == kernel, (kernel, probes[0].stats(),
                                   [(r.tags["kind"], r.fields) for r in recs
                                    if r.measurement == "tcp_retransmit"])
+
+
+# connect(), then hold the socket: "connected", or "timeout" once the client gives up
+CONNECT = """import socket, sys, time
+try:
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3]))
+    print("connected", flush=True)
+    time.sleep(float(sys.argv[3]))
+except OSError:
+    print("timeout")
+"""
+
+
+@pytest.mark.parametrize("kind", ["syn", "synack"])
+def test_handshake_retransmits_are_counted_once_with_their_kind(lab, probes, col, kind):
+    """syn: node 1 drops our SYNs, so node 0 resends the SYN (1 s, then 3 s after the
+    first), each repeating the socket's initial sequence number, which is how TC
+    egress knows it for a retransmit. synack: node 1 drops the handshake's last ACK,
+    so it resends its SYN-ACK, which leaves with a request socket: the synack
+    tracepoint's, and not counted again on TC egress. One segment each, as nstat
+    counts them (TcpRetransSegs, TcpExtTCPSynRetrans)."""
+    n0, n1 = lab.nodes[0], lab.nodes[1]
+    port = 5357 if kind == "syn" else 5358
+    sender = n0 if kind == "syn" else n1
+    dropped = "syn" if kind == "syn" else "ack"
+    table = f"fs_{kind}_drop_{uuid.uuid4().hex[:6]}"
+    nft = ["ip", "netns", "exec", n1.netns, "nft"]
+    before = nstat(sender.netns)
+    with traffic([(n1, sink_argv(port))] if kind == "synack" else []) as listeners:
+        for p in listeners:
+            await_up(p)
+        subprocess.run([*nft, "-f", "-"], check=True, text=True, input=(
+            f"table inet {table} {{\n chain input {{\n type filter hook input priority 0;\n"
+            f" tcp dport {port} tcp flags & (syn | ack) == {dropped} drop\n }}\n}}\n"))
+        try:
+            out = subprocess.run(["ip", "netns", "exec", n0.netns, sys.executable, "-c",
+                                  CONNECT, n1.address, str(port), "3.5"], capture_output=True,
+                                 text=True, timeout=30).stdout.split()
+        finally:
+            subprocess.run([*nft, "delete", "table", "inet", table], check=False)
+    assert out == (["timeout"] if kind == "syn" else ["connected"])
+    counters = ("TcpRetransSegs", "TcpExtTCPSynRetrans")
+    kernel = await_stable(lambda: {k: nstat(sender.netns).get(k, 0) - before.get(k, 0)
+                                   for k in counters},
+                          quiet_s=1.0, timeout_s=30, what=f"node {sender.index}'s counters")
+    assert kernel["TcpExtTCPSynRetrans"] >= 2, kernel
+    start = time.time_ns()
+    col.until(lambda c: any(r.time_ns > start for r in c.of(sender.index, "tcp_node")), 30,
+              "a window after the handshake")
+    col.settle()
+    side = "dport" if kind == "syn" else "sport"
+    recs = [r for r in col.of(sender.index, "tcp_retransmit") if r.tags[side] == str(port)]
+    state = "SYN_SENT" if kind == "syn" else "SYN_RECV"
+    assert [(r.tags["kind"], r.tags["state"], r.fields["segs"]) for r in recs] == \
+        [(kind, state, 1)] * kernel["TcpExtTCPSynRetrans"], (kernel, recs)
+    assert kernel["TcpRetransSegs"] == kernel["TcpExtTCPSynRetrans"], kernel
 
 
 def _ss_rtts_ms(netns: str, dport: int) -> list[float]:
