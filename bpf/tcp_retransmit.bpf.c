@@ -325,15 +325,26 @@ static __always_inline void remember_tx(struct __sk_buff *skb, struct fs_flow *f
 	};
 	struct fs_sock_tx *old = socks_tx.lookup(&sk);
 
-	/* Another flow's entry: a freed socket's, whose address this one reuses. */
-	if (old && fs_flow_same(&old->flow, flow)) {
-		int sequenced = end != seq && !(flags & FS_TCP_RST) &&
-				(flags & (FS_TCP_SYN | FS_TCP_ACK)) != (FS_TCP_SYN | FS_TCP_ACK);
-		/* a SYN with another initial sequence number is a new connection */
-		if (sequenced && (syn_sent ? old->snd_end == end : (__s32)(seq - old->snd_end) < 0))
-			emit_tc_retransmit(sk, flow, seen, tx.family, tx.state);
-		if (!syn_sent && (__s32)(end - old->snd_end) < 0)
-			tx.snd_end = old->snd_end;
+	if (old) {
+		/* The rare packets only (a SYN, or one starting below the highest sequence
+		 * sent) need the entry's history, and so the check that it is this flow's:
+		 * another flow's entry is a freed socket's whose address this one reuses.
+		 * Any other packet overwrites flow and end either way. */
+		int below = (__s32)(seq - old->snd_end) < 0;
+
+		if (syn_sent || below) {
+			if (!fs_flow_same(&old->flow, flow)) {
+				socks_tx.update(&sk, &tx);
+				return;
+			}
+			int sequenced = end != seq && !(flags & FS_TCP_RST) &&
+					(flags & (FS_TCP_SYN | FS_TCP_ACK)) != (FS_TCP_SYN | FS_TCP_ACK);
+			/* a SYN with another initial sequence number is a new connection */
+			if (sequenced && (syn_sent ? old->snd_end == end : below))
+				emit_tc_retransmit(sk, flow, seen, tx.family, tx.state);
+			if (!syn_sent && (__s32)(end - old->snd_end) < 0)
+				tx.snd_end = old->snd_end;
+		}
 		if (!seen->has_ack) {            /* a packet without ACK keeps the last one */
 			tx.ack_seq = old->ack_seq;
 			tx.has_ack = old->has_ack;
