@@ -26,6 +26,8 @@
  * loss probe's included, starts at snd_nxt; keepalives and window probes carry no
  * payload. A SYN is a retransmit when it repeats the socket's initial sequence
  * number. The raw tracepoints are guarded per program only, so they miss nothing.
+ * A packet that passes two hooked interfaces (stacked devices that both hold node
+ * addresses, e.g. a VLAN device and its parent) is counted where it passed first.
  * TC egress also adds every own TCP packet's segments and payload bytes to node
  * totals (the denominator of the retransmit ratio).
  *
@@ -61,6 +63,9 @@
 #define FS_TCP_SYN 0x02
 #define FS_TCP_RST 0x04
 #define FS_TCP_ACK 0x10
+/* The same packet passing a second hooked interface (a VLAN device, then its
+ * parent) does so within the one transmit call. */
+#define FS_SAME_PACKET_NS 1000000ULL
 
 #ifdef FS_RAW_RETRANSMIT
 BPF_TABLE("lru_hash", __u64, struct fs_sock_tx, socks_tx, FLOW_ENTRIES);
@@ -300,17 +305,19 @@ static __always_inline void emit_tc_retransmit(__u64 sk, struct fs_flow *flow,
 
 /* Follow the socket (key: its address, which the raw tracepoints get as sk; the
  * kernel sets skb->sk on every skb TCP sends) and report the packet when it is a
- * retransmission. The TCP flags stand in for the socket state the raw tracepoint
+ * retransmission. Returns 1 when this is the last packet again, on its way through
+ * a second hooked interface (stacked devices that both hold node addresses): it
+ * is neither counted nor remembered twice. The TCP flags stand in for the socket state the raw tracepoint
  * cannot read: a SYN without ACK is SYN_SENT, anything else is reported as
  * ESTABLISHED. SYN-ACKs leave with request sockets and are the synack
  * tracepoint's; RSTs and segments without payload are never retransmissions. */
-static __always_inline void remember_tx(struct __sk_buff *skb, struct fs_flow *flow,
-					struct fs_egress *seen, __u8 flags, __u16 proto, __u32 seq)
+static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *flow,
+				       struct fs_egress *seen, __u8 flags, __u16 proto, __u32 seq)
 {
 	struct bpf_sock *bsk = skb->sk;
 
 	if (!bsk)
-		return;
+		return 0;
 	__u64 sk = (__u64)(long)bsk;
 	__u8 syn_sent = (flags & (FS_TCP_SYN | FS_TCP_ACK)) == FS_TCP_SYN;
 	__u32 end = seq + seen->bytes + ((flags & FS_TCP_SYN) != 0) + ((flags & FS_TCP_FIN) != 0);
@@ -319,13 +326,21 @@ static __always_inline void remember_tx(struct __sk_buff *skb, struct fs_flow *f
 		.flow = *flow,
 		.family = proto == bpf_htons(ETH_P_IP) ? FS_AF_INET : FS_AF_INET6,
 		.state = syn_sent ? 2 : 1,
+		.last_flags = flags,
 		.snd_end = end,
+		.last_seq = seq,
 		.ack_seq = seen->ack_seq,
 		.has_ack = seen->has_ack,
+		.ifindex = skb->ifindex,
+		.last_bytes = seen->bytes,
 	};
 	struct fs_sock_tx *old = socks_tx.lookup(&sk);
 
 	if (old) {
+		if (old->ifindex != tx.ifindex && old->last_seq == seq &&
+		    old->last_bytes == seen->bytes && old->last_flags == flags &&
+		    seen->ts_ns - old->ts_ns < FS_SAME_PACKET_NS)
+			return 1;
 		/* The rare packets only (a SYN, or one starting below the highest sequence
 		 * sent) need the entry's history, and so the check that it is this flow's:
 		 * another flow's entry is a freed socket's whose address this one reuses.
@@ -335,7 +350,7 @@ static __always_inline void remember_tx(struct __sk_buff *skb, struct fs_flow *f
 		if (syn_sent || below) {
 			if (!fs_flow_same(&old->flow, flow)) {
 				socks_tx.update(&sk, &tx);
-				return;
+				return 0;
 			}
 			int sequenced = end != seq && !(flags & FS_TCP_RST) &&
 					(flags & (FS_TCP_SYN | FS_TCP_ACK)) != (FS_TCP_SYN | FS_TCP_ACK);
@@ -352,9 +367,10 @@ static __always_inline void remember_tx(struct __sk_buff *skb, struct fs_flow *f
 		/* In place: an LRU update allocates a new element per packet, and that churn
 		 * can evict other live sockets' entries. */
 		*old = tx;
-		return;
+		return 0;
 	}
 	socks_tx.update(&sk, &tx);
+	return 0;
 }
 #endif
 
@@ -438,8 +454,9 @@ int tc_egress(struct __sk_buff *skb)
 		.has_ack = (l4[13] & 0x10) != 0,
 	};
 #ifdef FS_RAW_RETRANSMIT
-	remember_tx(skb, &flow, &seen, l4[13], eth->h_proto,
-		    ((__u32)l4[4] << 24) | ((__u32)l4[5] << 16) | ((__u32)l4[6] << 8) | l4[7]);
+	if (remember_tx(skb, &flow, &seen, l4[13], eth->h_proto,
+			((__u32)l4[4] << 24) | ((__u32)l4[5] << 16) | ((__u32)l4[6] << 8) | l4[7]))
+		return TC_ACT_UNSPEC;    /* counted on the interface it passed first */
 #ifdef FS_REMEMBER_SYNACK
 	if ((l4[13] & 0x12) == 0x12)
 		synacks.update(&flow, &seen);

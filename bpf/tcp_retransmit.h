@@ -43,11 +43,13 @@ struct fs_sock_tx {
 	struct fs_flow flow;
 	__u16 family;     /* AF_INET 2, AF_INET6 10 (of the packet) */
 	__u8 state;       /* from the TCP flags: SYN_SENT 2 for a SYN, else ESTABLISHED 1 */
-	__u8 pad;
+	__u8 last_flags;  /* TCP flags of the last packet */
 	__u32 snd_end;    /* highest sequence number sent + 1 (SYN and FIN count one) */
-	__u32 pad2;
+	__u32 last_seq;   /* sequence number of the last packet */
 	__u32 ack_seq;    /* as in fs_egress */
 	__u32 has_ack;
+	__u32 ifindex;    /* interface the last packet left through */
+	__u32 last_bytes; /* payload of the last packet */
 };
 
 /* Congestion state of one own socket (key: skaddr), from tcp/tcp_cong_state_set. */
