@@ -47,6 +47,12 @@ enum sk_rst_reason { FS_SK_RST_REASON_PLACEHOLDER = 0 };
  * inet_sock_set_state hit to CLOSE the kernel skipped (below). */
 static __always_inline void close_at_destroy(__u64 sk);
 #define FS_ON_DESTROY(sk) close_at_destroy(sk)
+/* TC egress (never skipped) opens a flow whose inet_sock_set_state hit to
+ * ESTABLISHED the kernel skipped (below). */
+static __always_inline void open_at_first_ack(__u64 sk, const void *flow, __u16 family,
+					      __u8 active, __u64 now);
+#define FS_ON_OPEN_TX(sk, flow, family, active, now) \
+	open_at_first_ack(sk, flow, family, active, now)
 #endif
 #include "tcp_retransmit.bpf.c"
 #include "tcp_flows.h"
@@ -66,6 +72,7 @@ static __always_inline void close_at_destroy(__u64 sk);
 
 #define FS_TCP_ESTABLISHED 1
 #define FS_TCP_SYN_SENT 2
+#define FS_TCP_SYN_RECV 3
 #define FS_TCP_CLOSE 7
 #define FS_TCP_LISTEN 10
 
@@ -482,6 +489,44 @@ static __always_inline void close_at_destroy(__u64 sk)
 	};
 	fstat_add(FS_FSTAT_CLOSED_AT_DESTROY, 1);
 	close_flow(sk, s, &ev, bpf_ktime_get_ns());
+}
+
+/* Called by TC egress with a socket's first acknowledging packet after its SYN
+ * (active) or its first packet at all (passive). Either follows the socket's
+ * ESTABLISHED, whose hit sets est_ns; without it the hit was skipped, and the
+ * open is reported now, at the packet. A passive one only when its SYN-ACK passed
+ * TC egress (synacks): other sockets seen for the first time are older than the
+ * probe. The state before is known by construction. */
+static __always_inline void open_at_first_ack(__u64 sk, const void *flow_ptr, __u16 family,
+					      __u8 active, __u64 now)
+{
+	const struct fs_flow *flow = flow_ptr;   /* declared before fs_flow was */
+	struct fs_sock *s = socks.lookup(&sk);
+
+	if (s && s->est_ns)
+		return;
+	if (!active && !synacks.lookup((struct fs_flow *)flow))
+		return;
+	struct fs_flow_event ev = {
+		.ts_ns = now,
+		.flow = *flow,
+		.family = family,
+		.type = FS_EV_OPEN,
+		.active = active,
+		.oldstate = active ? FS_TCP_SYN_SENT : FS_TCP_SYN_RECV,
+		.state = FS_TCP_ESTABLISHED,
+	};
+	if (s) {
+		s->est_ns = now;
+		ev.pid = s->pid;
+		if (s->start_ns)
+			ev.duration_ns = now - s->start_ns;
+	} else {
+		struct fs_sock init = {.est_ns = now, .active = active};
+		socks.update(&sk, &init);
+	}
+	fstat_add(FS_FSTAT_OPENED_AT_FIRST_ACK, 1);
+	emit_flow(&ev);
 }
 #endif /* FS_RAW_RETRANSMIT */
 #endif

@@ -31,7 +31,9 @@
                                   * counted from our ACKs (recover_received) */
 #define FS_FSTAT_CLOSED_AT_DESTROY 10 /* closes reported at socket teardown: their
 				      * inet_sock_set_state hit was skipped */
-#define FS_NFSTATS 11
+#define FS_FSTAT_OPENED_AT_FIRST_ACK 11 /* opens reported at the socket's first
+					* acknowledging packet: their ESTABLISHED hit was skipped */
+#define FS_NFSTATS 12
 
 /* One flow's aggregates over one window, on one CPU. */
 struct fs_flow_slot {

@@ -303,6 +303,20 @@ static __always_inline void emit_tc_retransmit(__u64 sk, struct fs_flow *flow,
 	emit(&ev);
 }
 
+#ifdef FS_ON_OPEN_TX
+/* A connection's own socket past its handshake (ESTABLISHED, FIN_WAIT1/2,
+ * CLOSE_WAIT, LAST_ACK, CLOSING), from the socket fields the BPF ABI gives TC;
+ * not the per-CPU control socket that sends resets and TIME_WAIT's ACKs, not a
+ * TIME_WAIT or request socket. */
+static __always_inline int fs_connected(struct bpf_sock *bsk)
+{
+	__u32 state = bsk->state;
+
+	return state == 1 || state == 4 || state == 5 || state == 8 || state == 9 ||
+	       state == 11;
+}
+#endif
+
 /* Follow the socket (key: its address, which the raw tracepoints get as sk; the
  * kernel sets skb->sk on every skb TCP sends) and report the packet when it is a
  * retransmission. Returns 1 when this is the last packet again, on its way through
@@ -364,12 +378,23 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 			tx.ack_seq = old->ack_seq;
 			tx.has_ack = old->has_ack;
 		}
+#ifdef FS_ON_OPEN_TX
+		/* the first packet after our SYN that acknowledges: we connected */
+		if (old->state == 2 && !syn_sent && (flags & FS_TCP_ACK) && !(flags & FS_TCP_RST) &&
+		    fs_connected(bsk))
+			FS_ON_OPEN_TX(sk, flow, tx.family, 1, seen->ts_ns);
+#endif
 		/* In place: an LRU update allocates a new element per packet, and that churn
 		 * can evict other live sockets' entries. */
 		*old = tx;
 		return 0;
 	}
 	socks_tx.update(&sk, &tx);
+#ifdef FS_ON_OPEN_TX
+	/* a socket's first packet, not a handshake's: maybe one we accepted */
+	if ((flags & (FS_TCP_SYN | FS_TCP_ACK | FS_TCP_RST)) == FS_TCP_ACK && fs_connected(bsk))
+		FS_ON_OPEN_TX(sk, flow, tx.family, 0, seen->ts_ns);
+#endif
 	return 0;
 }
 #endif

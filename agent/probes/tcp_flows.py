@@ -26,9 +26,11 @@ beside the receiver). The bytes of skipped hits are recovered from the
 acknowledgment number of the socket's last packet out, kept by the TC egress
 program, once per transfer (bpf/tcp_flows.bpf.c: recover_received): exported as
 probe_events_total{event="received_recovered_bytes"}, the skipped runs the kernel
-counted as {event="missed_hits"}. A close whose inet_sock_set_state hit was skipped
-is reported at socket teardown by the raw tcp_destroy_sock program, which is never
-skipped (from_state UNKNOWN; {event="closed_at_destroy"}).
+counted as {event="missed_hits"}. An open whose inet_sock_set_state hit was skipped
+is reported at the socket's first acknowledging packet on TC egress
+({event="opened_at_first_ack"}), a close at socket teardown by the raw
+tcp_destroy_sock program (from_state UNKNOWN; {event="closed_at_destroy"}): TC
+programs and raw tracepoints are never skipped that way.
 
 Cost (BPF run-time stats, kernel.bpf_stats_enabled=1, iperf3 over a lab veth,
 4 s): tcp/tcp_probe ~200 ns per segment received (it runs for every socket on

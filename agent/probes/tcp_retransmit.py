@@ -58,6 +58,7 @@ import ctypes
 import errno
 import logging
 import os
+import re
 
 from agent import addresses as addrs
 from agent import bpf, tc
@@ -95,6 +96,12 @@ class RetransmitEvent(ctypes.Structure):
 # counted by the kernel but filed here as skipped: both are rare, the first usual.)
 SKIPPED_ERRNOS = frozenset({errno.EBUSY, errno.ENOMEM, errno.EAGAIN, errno.EHOSTUNREACH})
 NET_XMIT = {1: "NET_XMIT_DROP", 2: "NET_XMIT_CN"}
+
+
+def has_raw_tracepoints(release: str) -> bool:
+    """BPF raw tracepoints came with Linux 4.17."""
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (4, 17)
 
 
 def err_name(err: int) -> str:
@@ -244,16 +251,16 @@ class TcpRetransmitProbe(Probe):
                         "retransmit; misses counted as missed_retransmits)", self.name,
                         ", ".join(sorted(self.ctx.addresses)))
             self._bpf = bpf.compile_program(self.family, flags)
+        elif has_raw_tracepoints(os.uname().release):
+            # No fallback on failure here: a program that does not build or load is
+            # a bug to see, not a kernel to work around.
+            self._bpf = bpf.compile_program(self.family, flags + ["-DFS_RAW_RETRANSMIT"])
+            self.raw_retransmit = True
         else:
-            try:
-                self._bpf = bpf.compile_program(self.family, flags + ["-DFS_RAW_RETRANSMIT"])
-                self.raw_retransmit = True
-            except ProbeUnavailable as exc:
-                # Raw tracepoints came with 4.17; the tracepoint alone misses
-                # retransmits that fire while another tracing program runs on their CPU.
-                log.warning("%s: raw tracepoints unavailable (%s); using the tracepoints, "
-                            "which can miss retransmits (missed_retransmits)", self.name, exc)
-                self._bpf = bpf.compile_program(self.family, flags)
+            log.warning("%s: kernel %s has no raw tracepoints (4.17+); using the "
+                        "tracepoints, which can miss retransmits (missed_retransmits)",
+                        self.name, os.uname().release)
+            self._bpf = bpf.compile_program(self.family, flags)
         try:
             self._setup()
             if ifaces:

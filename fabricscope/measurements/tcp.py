@@ -157,7 +157,9 @@ MEASUREMENTS = [
     ),
     Measurement(
         name="tcp_flow_open",
-        doc="A connection of this node reached ESTABLISHED (sock/inet_sock_set_state).",
+        doc="A connection of this node reached ESTABLISHED (sock/inet_sock_set_state; "
+            "when the kernel skipped that hook, at the socket's first acknowledging "
+            "packet on TC egress, a little later).",
         source=_SOURCE_F,
         tags={**_FLOW, **_SIDE, **OWNER_TAGS},
         optional_tags=_OWNERS,
@@ -168,7 +170,8 @@ MEASUREMENTS = [
     ),
     Measurement(
         name="tcp_flow_close",
-        doc="A connection of this node reached CLOSE (sock/inet_sock_set_state). Bytes "
+        doc="A connection of this node reached CLOSE (sock/inet_sock_set_state; when the "
+            "kernel skipped that hook, at socket teardown, tcp_destroy_sock). Bytes "
             "are counted from the first segment the probe saw while ESTABLISHED (ACKs "
             "of the closing handshake are not traced, so the last bytes may be missing "
             "from bytes_acked; bytes_sent has them).",

@@ -169,6 +169,7 @@ def seg_sum(records):
 def test_retransmitted_segments_match_nstat_exactly_and_stay_with_their_node(netpair):
     p = netpair
     with attached_probe(p.a, p.addr_a) as probe_a, attached_probe(p.b, p.addr_b) as probe_b:
+        assert probe_a.raw_retransmit and probe_b.raw_retransmit
         before = {ns: p.retrans_segs(ns) for ns in (p.a, p.b)}
         p.transfer(20)
         kernel = {ns: p.retrans_segs(ns) - before[ns] for ns in (p.a, p.b)}

@@ -148,3 +148,10 @@ def test_tracepoint_format_parsing(tmp_path):
     assert bpf.tracepoint_fields("tcp", "tcp_retransmit_skb", tmp_path) == \
         {"common_type", "skaddr", "saddr_v6", "err"}
     assert bpf.tracepoint_fields("tcp", "nope", tmp_path) is None
+
+
+@pytest.mark.parametrize("release, raw", [("6.18.44-fc-v669", True), ("4.17.0", True),
+                                          ("4.16.18-1-amd64", False), ("3.10.0-1160.el7", False),
+                                          ("5.4.0-generic", True), ("weird", False)])
+def test_raw_tracepoints_from_the_kernel_release(release, raw):
+    assert tr.has_raw_tracepoints(release) is raw
