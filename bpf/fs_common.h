@@ -38,6 +38,18 @@ struct fs_flow {
 #define FS_AF_INET 2
 #define FS_AF_INET6 10
 
+/* TCP states (include/net/tcp_states.h, stable since 2.6) */
+#define FS_TCP_ESTABLISHED 1
+#define FS_TCP_SYN_SENT 2
+#define FS_TCP_SYN_RECV 3
+#define FS_TCP_FIN_WAIT1 4
+#define FS_TCP_FIN_WAIT2 5
+#define FS_TCP_CLOSE 7
+#define FS_TCP_CLOSE_WAIT 8
+#define FS_TCP_LAST_ACK 9
+#define FS_TCP_LISTEN 10
+#define FS_TCP_CLOSING 11
+
 BPF_HASH(own_addrs, struct fs_addr, __u8, MAX_ADDRS);
 
 static __always_inline void fs_v4_mapped(struct fs_addr *dst, const void *v4)

@@ -70,11 +70,6 @@ static __always_inline void open_at_first_ack(__u64 sk, const void *flow, __u16 
 #define FS_TRANSFER_TAIL_NS 20000000     /* config tcp_transfer_tail_us */
 #endif
 
-#define FS_TCP_ESTABLISHED 1
-#define FS_TCP_SYN_SENT 2
-#define FS_TCP_SYN_RECV 3
-#define FS_TCP_CLOSE 7
-#define FS_TCP_LISTEN 10
 
 BPF_TABLE("lru_percpu_hash", struct fs_flow, struct fs_flow_stat, flowstats, MAX_FLOWS);
 BPF_TABLE("lru_hash", __u64, struct fs_sock, socks, FLOW_ENTRIES);

@@ -202,7 +202,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_synack)
 	ev.flow.sport = args->sport;
 	ev.flow.dport = args->dport;
 	ev.family = args->family;
-	ev.state = 3;          /* TCP_SYN_RECV */
+	ev.state = FS_TCP_SYN_RECV;
 	ev.segs = 1;           /* a SYN-ACK is one segment */
 	ev.hook = FS_HOOK_SYNACK;
 	ev.ca_state = FS_CA_LOSS;
@@ -312,19 +312,20 @@ static __always_inline int fs_connected(struct bpf_sock *bsk)
 {
 	__u32 state = bsk->state;
 
-	return state == 1 || state == 4 || state == 5 || state == 8 || state == 9 ||
-	       state == 11;
+	return state == FS_TCP_ESTABLISHED || state == FS_TCP_FIN_WAIT1 ||
+	       state == FS_TCP_FIN_WAIT2 || state == FS_TCP_CLOSE_WAIT ||
+	       state == FS_TCP_LAST_ACK || state == FS_TCP_CLOSING;
 }
 #endif
 
 /* Follow the socket (key: its address, which the raw tracepoints get as sk; the
  * kernel sets skb->sk on every skb TCP sends) and report the packet when it is a
  * retransmission. Returns 1 when this is the last packet again, on its way through
- * a second hooked interface (stacked devices that both hold node addresses): it
- * is neither counted nor remembered twice. The TCP flags stand in for the socket state the raw tracepoint
- * cannot read: a SYN without ACK is SYN_SENT, anything else is reported as
- * ESTABLISHED. SYN-ACKs leave with request sockets and are the synack
- * tracepoint's; RSTs and segments without payload are never retransmissions. */
+ * a second hooked interface (stacked devices that both hold node addresses): it is
+ * neither counted nor remembered twice. The TCP flags give the state reported: a
+ * SYN without ACK is SYN_SENT, anything else ESTABLISHED. SYN-ACKs leave with
+ * request sockets and are the synack tracepoint's; RSTs and segments without
+ * payload are never retransmissions. */
 static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *flow,
 				       struct fs_egress *seen, __u8 flags, __u16 proto, __u32 seq)
 {
@@ -339,7 +340,7 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 		.ts_ns = seen->ts_ns,
 		.flow = *flow,
 		.family = proto == bpf_htons(ETH_P_IP) ? FS_AF_INET : FS_AF_INET6,
-		.state = syn_sent ? 2 : 1,
+		.state = syn_sent ? FS_TCP_SYN_SENT : FS_TCP_ESTABLISHED,
 		.last_flags = flags,
 		.snd_end = end,
 		.last_seq = seq,
@@ -380,7 +381,8 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 		}
 #ifdef FS_ON_OPEN_TX
 		/* the first packet after our SYN that acknowledges: we connected */
-		if (old->state == 2 && !syn_sent && (flags & FS_TCP_ACK) && !(flags & FS_TCP_RST) &&
+		if (old->state == FS_TCP_SYN_SENT && !syn_sent && (flags & FS_TCP_ACK) &&
+		    !(flags & FS_TCP_RST) &&
 		    fs_connected(bsk))
 			FS_ON_OPEN_TX(sk, flow, tx.family, 1, seen->ts_ns);
 #endif
