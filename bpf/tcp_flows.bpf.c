@@ -374,6 +374,27 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
 #endif
 
 #ifdef FS_WITH_SET_STATE
+/* The open event of socket sk (its entry s, or none: then one is made, this side
+ * connecting as ev->active says): marks it established. ev has the flow, family
+ * and states. */
+static __always_inline void open_flow(__u64 sk, struct fs_sock *s, struct fs_flow_event *ev,
+				      __u64 now)
+{
+	ev->ts_ns = now;
+	ev->type = FS_EV_OPEN;
+	if (s) {
+		s->est_ns = now;
+		ev->active = s->active;
+		ev->pid = s->pid;
+		if (s->start_ns)
+			ev->duration_ns = now - s->start_ns;
+	} else {
+		struct fs_sock init = {.est_ns = now, .active = ev->active};
+		socks.update(&sk, &init);
+	}
+	emit_flow(ev);
+}
+
 /* The close event of socket sk (its entry s, or none): the counts, the last
  * transfer; forgets the socket. ev has the flow, family and states. */
 static __always_inline void close_flow(__u64 sk, struct fs_sock *s, struct fs_flow_event *ev,
@@ -441,19 +462,8 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 	ev.state = newstate;
 	struct fs_sock *s = socks.lookup(&sk);
 	if (newstate == FS_TCP_ESTABLISHED) {
-		ev.type = FS_EV_OPEN;
-		if (s) {
-			s->est_ns = now;
-			ev.active = s->active;
-			ev.pid = s->pid;
-			if (s->start_ns)
-				ev.duration_ns = now - s->start_ns;
-		} else {
-			struct fs_sock init = {.est_ns = now, .active = oldstate == FS_TCP_SYN_SENT};
-			socks.update(&sk, &init);
-			ev.active = init.active;
-		}
-		emit_flow(&ev);
+		ev.active = oldstate == FS_TCP_SYN_SENT;
+		open_flow(sk, s, &ev, now);
 		return 0;
 	}
 	close_flow(sk, s, &ev, now);
@@ -503,25 +513,14 @@ static __always_inline void open_at_first_ack(__u64 sk, const void *flow_ptr, __
 	if (!active && !synacks.lookup((struct fs_flow *)flow))
 		return;
 	struct fs_flow_event ev = {
-		.ts_ns = now,
 		.flow = *flow,
 		.family = family,
-		.type = FS_EV_OPEN,
 		.active = active,
 		.oldstate = active ? FS_TCP_SYN_SENT : FS_TCP_SYN_RECV,
 		.state = FS_TCP_ESTABLISHED,
 	};
-	if (s) {
-		s->est_ns = now;
-		ev.pid = s->pid;
-		if (s->start_ns)
-			ev.duration_ns = now - s->start_ns;
-	} else {
-		struct fs_sock init = {.est_ns = now, .active = active};
-		socks.update(&sk, &init);
-	}
 	fstat_add(FS_FSTAT_OPENED_AT_FIRST_ACK, 1);
-	emit_flow(&ev);
+	open_flow(sk, s, &ev, now);
 }
 #endif /* FS_RAW_RETRANSMIT */
 #endif

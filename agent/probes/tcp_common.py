@@ -16,9 +16,8 @@ from agent import bpf
 
 # 0: not a state; a close seen only at socket teardown does not know the one before
 TCP_STATES = {0: "UNKNOWN", 1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1",
-              5: "FIN_WAIT2",
-              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN",
-              11: "CLOSING", 12: "NEW_SYN_RECV"}
+              5: "FIN_WAIT2", 6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK",
+              10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV"}
 
 
 # Mirrors of bpf/fs_common.h (checked against the compiled layout at load).
