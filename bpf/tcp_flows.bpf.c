@@ -47,6 +47,10 @@ enum sk_rst_reason { FS_SK_RST_REASON_PLACEHOLDER = 0 };
  * inet_sock_set_state hit to CLOSE the kernel skipped (below). */
 static __always_inline void close_at_destroy(__u64 sk);
 #define FS_ON_DESTROY(sk) close_at_destroy(sk)
+/* TC egress (never skipped) closes the flow of a freed socket whose address a new
+ * socket reuses, when no hook reported its close (below). */
+static __always_inline void close_at_reuse(__u64 sk, __u64 last_tx_ns);
+#define FS_ON_STALE(sk, last_tx_ns) close_at_reuse(sk, last_tx_ns)
 /* TC egress (never skipped) opens a flow whose inet_sock_set_state hit to
  * ESTABLISHED the kernel skipped (below). */
 static __always_inline void open_at_first_ack(__u64 sk, const void *flow, __u16 family,
@@ -280,7 +284,8 @@ static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
 	/* Both count from the first snd_una seen, so bytes in flight then are "sent"
 	 * too and sent >= acked holds. */
 	if (!s) {
-		struct fs_sock init = {.last_una = una, .last_nxt = una, .has_una = 1};
+		struct fs_sock init = {.last_una = una, .last_nxt = una, .has_una = 1,
+				       .made_ns = bpf_ktime_get_ns()};
 		socks.update(&sk, &init);
 		s = socks.lookup(&sk);
 		if (s) {
@@ -389,7 +394,7 @@ static __always_inline void open_flow(__u64 sk, struct fs_sock *s, struct fs_flo
 		if (s->start_ns)
 			ev->duration_ns = now - s->start_ns;
 	} else {
-		struct fs_sock init = {.est_ns = now, .active = ev->active};
+		struct fs_sock init = {.est_ns = now, .active = ev->active, .made_ns = now};
 		socks.update(&sk, &init);
 	}
 	emit_flow(ev);
@@ -432,6 +437,10 @@ static __always_inline void close_flow(__u64 sk, struct fs_sock *s, struct fs_fl
 	emit_flow(ev);
 }
 
+#ifdef FS_RAW_RETRANSMIT
+static __always_inline void close_unseen(__u64 sk, struct fs_sock *s, __u64 when, int stat);
+#endif
+
 TRACEPOINT_PROBE(sock, inet_sock_set_state)
 {
 	struct fs_flow_event ev = {};
@@ -447,9 +456,20 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 	fstat_add(FS_FSTAT_STATE_HITS, 1);
 	__u64 sk = (__u64)args->skaddr;
 	__u64 now = bpf_ktime_get_ns();
+	struct fs_sock *s = socks.lookup(&sk);
 
+#ifdef FS_RAW_RETRANSMIT
+	/* A socket starts without an entry, but for the one its SYN_SENT made: any
+	 * other is a freed socket's whose close no hook saw. */
+	if (s && (newstate == FS_TCP_SYN_SENT ||
+		  (newstate == FS_TCP_ESTABLISHED &&
+		   (s->est_ns || oldstate != FS_TCP_SYN_SENT)))) {
+		close_unseen(sk, s, 0, FS_FSTAT_CLOSED_AT_REUSE);
+		s = 0;
+	}
+#endif
 	if (newstate == FS_TCP_SYN_SENT) {
-		struct fs_sock init = {.start_ns = now, .active = 1,
+		struct fs_sock init = {.start_ns = now, .active = 1, .made_ns = now,
 				       .pid = bpf_get_current_pid_tgid() >> 32};
 		socks.update(&sk, &init);
 		return 0;        /* the source port is not chosen yet: report at ESTABLISHED */
@@ -460,7 +480,6 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 	ev.family = args->family;
 	ev.oldstate = oldstate;
 	ev.state = newstate;
-	struct fs_sock *s = socks.lookup(&sk);
 	if (newstate == FS_TCP_ESTABLISHED) {
 		ev.active = oldstate == FS_TCP_SYN_SENT;
 		open_flow(sk, s, &ev, now);
@@ -471,19 +490,15 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 }
 
 #ifdef FS_RAW_RETRANSMIT
-/* Called by tcp_retransmit.bpf.c's raw tcp_destroy_sock before it forgets the
- * socket: every full socket reaches CLOSE before it is destroyed, and that hit
- * deletes the socket's entry, so an entry left here is a close the kernel skipped
- * (a tracepoint program does not run while a BPF map syscall holds the CPU). The
- * flow comes from TC egress's entry; the state it closed from is unknown (0). */
-static __always_inline void close_at_destroy(__u64 sk)
+/* The close of socket sk (its entry s) that no inet_sock_set_state hit reported,
+ * with the flow TC egress saw it send; the state it closed from is unknown (0).
+ * when: the close's time; 0: the socket's last packet out (a socket found freed
+ * later closed after that). */
+static __always_inline void close_unseen(__u64 sk, struct fs_sock *s, __u64 when, int stat)
 {
-	struct fs_sock *s = socks.lookup(&sk);
-
-	if (!s)
-		return;
 	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
-	if (!tx) {
+
+	if (!tx) {           /* it never sent a packet: nothing to name its flow by */
 		socks.delete(&sk);
 		return;
 	}
@@ -492,8 +507,33 @@ static __always_inline void close_at_destroy(__u64 sk)
 		.family = tx->family,
 		.state = FS_TCP_CLOSE,
 	};
-	fstat_add(FS_FSTAT_CLOSED_AT_DESTROY, 1);
-	close_flow(sk, s, &ev, bpf_ktime_get_ns());
+	fstat_add(stat, 1);
+	close_flow(sk, s, &ev, when ? when : tx->ts_ns);
+}
+
+/* Called by tcp_retransmit.bpf.c's raw tcp_destroy_sock before it forgets the
+ * socket: every full socket reaches CLOSE before it is destroyed, and that hit
+ * deletes the socket's entry, so an entry left here is a close the kernel skipped
+ * (a tracepoint program does not run while a BPF map syscall holds the CPU). */
+static __always_inline void close_at_destroy(__u64 sk)
+{
+	struct fs_sock *s = socks.lookup(&sk);
+
+	if (s)
+		close_unseen(sk, s, bpf_ktime_get_ns(), FS_FSTAT_CLOSED_AT_DESTROY);
+}
+
+/* Called by TC egress when a new socket's packet finds a freed socket's entry at
+ * its address (last_tx_ns: that socket's last packet): the kernel skipped the
+ * freed socket's CLOSE and tcp_destroy_sock hits alike (seen on 6.18 in softirq,
+ * mostly without counting a miss). An entry made after that packet is the new
+ * socket's own (its SYN_SENT or ESTABLISHED hit came first). */
+static __always_inline void close_at_reuse(__u64 sk, __u64 last_tx_ns)
+{
+	struct fs_sock *s = socks.lookup(&sk);
+
+	if (s && s->made_ns <= last_tx_ns)
+		close_unseen(sk, s, 0, FS_FSTAT_CLOSED_AT_REUSE);
 }
 
 /* Called by TC egress with a socket's first acknowledging packet after its SYN

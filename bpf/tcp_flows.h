@@ -33,7 +33,10 @@
 				      * inet_sock_set_state hit was skipped */
 #define FS_FSTAT_OPENED_AT_FIRST_ACK 11 /* opens reported at the socket's first
 					* acknowledging packet: their ESTABLISHED hit was skipped */
-#define FS_NFSTATS 12
+#define FS_FSTAT_CLOSED_AT_REUSE 12 /* closes reported when the socket's address was
+				     * reused: its CLOSE and tcp_destroy_sock hits were both
+				     * skipped (found by TC egress or the next socket's hit) */
+#define FS_NFSTATS 13
 
 /* One flow's aggregates over one window, on one CPU. */
 struct fs_flow_slot {
@@ -85,6 +88,8 @@ struct fs_sock {
 	__u64 last_in_ns;     /* the last hit that received payload */
 	__u32 last_ack;       /* acknowledgment number of our last packet out (TC egress) */
 	__u32 pad2;
+	__u64 made_ns;        /* when this entry was made (tells a new socket's from a
+	                       * freed one's at the same address) */
 };
 
 struct fs_flow_event {

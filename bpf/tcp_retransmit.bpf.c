@@ -10,7 +10,8 @@
  *   raw tracepoint tcp_retransmit_skb     (sk, skb, err): the attempts that sent no
  *       packet (err < 0) and those the qdisc dropped after TC counted them (err > 0)
  *   raw tracepoint tcp_cong_state_set     congestion state per socket: the kind
- *   raw tracepoint tcp_destroy_sock       forgets a socket
+ *   raw tracepoint tcp_destroy_sock       forgets a socket (a socket whose teardown
+ *       it missed is forgotten when TC egress sees another flow under its address)
  *   tracepoint tcp/tcp_retransmit_synack  SYN-ACK retransmits (RetransSegs counts them;
  *       a SYN-ACK leaves with the request socket, which TC does not follow)
  * Without raw tracepoints (before 4.17) the tracepoints of the same names do it
@@ -284,6 +285,16 @@ static __always_inline int fs_flow_same(const struct fs_flow *a, const struct fs
 	return diff == 0;
 }
 
+/* Another connection's flow than the entry's: the ports or the peer differ (the
+ * cheap test every packet pays; fs_flow_same is the full one). */
+static __always_inline int fs_other_flow(const struct fs_flow *a, const struct fs_flow *b)
+{
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
+
+	/* words 7 and 8: the peer address's last 4 bytes (all of IPv4), both ports */
+	return (x[7] ^ y[7]) | (x[8] ^ y[8]);
+}
+
 /* A retransmitted packet of the socket TC egress just saw (see the top comment). */
 static __always_inline void emit_tc_retransmit(__u64 sk, struct fs_flow *flow,
 					       struct fs_egress *seen, __u16 family, __u8 state)
@@ -351,20 +362,31 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 	};
 	struct fs_sock_tx *old = socks_tx.lookup(&sk);
 
+	if (old && fs_other_flow(&old->flow, flow)) {
+		/* A freed socket's entry, whose address this socket reuses: no hook saw
+		 * that socket's teardown (its tcp_destroy_sock hit would have removed it;
+		 * request and TIME_WAIT sockets, which never reach that hook, leave such
+		 * entries too). This is a new socket. */
+#ifdef FS_ON_STALE
+		FS_ON_STALE(sk, old->ts_ns);   /* an includer's teardown work, as at destroy */
+#endif
+		*old = tx;
+		old = 0;
+		goto first_packet;
+	}
 	if (old) {
 		if (old->ifindex != tx.ifindex && old->last_seq == seq &&
 		    old->last_bytes == seen->bytes && old->last_flags == flags &&
 		    seen->ts_ns - old->ts_ns < FS_SAME_PACKET_NS)
 			return 1;
 		/* The rare packets only (a SYN, or one starting below the highest sequence
-		 * sent) need the entry's history, and so the check that it is this flow's:
-		 * another flow's entry is a freed socket's whose address this one reuses.
-		 * Any other packet overwrites flow and end either way. */
+		 * sent) need the entry's history, and so the full check that it is this
+		 * flow's (the cheap one above compares ports and peer). */
 		int below = (__s32)(seq - old->snd_end) < 0;
 
 		if (syn_sent || below) {
 			if (!fs_flow_same(&old->flow, flow)) {
-				socks_tx.update(&sk, &tx);
+				*old = tx;
 				return 0;
 			}
 			int sequenced = end != seq && !(flags & FS_TCP_RST) &&
@@ -392,6 +414,7 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 		return 0;
 	}
 	socks_tx.update(&sk, &tx);
+first_packet:
 #ifdef FS_ON_OPEN_TX
 	/* a socket's first packet, not a handshake's: maybe one we accepted */
 	if ((flags & (FS_TCP_SYN | FS_TCP_ACK | FS_TCP_RST)) == FS_TCP_ACK && fs_connected(bsk))

@@ -30,7 +30,9 @@ counted as {event="missed_hits"}. An open whose inet_sock_set_state hit was skip
 is reported at the socket's first acknowledging packet on TC egress
 ({event="opened_at_first_ack"}), a close at socket teardown by the raw
 tcp_destroy_sock program (from_state UNKNOWN; {event="closed_at_destroy"}): TC
-programs and raw tracepoints are never skipped that way.
+programs and raw tracepoints are not skipped that way. A teardown whose hits were
+all skipped (raw ones too: seen on 6.18, uncounted) is reported when a new socket
+reuses the freed one's address ({event="closed_at_reuse"}; docs/architecture.md).
 
 Cost (BPF run-time stats, kernel.bpf_stats_enabled=1, iperf3 over a lab veth,
 4 s): tcp/tcp_probe ~200 ns per segment received (it runs for every socket on

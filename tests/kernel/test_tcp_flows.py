@@ -438,49 +438,62 @@ for _ in range(int(sys.argv[3])):
 def test_every_connection_opens_and_closes_on_both_sides_while_map_syscalls_hold_the_cpu(
         lab, probes, col):
     """Short connections with client, server and a map-syscall hammer on CPU 0: the
-    kernel skips some inet_sock_set_state hits, and each open or close it skipped is
-    reported from TC egress (the socket's first acknowledging packet) or at socket
-    teardown (the raw tcp_destroy_sock) instead: one open and one close per
-    connection and side, whatever was skipped."""
+    kernel skips some inet_sock_set_state hits (and, seen on 6.18, sometimes every
+    tracepoint hit of a socket's teardown, raw ones included, uncounted), and each
+    open or close it skipped is reported from TC egress (the socket's first
+    acknowledging packet), at socket teardown (the raw tcp_destroy_sock), or when a
+    new socket reuses the freed socket's address (TC egress or the new socket's own
+    hit) instead: one open and one close per connection and side, whatever was
+    skipped. Closes of the last sockets wait for that reuse: more connections
+    (unchecked, on another port) follow until they are all in."""
     n0, n1 = lab.nodes[0], lab.nodes[1]
     stats = [probes[0].stats, probes[1].stats]
     before = [f() for f in stats]
-    rounds, count = 0, 150
+    count = 150
+
+    def connections(port):
+        with traffic([(n1, ["taskset", "-c", "0", PY, "-c", ACCEPT_N, str(port),
+                            str(count)])]) as (server,):
+            await_up(server)
+            with traffic([(n0, ["taskset", "-c", "0", PY, "-c", CONNECT_N, n1.address,
+                                str(port), str(count)])]) as (client,):
+                finish(client)
+            finish(server)
+
+    def events(what, port):
+        return [[r for r in col.of(node, what) if r.tags[side] == str(port)]
+                for node, side in ((0, "dport"), (1, "sport"))]
+
+    def made_up():
+        return sum(f()[key] - b[key] for f, b in zip(stats, before)
+                   for key in ("opened_at_first_ack", "closed_at_destroy", "closed_at_reuse"))
+
+    ports = []
     with traffic([(n1, ["taskset", "-c", "0", sys.executable, "-c", MAP_SYSCALLS])]) as (hammer,):
         await_up(hammer)
         for k in range(6):         # until a skipped open or close was made up for
-            port = 5370 + k
-            with traffic([(n1, ["taskset", "-c", "0", PY, "-c", ACCEPT_N, str(port),
-                                str(count)])]) as (server,):
-                await_up(server)
-                with traffic([(n0, ["taskset", "-c", "0", PY, "-c", CONNECT_N, n1.address,
-                                    str(port), str(count)])]) as (client,):
-                    finish(client)
-                finish(server)
-            rounds += 1
-            def closes(c, p=str(port)):
-                return (sum(r.tags["dport"] == p for r in c.of(0, "tcp_flow_close")),
-                        sum(r.tags["sport"] == p for r in c.of(1, "tcp_flow_close")))
-            try:
-                col.until(lambda c: min(closes(c)) >= count, 30, "the closes")
-            except AssertionError:
-                opens = [sum(r.tags[side] == str(port) for r in col.of(i, "tcp_flow_open"))
-                         for i, side in ((0, "dport"), (1, "sport"))]
-                raise AssertionError(f"closes {closes(col)}, opens {opens} of {count} on "
-                                     f"port {port}; {[f() for f in stats]}") from None
-            made_up = sum(f()[key] - b[key] for f, b in zip(stats, before)
-                          for key in ("opened_at_first_ack", "closed_at_destroy"))
-            if made_up:
+            ports.append(5370 + k)
+            connections(ports[-1])
+            col.until(lambda c: all(len(e) >= count for e in events("tcp_flow_open", ports[-1])),
+                      30, "the opens")
+            if made_up():
                 break
-    assert made_up > 0, f"no open or close hit was skipped in {rounds} rounds"
-    for k in range(rounds):
-        port = str(5370 + k)
-        for node, side in ((0, "dport"), (1, "sport")):
-            for what in ("tcp_flow_open", "tcp_flow_close"):
-                got = [r for r in col.of(node, what) if r.tags[side] == port]
-                assert len(got) == count, (node, what, port, len(got))
-                assert len({r.tags["sport" if side == "dport" else "dport"] for r in got}) \
-                    == count
+        for k in range(4):         # until every close is in (or the last try timed out)
+            try:
+                col.until(lambda c: all(len(e) >= count for p in ports
+                                        for e in events("tcp_flow_close", p)), 10, "the closes")
+                break
+            except AssertionError:
+                if k == 3:
+                    raise
+                connections(5380 + k)
+    assert made_up() > 0, f"no open or close hit was skipped in {len(ports)} rounds"
+    for port in ports:
+        for what in ("tcp_flow_open", "tcp_flow_close"):
+            for node, got in enumerate(events(what, port)):
+                peers = {r.tags["sport" if node == 0 else "dport"] for r in got}
+                assert (len(got), len(peers)) == (count, count), \
+                    (node, what, port, len(got), len(peers), [f() for f in stats])
 
 
 def test_ddp_rank_flows_carry_pid_comm_and_rank(lab, col):
