@@ -102,13 +102,16 @@ class _Handler(socketserver.BaseRequestHandler):
                         or length > MAX_LENGTH:
                     self.server.add(bad_requests=1)
                     return                                  # socketserver closes it
+                # Counted before the reply goes out: a client that has its reply
+                # finds the request in any later snapshot (handler threads are not
+                # joined at exit). A reply that then fails counts as aborted too.
                 if op == OP_GET:
-                    _send_zeros(sock, length)
                     self.server.add(gets=1, bytes_sent=length)
+                    _send_zeros(sock, length)
                 else:
                     got = _drain(sock, length, scratch)
-                    sock.sendall(ACK.pack(got))
                     self.server.add(puts=1, bytes_received=got)
+                    sock.sendall(ACK.pack(got))
         except (ConnectionError, OSError):
             self.server.add(aborted=1)
 

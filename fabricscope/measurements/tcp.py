@@ -171,7 +171,9 @@ MEASUREMENTS = [
     Measurement(
         name="tcp_flow_close",
         doc="A connection of this node reached CLOSE (sock/inet_sock_set_state; when the "
-            "kernel skipped that hook, at socket teardown, tcp_destroy_sock). Bytes "
+            "kernel skipped that hook, at socket teardown, tcp_destroy_sock; when it "
+            "skipped that too, once a new socket reuses the address, stamped with the "
+            "closed socket's last packet). Bytes "
             "are counted from the first segment the probe saw while ESTABLISHED (ACKs "
             "of the closing handshake are not traced, so the last bytes may be missing "
             "from bytes_acked; bytes_sent has them).",
@@ -180,7 +182,7 @@ MEASUREMENTS = [
               "from_state": "state it closed from (ESTABLISHED: reset or abort, "
                             "SYN_SENT: connect failed, LAST_ACK/FIN_WAIT2/...: normal; "
                             "UNKNOWN: the kernel skipped the state change's hook and the "
-                            "close was seen at socket teardown, tcp_destroy_sock)"},
+                            "close was seen at socket teardown or address reuse)"},
         optional_tags=_OWNERS,
         fields={
             "established": Field(bool, "", "the probe saw it reach ESTABLISHED"),
