@@ -45,7 +45,7 @@ enum sk_rst_reason { FS_SK_RST_REASON_PLACEHOLDER = 0 };
 #if defined(FS_WITH_SET_STATE) && defined(FS_RAW_RETRANSMIT)
 /* The raw tcp_destroy_sock program (never skipped) closes a flow whose
  * inet_sock_set_state hit to CLOSE the kernel skipped (below). */
-static __always_inline void close_at_destroy(__u64 sk);
+static __always_inline int close_at_destroy(__u64 sk);
 #define FS_ON_DESTROY(sk) close_at_destroy(sk)
 /* TC egress (never skipped) closes the flow of a freed socket whose address a new
  * socket reuses, when no hook reported its close (below). */
@@ -57,6 +57,9 @@ static __always_inline void open_at_first_ack(__u64 sk, const void *flow, __u16 
 					      __u8 active, __u64 now);
 #define FS_ON_OPEN_TX(sk, flow, family, active, now) \
 	open_at_first_ack(sk, flow, family, active, now)
+/* ... and keeps the socket's cookie for user space's sweep (below). */
+static __always_inline void keep_cookie(__u64 sk, struct __sk_buff *skb);
+#define FS_ON_CONNECTED_TX(sk, skb) keep_cookie(sk, skb)
 #endif
 #include "tcp_retransmit.bpf.c"
 #include "tcp_flows.h"
@@ -77,6 +80,29 @@ static __always_inline void open_at_first_ack(__u64 sk, const void *flow, __u16 
 
 BPF_TABLE("lru_percpu_hash", struct fs_flow, struct fs_flow_stat, flowstats, MAX_FLOWS);
 BPF_TABLE("lru_hash", __u64, struct fs_sock, socks, FLOW_ENTRIES);
+/* A zeroed entry, never written: new entries are copied from it, not built on the
+ * stack (an entry is ~170 bytes, and TC egress reaches open_flow with little of its
+ * 512 bytes left). */
+BPF_PERCPU_ARRAY(sock_zero, struct fs_sock, 1);
+/* The socket user space's sweep replays tcp_destroy_sock for (BPF_PROG_TEST_RUN),
+ * with the cookie it had: its close is then counted as swept and stamped with its
+ * last packet. */
+BPF_ARRAY(sweeping, struct fs_sweep, 1);
+
+/* A new, zeroed entry for socket sk (made now); NULL when the map update failed. */
+static __always_inline struct fs_sock *new_sock(__u64 sk, __u64 now)
+{
+	int zero = 0;
+	struct fs_sock *z = sock_zero.lookup(&zero);
+
+	if (!z)
+		return 0;
+	socks.update(&sk, z);
+	struct fs_sock *s = socks.lookup(&sk);
+	if (s)
+		s->made_ns = now;
+	return s;
+}
 /* Never written: the zero value new flow entries start from (too big for the stack). */
 BPF_PERCPU_ARRAY(zero_stat, struct fs_flow_stat, 1);
 BPF_ARRAY(window, __u32, 1);
@@ -284,11 +310,11 @@ static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
 	/* Both count from the first snd_una seen, so bytes in flight then are "sent"
 	 * too and sent >= acked holds. */
 	if (!s) {
-		struct fs_sock init = {.last_una = una, .last_nxt = una, .has_una = 1,
-				       .made_ns = bpf_ktime_get_ns()};
-		socks.update(&sk, &init);
-		s = socks.lookup(&sk);
+		s = new_sock(sk, bpf_ktime_get_ns());
 		if (s) {
+			s->last_una = una;
+			s->last_nxt = una;
+			s->has_una = 1;
 			ack_baseline(sk, flow, s);
 			*recovered = add_transfer(sk, s, flow, family, in, 0, una != nxt);
 		}
@@ -394,8 +420,11 @@ static __always_inline void open_flow(__u64 sk, struct fs_sock *s, struct fs_flo
 		if (s->start_ns)
 			ev->duration_ns = now - s->start_ns;
 	} else {
-		struct fs_sock init = {.est_ns = now, .active = ev->active, .made_ns = now};
-		socks.update(&sk, &init);
+		s = new_sock(sk, now);
+		if (s) {
+			s->est_ns = now;
+			s->active = ev->active;
+		}
 	}
 	emit_flow(ev);
 }
@@ -469,9 +498,12 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 	}
 #endif
 	if (newstate == FS_TCP_SYN_SENT) {
-		struct fs_sock init = {.start_ns = now, .active = 1, .made_ns = now,
-				       .pid = bpf_get_current_pid_tgid() >> 32};
-		socks.update(&sk, &init);
+		s = new_sock(sk, now);
+		if (s) {
+			s->start_ns = now;
+			s->active = 1;
+			s->pid = bpf_get_current_pid_tgid() >> 32;
+		}
 		return 0;        /* the source port is not chosen yet: report at ESTABLISHED */
 	}
 	ev.ts_ns = now;
@@ -515,12 +547,33 @@ static __always_inline void close_unseen(__u64 sk, struct fs_sock *s, __u64 when
  * socket: every full socket reaches CLOSE before it is destroyed, and that hit
  * deletes the socket's entry, so an entry left here is a close the kernel skipped
  * (a tracepoint program does not run while a BPF map syscall holds the CPU). */
-static __always_inline void close_at_destroy(__u64 sk)
+static __always_inline int close_at_destroy(__u64 sk)
+{
+	struct fs_sock *s = socks.lookup(&sk);
+	int zero = 0;
+	struct fs_sweep *sweep = sweeping.lookup(&zero);
+
+	if (sweep && sweep->sk == sk) {
+		/* the sweep's replay: only for the socket it found gone, not a newer one
+		 * at the same address, whose entries then stay too */
+		if (!s || s->cookie != sweep->cookie)
+			return 1;
+		close_unseen(sk, s, 0, FS_FSTAT_CLOSED_AT_SWEEP);
+		return 0;
+	}
+	if (s)
+		close_unseen(sk, s, bpf_ktime_get_ns(), FS_FSTAT_CLOSED_AT_DESTROY);
+	return 0;
+}
+
+/* TC egress, a connected socket's packet that may be its first with an entry here
+ * (the first after the handshake, or its first at all). */
+static __always_inline void keep_cookie(__u64 sk, struct __sk_buff *skb)
 {
 	struct fs_sock *s = socks.lookup(&sk);
 
-	if (s)
-		close_unseen(sk, s, bpf_ktime_get_ns(), FS_FSTAT_CLOSED_AT_DESTROY);
+	if (s && !s->cookie)
+		s->cookie = bpf_get_socket_cookie(skb);
 }
 
 /* Called by TC egress when a new socket's packet finds a freed socket's entry at

@@ -36,7 +36,9 @@
 #define FS_FSTAT_CLOSED_AT_REUSE 12 /* closes reported when the socket's address was
 				     * reused: its CLOSE and tcp_destroy_sock hits were both
 				     * skipped (found by TC egress or the next socket's hit) */
-#define FS_NFSTATS 13
+#define FS_FSTAT_CLOSED_AT_SWEEP 13 /* closes reported by user space's sweep: the socket
+				     * was gone from sock_diag with its entry still here */
+#define FS_NFSTATS 14
 
 /* One flow's aggregates over one window, on one CPU. */
 struct fs_flow_slot {
@@ -90,6 +92,15 @@ struct fs_sock {
 	__u32 pad2;
 	__u64 made_ns;        /* when this entry was made (tells a new socket's from a
 	                       * freed one's at the same address) */
+	__u64 cookie;         /* socket cookie (TC egress, the socket's first packet with
+	                       * an entry here): user space's sweep asks sock_diag whether
+	                       * the socket still lives; 0: unknown */
+};
+
+/* The socket user space's sweep replays teardown for (`sweeping`[0]); 0: none. */
+struct fs_sweep {
+	__u64 sk;
+	__u64 cookie;
 };
 
 struct fs_flow_event {

@@ -257,7 +257,8 @@ RAW_TRACEPOINT_PROBE(tcp_destroy_sock)
 	__u64 sk = ctx->args[0];
 
 #ifdef FS_ON_DESTROY
-	FS_ON_DESTROY(sk);       /* an includer's teardown work, before the entry goes */
+	if (FS_ON_DESTROY(sk))   /* an includer's teardown work, before the entry goes; */
+		return 0;        /* nonzero: not this socket's teardown, keep the entries */
 #endif
 	cong.delete(&sk);
 	socks_tx.delete(&sk);
@@ -405,8 +406,10 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 		/* the first packet after our SYN that acknowledges: we connected */
 		if (old->state == FS_TCP_SYN_SENT && !syn_sent && (flags & FS_TCP_ACK) &&
 		    !(flags & FS_TCP_RST) &&
-		    fs_connected(bsk))
+		    fs_connected(bsk)) {
 			FS_ON_OPEN_TX(sk, flow, tx.family, 1, seen->ts_ns);
+			FS_ON_CONNECTED_TX(sk, skb);
+		}
 #endif
 		/* In place: an LRU update allocates a new element per packet, and that churn
 		 * can evict other live sockets' entries. */
@@ -419,6 +422,7 @@ first_packet:
 	/* a socket's first packet, not a handshake's: maybe one we accepted */
 	if ((flags & (FS_TCP_SYN | FS_TCP_ACK | FS_TCP_RST)) == FS_TCP_ACK && fs_connected(bsk))
 		FS_ON_OPEN_TX(sk, flow, tx.family, 0, seen->ts_ns);
+	FS_ON_CONNECTED_TX(sk, skb);
 #endif
 	return 0;
 }

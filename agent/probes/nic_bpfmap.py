@@ -176,6 +176,32 @@ def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1) -> tuple[int, int
     return ctypes.c_int32(attr.retval).value, attr.duration
 
 
+class _TestRunCtxAttr(ctypes.Structure):
+    """The `test` member of union bpf_attr through ctx_in/ctx_out (5.3+), padded."""
+
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
+                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
+                ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
+                ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
+                ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
+                ("ctx_in", ctypes.c_uint64), ("ctx_out", ctypes.c_uint64),
+                ("pad", ctypes.c_uint8 * 64)]
+
+
+def raw_tp_test_run(prog_fd: int, args: list[int]) -> int:
+    """Run a raw tracepoint program once with these arguments (ctx->args[]), on this
+    CPU (BPF_PROG_TEST_RUN, 5.10+). Returns its return value."""
+    nr = _SYS_BPF.get(platform.machine())
+    ctx = (ctypes.c_uint64 * len(args))(*args)
+    attr = _TestRunCtxAttr(prog_fd=prog_fd, ctx_size_in=ctypes.sizeof(ctx),
+                           ctx_in=ctypes.addressof(ctx))
+    if nr is None or _libc().syscall(nr, BPF_PROG_TEST_RUN, ctypes.byref(attr),
+                                     ctypes.sizeof(attr)) != 0:
+        err = ctypes.get_errno() if nr is not None else errno.ENOSYS
+        raise OSError(err, "BPF_PROG_TEST_RUN: " + os.strerror(err))
+    return ctypes.c_int32(attr.retval).value
+
+
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_PROG_GET_FD_BY_ID = 13
 _PROG_INFO_SIZE = 256

@@ -24,7 +24,7 @@ RST_REASON_NONE = 0xFFFFFFFF
 FLOW_STATS = ("probe_hits", "rtt_samples", "flow_events_emitted", "flow_events_lost",
               "no_slot", "state_hits", "transfers", "transfers_small", "transfers_tail",
               "received_recovered_bytes", "closed_at_destroy", "opened_at_first_ack",
-              "closed_at_reuse")
+              "closed_at_reuse", "closed_at_sweep")
 
 #: enum sk_rst_reason (include/net/rstreason.h, 6.10+), as the tracepoint prints it
 RST_REASONS = ("NOT_SPECIFIED", "NO_SOCKET", "TCP_INVALID_ACK_SEQUENCE", "TCP_RFC7323_PAWS",
@@ -61,7 +61,8 @@ class Sock(ctypes.Structure):
                 ("has_ack", ctypes.c_uint8), ("pad", ctypes.c_uint8),
                 ("pid", ctypes.c_uint32), ("rcv_acked", ctypes.c_uint64),
                 ("last_in_ns", ctypes.c_uint64), ("last_ack", ctypes.c_uint32),
-                ("pad2", ctypes.c_uint32), ("made_ns", ctypes.c_uint64)]
+                ("pad2", ctypes.c_uint32), ("made_ns", ctypes.c_uint64),
+                ("cookie", ctypes.c_uint64)]
 
 
 class FlowEvent(ctypes.Structure):
@@ -76,6 +77,7 @@ class FlowEvent(ctypes.Structure):
 
 
 FLOW_DTYPE = np.dtype(FsFlow)
+SOCK_DTYPE = np.dtype(Sock)
 SLOT_DTYPE = np.dtype(FlowSlot)
 STAT_DTYPE = np.dtype(FlowStat)
 

@@ -32,7 +32,9 @@ is reported at the socket's first acknowledging packet on TC egress
 tcp_destroy_sock program (from_state UNKNOWN; {event="closed_at_destroy"}): TC
 programs and raw tracepoints are not skipped that way. A teardown whose hits were
 all skipped (raw ones too: seen on 6.18, uncounted) is reported when a new socket
-reuses the freed one's address ({event="closed_at_reuse"}; docs/architecture.md).
+reuses the freed one's address ({event="closed_at_reuse"}) or, at the latest, by the
+sweep at a window cut, once sock_diag no longer lists the socket
+({event="closed_at_sweep"}; agent/probes/tcp_sweep.py, docs/architecture.md).
 
 Cost (BPF run-time stats, kernel.bpf_stats_enabled=1, iperf3 over a lab veth,
 4 s): tcp/tcp_probe ~200 ns per segment received (it runs for every socket on
@@ -56,11 +58,12 @@ from agent import bpf
 from agent.probes import nic_bpfmap
 from agent.probes.base import ProbeUnavailable
 from agent.probes.tcp_common import FsFlow, flow_key
-from agent.probes.tcp_flow_layout import (FLOW_DTYPE, FLOW_STATS, STAT_DTYPE, FlowEvent,
-                                          FlowStat, Sock, connecting_pid,
+from agent.probes.tcp_flow_layout import (FLOW_DTYPE, FLOW_STATS, SOCK_DTYPE, STAT_DTYPE,
+                                          FlowEvent, FlowStat, Sock, connecting_pid,
                                           decode_flow_event)
 from agent.probes.tcp_hooks import MAX_FLOW_MAP_BYTES, FlowSettings, hook_cflags
 from agent.probes.tcp_retransmit import STATS, TcpRetransmitProbe, record_flow
+from agent.probes.tcp_sweep import Sweeper, live_cookies, replay_destroy
 from agent.probes.tcp_window import (FlowRetrans, NodeTally, flow_fields, flow_record,
                                      merge_slots, node_record, retrans_only_fields)
 from fabricscope.records import Record
@@ -88,7 +91,9 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         self._final: list[Record] = []     # made at detach, handed out by the next poll
         self._out_total = (0, 0)           # TC egress (segs, bytes) at the last cut
         self._counts = {"windows": 0, "flows_read": 0, "flows_deleted": 0,
-                        "flow_table_full": 0, "flow_decode_errors": 0}
+                        "flow_table_full": 0, "flow_decode_errors": 0, "sweep_errors": 0}
+        self._sweeper = Sweeper()
+        self._destroy_fd = None            # raw tcp_destroy_sock program: the sweep replays it
 
     # --- attach -------------------------------------------------------------------------
 
@@ -114,6 +119,12 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         bpf.check_layout(FlowEvent, b[b"flow_event_layout"].Leaf)
         bpf.check_layout(Sock, b[b"sock_layout"].Leaf)
         b[b"flow_events"].open_ring_buffer(self._on_flow_event)
+        fn = b.funcs.get(b"raw_tracepoint__tcp_destroy_sock")
+        try:
+            b[b"sweeping"]                  # only with raw tracepoints and set_state
+            self._destroy_fd = fn.fd if fn is not None else None
+        except KeyError:
+            self._destroy_fd = None
         self._cut(self._now_ns(), first=True)
 
     def _now_ns(self) -> int:
@@ -227,6 +238,41 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         self._counts["windows"] += 1
         return out
 
+    def _sweep(self) -> None:
+        """Closes of sockets gone from sock_diag with their entry still here: every
+        teardown hook of theirs was skipped (agent/probes/tcp_sweep.py)."""
+        table = self._bpf[b"socks"]
+        size = SOCK_DTYPE.itemsize
+        try:
+            keys, values, n = nic_bpfmap.read_hash(table.map_fd, 8, size, table.max_entries)
+            k = np.frombuffer(bytes(keys[:n * 8]), dtype=np.uint64)
+            v = np.frombuffer(bytes(values[:n * size]), dtype=SOCK_DTYPE)
+        except nic_bpfmap.BatchUnsupported:
+            items = list(table.items())
+            k = np.array([key.value for key, _ in items], dtype=np.uint64)
+            v = np.frombuffer(b"".join(bytes(val) for _, val in items), dtype=SOCK_DTYPE)
+        now = time.monotonic_ns()           # bpf_ktime_get_ns's clock
+        if not self._sweeper.candidates(k, v, now):
+            return
+        try:
+            live = live_cookies()
+        except OSError as exc:      # netlink: this window's closes wait for reuse instead
+            self._counts["sweep_errors"] += 1
+            (log.debug if self._counts["sweep_errors"] > 1 else log.warning)(
+                "tcp_flows: sock_diag dump for the sweep failed (counted in "
+                "probe_events_total{event=\"sweep_errors\"}): %s", exc)
+            return
+        for sk, cookie in self._sweeper.gone(k, v, now, live):
+            try:
+                replay_destroy(self._destroy_fd, self._bpf[b"sweeping"], sk, cookie)
+            except OSError as exc:  # before 5.10 raw tracepoints cannot be test-run
+                self._counts["sweep_errors"] += 1
+                self._destroy_fd = None
+                log.warning("tcp_flows: the sweep is off, closes whose hooks the kernel "
+                            "skipped wait for their address's reuse: replaying a "
+                            "teardown failed: %s", exc)
+                return
+
     # --- poll ---------------------------------------------------------------------------
 
     def poll(self, final: bool = False) -> list[Record]:
@@ -235,6 +281,8 @@ class TcpFlowsProbe(TcpRetransmitProbe):
             return out
         now_ns = self._now_ns()
         finished = self._cut(now_ns) if final or now_ns / 1e9 >= self._next_due else None
+        if finished is not None and self._destroy_fd is not None:
+            self._sweep()
         # Drained after the cut: every event stamped before it is in the buffers now.
         self._bpf.ring_buffer_consume()
         fresh, self._pending = self._pending, []

@@ -172,8 +172,8 @@ MEASUREMENTS = [
         name="tcp_flow_close",
         doc="A connection of this node reached CLOSE (sock/inet_sock_set_state; when the "
             "kernel skipped that hook, at socket teardown, tcp_destroy_sock; when it "
-            "skipped that too, once a new socket reuses the address, stamped with the "
-            "closed socket's last packet). Bytes "
+            "skipped that too, once a new socket reuses the address or sock_diag no "
+            "longer lists the socket, stamped with its last packet). Bytes "
             "are counted from the first segment the probe saw while ESTABLISHED (ACKs "
             "of the closing handshake are not traced, so the last bytes may be missing "
             "from bytes_acked; bytes_sent has them).",
@@ -182,7 +182,8 @@ MEASUREMENTS = [
               "from_state": "state it closed from (ESTABLISHED: reset or abort, "
                             "SYN_SENT: connect failed, LAST_ACK/FIN_WAIT2/...: normal; "
                             "UNKNOWN: the kernel skipped the state change's hook and the "
-                            "close was seen at socket teardown or address reuse)"},
+                            "close was seen at socket teardown, address reuse or by "
+                            "the sweep)"},
         optional_tags=_OWNERS,
         fields={
             "established": Field(bool, "", "the probe saw it reach ESTABLISHED"),

@@ -441,11 +441,10 @@ def test_every_connection_opens_and_closes_on_both_sides_while_map_syscalls_hold
     kernel skips some inet_sock_set_state hits (and, seen on 6.18, sometimes every
     tracepoint hit of a socket's teardown, raw ones included, uncounted), and each
     open or close it skipped is reported from TC egress (the socket's first
-    acknowledging packet), at socket teardown (the raw tcp_destroy_sock), or when a
-    new socket reuses the freed socket's address (TC egress or the new socket's own
-    hit) instead: one open and one close per connection and side, whatever was
-    skipped. Closes of the last sockets wait for that reuse: more connections
-    (unchecked, on another port) follow until they are all in."""
+    acknowledging packet), at socket teardown (the raw tcp_destroy_sock), when a new
+    socket reuses the freed socket's address (TC egress or the new socket's own hit),
+    or by the sweep (sock_diag no longer lists the socket) instead: one open and one
+    close per connection and side, whatever was skipped."""
     n0, n1 = lab.nodes[0], lab.nodes[1]
     stats = [probes[0].stats, probes[1].stats]
     before = [f() for f in stats]
@@ -466,7 +465,8 @@ def test_every_connection_opens_and_closes_on_both_sides_while_map_syscalls_hold
 
     def made_up():
         return sum(f()[key] - b[key] for f, b in zip(stats, before)
-                   for key in ("opened_at_first_ack", "closed_at_destroy", "closed_at_reuse"))
+                   for key in ("opened_at_first_ack", "closed_at_destroy", "closed_at_reuse",
+                               "closed_at_sweep"))
 
     ports = []
     with traffic([(n1, ["taskset", "-c", "0", sys.executable, "-c", MAP_SYSCALLS])]) as (hammer,):
@@ -478,15 +478,12 @@ def test_every_connection_opens_and_closes_on_both_sides_while_map_syscalls_hold
                       30, "the opens")
             if made_up():
                 break
-        for k in range(4):         # until every close is in (or the last try timed out)
-            try:
-                col.until(lambda c: all(len(e) >= count for p in ports
-                                        for e in events("tcp_flow_close", p)), 10, "the closes")
-                break
-            except AssertionError:
-                if k == 3:
-                    raise
-                connections(5380 + k)
+    try:
+        col.until(lambda c: all(len(e) >= count for p in ports
+                                for e in events("tcp_flow_close", p)), 30, "the closes")
+    except AssertionError:
+        raise AssertionError(f"closes {[[len(e) for e in events('tcp_flow_close', p)] for p in ports]}"
+                             f" of {count}; {[f() for f in stats]}") from None
     assert made_up() > 0, f"no open or close hit was skipped in {len(ports)} rounds"
     for port in ports:
         for what in ("tcp_flow_open", "tcp_flow_close"):
@@ -494,6 +491,51 @@ def test_every_connection_opens_and_closes_on_both_sides_while_map_syscalls_hold
                 peers = {r.tags["sport" if node == 0 else "dport"] for r in got}
                 assert (len(got), len(peers)) == (count, count), \
                     (node, what, port, len(got), len(peers), [f() for f in stats])
+
+
+def test_a_socket_gone_with_its_entries_left_is_closed_by_the_sweep(lab, probes, col):
+    """Stands in for a socket whose every teardown hook the kernel skipped (seen on
+    6.18, not to be caused at will): its entries, as the hooks and TC egress left them,
+    for an address and cookie no socket has. Within a window or two the sweep finds
+    the cookie gone from sock_diag and replays the raw tcp_destroy_sock program on
+    it: one close, from_state UNKNOWN, stamped with the socket's last packet, counted
+    as swept; a live connection's entry is left alone."""
+    import ctypes
+    n0, n1 = lab.nodes[0], lab.nodes[1]
+    probe = probes[0]
+    socks, socks_tx = probe._bpf[b"socks"], probe._bpf[b"socks_tx"]
+    before = probe.stats()
+    sk, port = 0x7fff_dead_0000_0040, 5390
+    last_tx = time.monotonic_ns() - 5_000_000_000
+    entry = socks.Leaf()
+    entry.made_ns, entry.est_ns, entry.active, entry.cookie = last_tx - 1000, last_tx - 1000, 1, 1 << 62
+    tx = socks_tx.Leaf()
+    tx.ts_ns, tx.family, tx.state = last_tx, 2, 1
+    mapped = bytes(10) + b"\xff\xff"
+    ctypes.memmove(ctypes.addressof(tx.flow.saddr), mapped + bytes(map(int, n0.address.split("."))), 16)
+    ctypes.memmove(ctypes.addressof(tx.flow.daddr), mapped + bytes(map(int, n1.address.split("."))), 16)
+    tx.flow.sport, tx.flow.dport = 40000, port
+    with traffic([(n1, sink_argv(port + 1))]) as (sink,):
+        await_up(sink)
+        with traffic([(n0, send_argv(n1.address, port + 1, seconds=6.0))]) as (sender,):
+            col.until(lambda c: any(r.tags["dport"] == str(port + 1)
+                                    for r in c.of(0, "tcp_flow_open")), 10, "the live open")
+            socks_tx[ctypes.c_ulonglong(sk)] = tx
+            socks[ctypes.c_ulonglong(sk)] = entry
+            col.until(lambda c: any(r.tags["dport"] == str(port)
+                                    for r in c.of(0, "tcp_flow_close")), 10, "the swept close")
+            live_closes = [r for r in col.of(0, "tcp_flow_close")
+                           if r.tags["dport"] == str(port + 1)]
+            finish(sender)
+        finish(sink)
+    closes = [r for r in col.of(0, "tcp_flow_close") if r.tags["dport"] == str(port)]
+    assert len(closes) == 1
+    assert (closes[0].tags["sport"], closes[0].tags["from_state"]) == ("40000", "UNKNOWN")
+    assert closes[0].time_ns == probe.ctx.clock.to_wall(last_tx)
+    assert probe.stats()["closed_at_sweep"] - before["closed_at_sweep"] == 1
+    assert live_closes == []                 # the sender, alive then, was not swept
+    with pytest.raises(KeyError):
+        socks[ctypes.c_ulonglong(sk)]
 
 
 def test_ddp_rank_flows_carry_pid_comm_and_rank(lab, col):
