@@ -53,7 +53,9 @@ Python API (stable; other components import it)
 
 Lab fields: name, bridge, gateway (bridge IP), subnet ("198.18.K.0/24"),
 prefixlen, link_rate_bps (int or None), nodes, nft_table, dir, link_shaped,
-wire_frames, faults ({node index: {"loss": {...}, "shape": {...}}}), created.
+wire_frames, faults ({node index: {"loss": {...}, "shape": {...}}}), created,
+owner_pid (the running_lab process that owns it, 0 for `lab up`; running_lab removes
+labs whose owner is gone before it makes its own: down_orphans()).
 LabNode fields: index, name ("node<I>", for agents/collector), netns,
 ifname (node-side NIC, inside netns), port (bridge-side veth, root netns),
 address (no prefix), mac, port_mac, dir, markers_dir
@@ -61,7 +63,8 @@ address (no prefix), mac, port_mac, dir, markers_dir
 
 `lab up --json` prints Lab.to_dict(): {name, bridge, gateway, subnet, prefixlen,
 link_rate_bps, nodes: [{index, name, netns, ifname, port, address, mac, port_mac,
-dir, markers_dir}], nft_table, dir, link_shaped, wire_frames, faults, created}.
+dir, markers_dir}], nft_table, dir, link_shaped, wire_frames, faults, created,
+owner_pid}.
 
 `lab exec` runs a command in a node's netns with, unless already set,
 FABRICSCOPE_MARKERS_DIR and FABRICSCOPE_AGENT_MARKERS_DIR = the node's markers

@@ -17,7 +17,7 @@ import secrets
 import signal
 import threading
 
-from lab.topology import down, up
+from lab.topology import down, down_orphans, up
 
 
 def unique_name(prefix: str = "t") -> str:
@@ -52,8 +52,9 @@ def running_lab(name: str | None = None, nodes: int = 2, link_rate=None, shape_l
         swapped = True
     try:
         try:
+            down_orphans()          # labs of test runs that died where no teardown ran
             lab = up(name, nodes, link_rate=link_rate, shape_links=shape_links,
-                     wire_frames=wire_frames)
+                     wire_frames=wire_frames, owner_pid=os.getpid())
             yield lab
         finally:
             down(name)

@@ -79,6 +79,9 @@ class Lab:
     wire_frames: bool = False          # gso_max_segs 1 on every veth (see up())
     faults: dict[int, dict] = field(default_factory=dict)   # node index -> {"loss":..,"shape":..}
     created: float = 0.0
+    # the process whose `running_lab` block owns the lab (0: `lab up`, kept until
+    # `lab down`): a lab whose owner died without tearing it down is an orphan
+    owner_pid: int = 0
 
     def node(self, index) -> LabNode:
         if isinstance(index, bool) or not isinstance(index, int) \
@@ -179,6 +182,28 @@ def list_labs() -> list[Lab]:
     return out
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def down_orphans() -> list[str]:
+    """Remove the labs whose owning process is gone (it died where no teardown runs:
+    killed by SIGKILL, or exited from C, as LLVM does on a BPF program it cannot
+    build); labs made by `lab up` have no owner and stay. Returns their names."""
+    gone = [lab.name for lab in list_labs() if lab.owner_pid and not _alive(lab.owner_pid)]
+    for name in gone:
+        log.warning("removing lab %s: the process that made it (pid %d) is gone", name,
+                    load(name).owner_pid)
+        down(name)
+    return gone
+
+
 def _host_networks(ipr) -> list[str]:
     """IPv4 networks the root namespace has an address or a route in (not to reuse)."""
     nets = [f"{m.get_attr('IFA_ADDRESS')}/{m['prefixlen']}" for m in ipr.get_addr(family=2)]
@@ -190,7 +215,7 @@ def _host_networks(ipr) -> list[str]:
 
 
 def up(name: str, nodes: int, link_rate=None, shape_links: bool = True,
-       wire_frames: bool = False) -> Lab:
+       wire_frames: bool = False, owner_pid: int = 0) -> Lab:
     """Create lab `name` with `nodes` nodes (clearing a stale lab of that name first).
 
     link_rate: '1gbit', bit/s as int, or None. It is recorded as the nodes' link
@@ -217,6 +242,7 @@ def up(name: str, nodes: int, link_rate=None, shape_links: bool = True,
         lab.link_shaped = link_tbf is not None
         lab.wire_frames = bool(wire_frames)
         lab.created = time.time()
+        lab.owner_pid = owner_pid
         lab.save()                  # first, so a failed `up` is torn down like any lab
         try:
             _build(lab, link_tbf)

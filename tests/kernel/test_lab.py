@@ -286,6 +286,28 @@ def test_running_lab_tears_down_when_the_body_fails():
     assert not os.path.exists(naming.state_file(names[0]))
 
 
+def test_running_lab_removes_labs_whose_owner_died_and_keeps_the_others():
+    """A test process that dies where no teardown runs (SIGKILL; LLVM exits from C on a
+    BPF program it cannot build) leaves its lab: the next running_lab removes it. A lab
+    from `lab up` (no owner) and one whose owner lives stay."""
+    from lab.topology import down, up
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan, manual, mine = unique_name("o"), unique_name("m"), unique_name("l")
+    try:
+        up(orphan, 2, owner_pid=dead.pid)
+        up(manual, 2)
+        up(mine, 2, owner_pid=os.getpid())
+        with running_lab(nodes=2):
+            assert not os.path.exists(naming.state_file(orphan))
+            assert not [n for n in os.listdir("/var/run/netns") if n.startswith(f"fs-{orphan}-")]
+            assert os.path.exists(naming.state_file(manual))
+            assert os.path.exists(naming.state_file(mine))
+    finally:
+        for name in (orphan, manual, mine):
+            down(name)
+
+
 def test_cli_up_json_exec_fault_train_timeout_and_down():
     name = unique_name("c")
     env = {**os.environ}
