@@ -91,6 +91,17 @@ def terminate(proc: subprocess.Popen, timeout_s: float = 10.0) -> int | None:
     return proc.returncode
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0; one we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picked it)."""
     with socket.socket() as s:

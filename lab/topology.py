@@ -182,21 +182,12 @@ def list_labs() -> list[Lab]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def down_orphans() -> list[str]:
     """Remove the labs whose owning process is gone (it died where no teardown runs:
     killed by SIGKILL, or exited from C, as LLVM does on a BPF program it cannot
     build); labs made by `lab up` have no owner and stay. Returns their names."""
-    gone = [lab.name for lab in list_labs() if lab.owner_pid and not _alive(lab.owner_pid)]
+    from fabricscope.services import pid_alive
+    gone = [lab.name for lab in list_labs() if lab.owner_pid and not pid_alive(lab.owner_pid)]
     for name in gone:
         log.warning("removing lab %s: the process that made it (pid %d) is gone", name,
                     load(name).owner_pid)

@@ -152,32 +152,7 @@ BPF_PROG_TEST_RUN = 10
 
 
 class _TestRunAttr(ctypes.Structure):
-    """The `test` member of union bpf_attr (prefix up to `duration`, then padding)."""
-
-    _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
-                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
-                ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
-                ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
-                ("pad", ctypes.c_uint8 * 88)]
-
-
-def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1) -> tuple[int, int]:
-    """Run a TC program on `frame` in the kernel (BPF_PROG_TEST_RUN; the skb sits on the
-    loopback device of the caller's namespace). Returns (return value, mean ns per run)."""
-    nr = _SYS_BPF.get(platform.machine())
-    data = ctypes.create_string_buffer(frame, len(frame))
-    attr = _TestRunAttr(prog_fd=prog_fd, data_size_in=len(frame),
-                        data_in=ctypes.addressof(data), repeat=repeat)
-    libc = _libc()
-    if nr is None or libc.syscall(nr, BPF_PROG_TEST_RUN, ctypes.byref(attr),
-                                  ctypes.sizeof(attr)) != 0:
-        err = ctypes.get_errno() if nr is not None else errno.ENOSYS
-        raise OSError(err, "BPF_PROG_TEST_RUN: " + os.strerror(err))
-    return ctypes.c_int32(attr.retval).value, attr.duration
-
-
-class _TestRunCtxAttr(ctypes.Structure):
-    """The `test` member of union bpf_attr through ctx_in/ctx_out (5.3+), padded."""
+    """The `test` member of union bpf_attr through ctx_in/ctx_out (5.3+), then padding."""
 
     _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
                 ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
@@ -188,17 +163,31 @@ class _TestRunCtxAttr(ctypes.Structure):
                 ("pad", ctypes.c_uint8 * 64)]
 
 
-def raw_tp_test_run(prog_fd: int, args: list[int]) -> int:
-    """Run a raw tracepoint program once with these arguments (ctx->args[]), on this
-    CPU (BPF_PROG_TEST_RUN, 5.10+). Returns its return value."""
+def _test_run(attr: _TestRunAttr) -> None:
     nr = _SYS_BPF.get(platform.machine())
-    ctx = (ctypes.c_uint64 * len(args))(*args)
-    attr = _TestRunCtxAttr(prog_fd=prog_fd, ctx_size_in=ctypes.sizeof(ctx),
-                           ctx_in=ctypes.addressof(ctx))
     if nr is None or _libc().syscall(nr, BPF_PROG_TEST_RUN, ctypes.byref(attr),
                                      ctypes.sizeof(attr)) != 0:
         err = ctypes.get_errno() if nr is not None else errno.ENOSYS
         raise OSError(err, "BPF_PROG_TEST_RUN: " + os.strerror(err))
+
+
+def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1) -> tuple[int, int]:
+    """Run a TC program on `frame` in the kernel (BPF_PROG_TEST_RUN; the skb sits on the
+    loopback device of the caller's namespace). Returns (return value, mean ns per run)."""
+    data = ctypes.create_string_buffer(frame, len(frame))
+    attr = _TestRunAttr(prog_fd=prog_fd, data_size_in=len(frame),
+                        data_in=ctypes.addressof(data), repeat=repeat)
+    _test_run(attr)
+    return ctypes.c_int32(attr.retval).value, attr.duration
+
+
+def raw_tp_test_run(prog_fd: int, args: list[int]) -> int:
+    """Run a raw tracepoint program once with these arguments (ctx->args[]), on this
+    CPU (BPF_PROG_TEST_RUN, 5.10+). Returns its return value."""
+    ctx = (ctypes.c_uint64 * len(args))(*args)
+    attr = _TestRunAttr(prog_fd=prog_fd, ctx_size_in=ctypes.sizeof(ctx),
+                        ctx_in=ctypes.addressof(ctx))
+    _test_run(attr)
     return ctypes.c_int32(attr.retval).value
 
 

@@ -165,20 +165,28 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         sums = dict(zip(STATS, bpf.percpu_sums(self._bpf[b"stats"], len(STATS))))
         return sums["tc_segs"], sums["tc_bytes"]
 
-    def _read_flows(self) -> tuple[np.ndarray, np.ndarray]:
-        """(keys: FLOW_DTYPE, values: (flows, cpus) of STAT_DTYPE) of the whole flow map."""
-        table = self._bpf[b"flowstats"]
-        stride = nic_bpfmap.percpu_stride(STAT_DTYPE.itemsize)
+    @staticmethod
+    def _read_map(table, key_size: int, value_size: int,
+                  max_entries: int) -> tuple[bytes, bytes, int]:
+        """(keys, values, entries) of a whole hash map, packed; value_size as the
+        syscall writes a value (per-CPU: stride * CPUs)."""
         try:
-            keys, values, n = nic_bpfmap.read_hash(table.map_fd, FLOW_DTYPE.itemsize,
-                                                   stride * self._cpus, self._max_flows)
+            keys, values, n = nic_bpfmap.read_hash(table.map_fd, key_size, value_size,
+                                                   max_entries)
         except nic_bpfmap.BatchUnsupported:     # before 5.6: one syscall pair per entry
             items = list(table.items())
             n = len(items)
             keys = b"".join(bytes(k) for k, _ in items)
             values = b"".join(bytes(v) for _, v in items)
-        k = np.frombuffer(bytes(keys[:n * FLOW_DTYPE.itemsize]), dtype=FLOW_DTYPE)
-        v = np.frombuffer(bytes(values[:n * stride * self._cpus]), dtype=STAT_DTYPE)
+        return bytes(keys[:n * key_size]), bytes(values[:n * value_size]), n
+
+    def _read_flows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys: FLOW_DTYPE, values: (flows, cpus) of STAT_DTYPE) of the whole flow map."""
+        stride = nic_bpfmap.percpu_stride(STAT_DTYPE.itemsize)
+        keys, values, n = self._read_map(self._bpf[b"flowstats"], FLOW_DTYPE.itemsize,
+                                         stride * self._cpus, self._max_flows)
+        k = np.frombuffer(keys, dtype=FLOW_DTYPE)
+        v = np.frombuffer(values, dtype=STAT_DTYPE)
         return k, v.reshape(n, self._cpus)
 
     def _delete_idle(self, keys: np.ndarray, values: np.ndarray, gen: int) -> None:
@@ -242,17 +250,12 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         """Closes of sockets gone from sock_diag with their entry still here: every
         teardown hook of theirs was skipped (agent/probes/tcp_sweep.py)."""
         table = self._bpf[b"socks"]
-        size = SOCK_DTYPE.itemsize
-        try:
-            keys, values, n = nic_bpfmap.read_hash(table.map_fd, 8, size, table.max_entries)
-            k = np.frombuffer(bytes(keys[:n * 8]), dtype=np.uint64)
-            v = np.frombuffer(bytes(values[:n * size]), dtype=SOCK_DTYPE)
-        except nic_bpfmap.BatchUnsupported:
-            items = list(table.items())
-            k = np.array([key.value for key, _ in items], dtype=np.uint64)
-            v = np.frombuffer(b"".join(bytes(val) for _, val in items), dtype=SOCK_DTYPE)
+        keys, values, _ = self._read_map(table, 8, SOCK_DTYPE.itemsize, table.max_entries)
+        k = np.frombuffer(keys, dtype=np.uint64)
+        v = np.frombuffer(values, dtype=SOCK_DTYPE)
         now = time.monotonic_ns()           # bpf_ktime_get_ns's clock
-        if not self._sweeper.candidates(k, v, now):
+        picks = self._sweeper.candidates(k, v, now)
+        if not picks:
             return
         try:
             live = live_cookies()
@@ -262,7 +265,7 @@ class TcpFlowsProbe(TcpRetransmitProbe):
                 "tcp_flows: sock_diag dump for the sweep failed (counted in "
                 "probe_events_total{event=\"sweep_errors\"}): %s", exc)
             return
-        for sk, cookie in self._sweeper.gone(k, v, now, live):
+        for sk, cookie in self._sweeper.gone(k, v, picks, now, live):
             try:
                 replay_destroy(self._destroy_fd, self._bpf[b"sweeping"], sk, cookie)
             except OSError as exc:  # before 5.10 raw tracepoints cannot be test-run

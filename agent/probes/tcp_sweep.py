@@ -108,11 +108,12 @@ class Sweeper:
                 out.append(int(i))
         return out
 
-    def gone(self, keys: np.ndarray, socks: np.ndarray, now_ns: int,
+    def gone(self, keys: np.ndarray, socks: np.ndarray, picks: list[int], now_ns: int,
              live: set[int]) -> list[tuple[int, int]]:
-        """(socket address, cookie) of the candidates not alive; remembers the living."""
+        """(socket address, cookie) of the candidates (picks, from candidates()) not
+        alive; remembers the living."""
         out = []
-        for i in self.candidates(keys, socks, now_ns):
+        for i in picks:
             key = (int(keys[i]), int(socks["cookie"][i]))
             if key[1] in live:
                 self.alive_at[key] = now_ns / 1e9

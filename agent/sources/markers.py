@@ -28,6 +28,7 @@ from pathlib import Path
 
 from agent.probes.base import Probe, ProbeUnavailable
 from fabricscope import markers as fmt
+from fabricscope.services import pid_alive
 from fabricscope.jobs import tags_from_meta
 from fabricscope.records import Record
 
@@ -111,16 +112,6 @@ class RingReader:
 
     def close(self) -> None:
         self._map.close()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass

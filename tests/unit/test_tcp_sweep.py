@@ -25,21 +25,21 @@ def test_only_entries_with_a_cookie_made_before_the_quiet_period_are_asked_about
 def test_gone_sockets_are_returned_with_their_cookie_and_the_living_rechecked_later():
     sweeper = Sweeper(quiet_s=1.0, recheck_s=10.0)
     keys, socks = table([(1, 11, 0), (2, 12, 0)])
-    assert sweeper.gone(keys, socks, 5 * S, live={12}) == [(1, 11)]
+    assert sweeper.gone(keys, socks, [0, 1], 5 * S, live={12}) == [(1, 11)]
     # the living one is not asked about again until recheck_s has passed
     keys, socks = table([(2, 12, 0)])
     assert sweeper.candidates(keys, socks, 14 * S) == []
     assert sweeper.candidates(keys, socks, 15 * S) == [0]
-    assert sweeper.gone(keys, socks, 15 * S, live=set()) == [(2, 12)]
+    assert sweeper.gone(keys, socks, [0], 15 * S, live=set()) == [(2, 12)]
 
 
 def test_a_new_socket_at_a_known_address_is_asked_about_at_once():
     sweeper = Sweeper(quiet_s=1.0, recheck_s=10.0)
     keys, socks = table([(1, 11, 0)])
-    assert sweeper.gone(keys, socks, 5 * S, live={11}) == []
+    assert sweeper.gone(keys, socks, [0], 5 * S, live={11}) == []
     keys, socks = table([(1, 21, 2 * S)])          # same address, another cookie
     assert sweeper.candidates(keys, socks, 6 * S) == [0]
-    assert sweeper.gone(keys, socks, 6 * S, live={21}) == []
+    assert sweeper.gone(keys, socks, [0], 6 * S, live={21}) == []
     assert (1, 11) not in sweeper.alive_at          # forgotten: not in the table any more
 
 
