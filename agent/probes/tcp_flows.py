@@ -33,7 +33,7 @@ tcp_destroy_sock program (from_state UNKNOWN; {event="closed_at_destroy"}): TC
 programs and raw tracepoints are not skipped that way. A teardown whose hits were
 all skipped (raw ones too: seen on 6.18, uncounted) is reported when a new socket
 reuses the freed one's address ({event="closed_at_reuse"}) or, at the latest, by the
-sweep at a window cut, once sock_diag no longer lists the socket
+sweep (every 10 s), once sock_diag no longer lists the socket
 ({event="closed_at_sweep"}; agent/probes/tcp_sweep.py, docs/architecture.md).
 
 Cost (BPF run-time stats, kernel.bpf_stats_enabled=1, iperf3 over a lab veth,
@@ -249,11 +249,13 @@ class TcpFlowsProbe(TcpRetransmitProbe):
     def _sweep(self) -> None:
         """Closes of sockets gone from sock_diag with their entry still here: every
         teardown hook of theirs was skipped (agent/probes/tcp_sweep.py)."""
+        now = time.monotonic_ns()           # bpf_ktime_get_ns's clock
+        if not self._sweeper.due(now):
+            return
         table = self._bpf[b"socks"]
         keys, values, _ = self._read_map(table, 8, SOCK_DTYPE.itemsize, table.max_entries)
         k = np.frombuffer(keys, dtype=np.uint64)
         v = np.frombuffer(values, dtype=SOCK_DTYPE)
-        now = time.monotonic_ns()           # bpf_ktime_get_ns's clock
         picks = self._sweeper.candidates(k, v, now)
         if not picks:
             return

@@ -5,17 +5,19 @@ The kernel sometimes runs no BPF program for any tracepoint of a socket's teardo
 (inet_sock_set_state to CLOSE, tcp_destroy_sock; raw tracepoints included, seen on
 6.18 in softirq, mostly without counting a miss; docs/architecture.md). tcp_flows
 then still holds the socket's entry (`socks`), with the cookie TC egress read from
-its packets. Once per window this sweep lists the live TCP sockets' cookies of the
-namespace (NETLINK_SOCK_DIAG, what `ss -e` shows as sk:) and, for an entry whose
-socket is gone, runs the probe's own raw tcp_destroy_sock program on it
+its packets. Every `every_s` (at a window cut) this sweep lists the cookies of the
+namespace's live TCP sockets (NETLINK_SOCK_DIAG, what `ss -e` shows as sk:) and, for
+an entry whose socket is gone, runs the probe's own raw tcp_destroy_sock program on it
 (BPF_PROG_TEST_RUN, args[0] = the socket's address): the close is reported by the
 same kernel code as at a real teardown, marked swept (probe_events_total
 {event="closed_at_sweep"}) and stamped with the socket's last packet out.
 
 Only entries older than `quiet_s` are asked about (a socket made after the dump
 began is not in it), and a socket found alive is asked about again only after
-`recheck_s`: a dead socket is found within one window when it died unseen before
-its first check, within `recheck_s` otherwise.
+`recheck_s`: a dead socket is found within `every_s` + `quiet_s` when it died unseen
+before its first check, within `recheck_s` + `every_s` otherwise. Sweeping every
+10 s, not every window: reading the socket table (~120 us for 16,384 slots) is a
+map syscall, and the kernel skips tracepoint programs on its CPU while it runs.
 """
 
 from __future__ import annotations
@@ -95,7 +97,17 @@ class Sweeper:
 
     quiet_s: float = 1.0
     recheck_s: float = 10.0
+    every_s: float = 10.0
     alive_at: dict[tuple[int, int], float] = field(default_factory=dict)   # (sk, cookie) -> s
+    next_ns: int = 0
+
+    def due(self, now_ns: int) -> bool:
+        """Whether to sweep now (every every_s): reading the socket table is a map
+        syscall, and tracepoint programs skip hits on its CPU while it runs."""
+        if now_ns < self.next_ns:
+            return False
+        self.next_ns = now_ns + int(self.every_s * 1e9)
+        return True
 
     def candidates(self, keys: np.ndarray, socks: np.ndarray, now_ns: int) -> list[int]:
         """Indices of the entries to ask about: cookie known, made before the quiet

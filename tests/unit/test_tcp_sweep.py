@@ -70,3 +70,10 @@ def test_a_netlink_error_and_a_malformed_message_raise_oserror():
     assert err.value.errno == errno.ENOENT
     with pytest.raises(OSError):
         parse_cookies(_NLMSG.pack(4, 20, 0, 1, 0), set())
+
+
+def test_the_sweep_is_due_every_every_s():
+    sweeper = Sweeper(every_s=10.0)
+    assert sweeper.due(5 * S)
+    assert not sweeper.due(14 * S)
+    assert sweeper.due(15 * S)
