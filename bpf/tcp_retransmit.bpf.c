@@ -363,18 +363,8 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 	};
 	struct fs_sock_tx *old = socks_tx.lookup(&sk);
 
-	if (old && fs_other_flow(&old->flow, flow)) {
-		/* A freed socket's entry, whose address this socket reuses: no hook saw
-		 * that socket's teardown (its tcp_destroy_sock hit would have removed it;
-		 * request and TIME_WAIT sockets, which never reach that hook, leave such
-		 * entries too). This is a new socket. */
-#ifdef FS_ON_STALE
-		FS_ON_STALE(sk, old->ts_ns);   /* an includer's teardown work, as at destroy */
-#endif
-		*old = tx;
-		old = 0;
-		goto first_packet;
-	}
+	if (old && fs_other_flow(&old->flow, flow))
+		goto stale;
 	if (old) {
 		if (old->ifindex != tx.ifindex && old->last_seq == seq &&
 		    old->last_bytes == seen->bytes && old->last_flags == flags &&
@@ -386,10 +376,8 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 		int below = (__s32)(seq - old->snd_end) < 0;
 
 		if (syn_sent || below) {
-			if (!fs_flow_same(&old->flow, flow)) {
-				*old = tx;
-				return 0;
-			}
+			if (!fs_flow_same(&old->flow, flow))
+				goto stale;
 			int sequenced = end != seq && !(flags & FS_TCP_RST) &&
 					(flags & (FS_TCP_SYN | FS_TCP_ACK)) != (FS_TCP_SYN | FS_TCP_ACK);
 			/* a SYN with another initial sequence number is a new connection */
@@ -417,6 +405,16 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 		return 0;
 	}
 	socks_tx.update(&sk, &tx);
+	goto first_packet;
+stale:
+	/* A freed socket's entry, whose address this socket reuses: no hook saw that
+	 * socket's teardown (its tcp_destroy_sock hit would have removed it; request and
+	 * TIME_WAIT sockets, which never reach that hook, leave such entries too). This
+	 * is a new socket. */
+#ifdef FS_ON_STALE
+	FS_ON_STALE(sk, old->ts_ns);   /* an includer's teardown work, as at destroy */
+#endif
+	*old = tx;
 first_packet:
 #ifdef FS_ON_OPEN_TX
 	/* a socket's first packet, not a handshake's: maybe one we accepted */

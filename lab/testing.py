@@ -28,6 +28,13 @@ def unique_name(prefix: str = "t") -> str:
 _OWNER_PID = [0]
 
 
+def unwind_on_sigterm():
+    """Make SIGTERM raise KeyboardInterrupt in this process, so finally blocks and
+    fixtures tear down as on Ctrl-C. Returns the handler it replaced."""
+    _OWNER_PID[0] = os.getpid()
+    return signal.signal(signal.SIGTERM, _sigterm)
+
+
 def _sigterm(signum, frame):
     # Only the process that entered running_lab unwinds (and tears down). A forked
     # child (pyroute2 forks helpers for netns sockets, and stops them with SIGTERM)
@@ -47,8 +54,7 @@ def running_lab(name: str | None = None, nodes: int = 2, link_rate=None, shape_l
     previous = None
     if threading.current_thread() is threading.main_thread() \
             and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        _OWNER_PID[0] = os.getpid()
-        previous = signal.signal(signal.SIGTERM, _sigterm)
+        previous = unwind_on_sigterm()
         swapped = True
     try:
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 
@@ -11,14 +10,8 @@ import pytest
 def pytest_configure(config):
     """SIGTERM (a CI job cancelled, `timeout`) unwinds like Ctrl-C, so fixtures stop
     the servers, agents and labs they started instead of leaving them orphaned."""
-    owner = os.getpid()
-
-    def unwind(signum, frame):
-        if os.getpid() != owner:      # a forked helper (pyroute2's netns workers) keeps
-            os._exit(128 + signum)    # the default action, not the parent's finally blocks
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, unwind)
+    from lab.testing import unwind_on_sigterm
+    unwind_on_sigterm()
 
 
 def pytest_collection_modifyitems(config, items):
