@@ -95,15 +95,15 @@ class _Sides:
     def subject(self) -> float:
         if self.kind == "spinner":
             return self._with_spinner()
-        from fabricscope.labstack import await_agents_ready, start_agent
+        from fabricscope.labstack import await_agent_polls, await_agents_ready, start_agent
         nodes = self.stack.lab.nodes
         for node in (nodes if self.agent_nodes is None else [nodes[i] for i in self.agent_nodes]):
             start_agent(self.stack, node)
         stopped = []
         try:
             await_agents_ready(self.stack)
-            self._await_polls(int(os.environ.get("FABRICSCOPE_BENCH_SETTLE_POLLS",
-                                                 SETTLE_POLLS)))
+            await_agent_polls(self.stack, int(os.environ.get("FABRICSCOPE_BENCH_SETTLE_POLLS",
+                                                             SETTLE_POLLS)))
             if self.kind == "agents-stopped":
                 # the programs stay attached and run in the kernel; user space is frozen
                 for proc in self.stack.agents.values():
@@ -116,16 +116,6 @@ class _Sides:
             for proc in self.stack.agents.values():
                 proc.stop()
             self.stack.agents.clear()
-
-    def _await_polls(self, polls: int) -> None:
-        from fabricscope.labstack import await_condition
-        metric = "fabricscope_agent_poll_seconds_count"
-
-        def polled() -> bool:
-            return all(self.stack.agent_metric(i, metric) >= polls for i in self.stack.agents)
-
-        if polls > 0:
-            await_condition(polled, 60 + 10 * polls, f"{polls} polls of every agent", 0.05)
 
     def _with_spinner(self) -> float:
         """A busy loop at the lowest priority there is (SCHED_IDLE)."""

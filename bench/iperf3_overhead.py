@@ -1,4 +1,4 @@
-"""iperf3-overhead: TCP throughput across a netns pair with the nic probe attached / without.
+"""iperf3-overhead-nic: TCP throughput across a netns pair with the nic probe attached / without.
 
 Testbed: two fresh network namespaces joined by one veth (MTU 1500, TSO/GRO as
 the kernel sets them), addresses .1/.2 of a random 198.19.X.0/24 (away from the
@@ -14,7 +14,9 @@ second (non-empty bin slots + flow entries read) against wire packets per second
 aggregation ratio (packets per event); CPU of the two probe processes in % of one
 core; the TC program's cost per packet from BPF_PROG_TEST_RUN (warm caches).
 
-The testbed (netns_pair, Runner) is also what tests/kernel/test_nic_*.py use.
+The TC program's own cost, with no agent around it: `iperf3-overhead`
+(bench/iperf3_lab.py) is the issue's figure, the lab with every probe. The
+testbed (netns_pair, Runner) is also what tests/kernel/test_nic_*.py use.
 `--steps N` sets T in seconds (default 3).
 """
 
@@ -272,7 +274,7 @@ def environment(args):
 
 
 BENCH = Benchmark(
-    name="iperf3-overhead",
+    name="iperf3-overhead-nic",
     description="iperf3 TCP throughput across a netns pair with the nic probe attached / without",
     unit="bit/s",
     baseline_label="no probe",

@@ -29,7 +29,9 @@
  * Options (cflags): -DFS_NIC_BIN_NS=n -DFS_NIC_RING_SLOTS=n (power of two)
  * -DFS_NIC_CPUS=n (highest possible CPU id + 1) -DFS_NIC_RINGS=n
  * -DFS_NIC_MAX_IFACES=n -DFS_NIC_MAX_FLOWS=n; -DFS_NIC_DROPS=1 with
- * -DFS_NIC_REASON_OFF=n adds the drop counter (attached by the loader).
+ * -DFS_NIC_REASON_OFF=n adds the drop counter (attached by the loader);
+ * -DFS_NIC_PARTS=mask, what the TC programs do, for bench/nic_parts.py only (the
+ * agent compiles all of it): FS_NIC_PART_* below, 0 returns at once.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
@@ -60,6 +62,12 @@
 #endif
 #ifndef FS_NIC_DROPS
 #define FS_NIC_DROPS 0
+#endif
+#define FS_NIC_PART_LOOKUP 1    /* the interface lookup and the clock */
+#define FS_NIC_PART_BINS 2      /* + the time bins */
+#define FS_NIC_PART_FLOWS 4     /* + the flow table */
+#ifndef FS_NIC_PARTS
+#define FS_NIC_PARTS (FS_NIC_PART_LOOKUP | FS_NIC_PART_BINS | FS_NIC_PART_FLOWS)
 #endif
 
 /* slot of bin b of ring r on CPU c: (r * FS_NIC_CPUS + c) * FS_NIC_RING_SLOTS + (b & mask) */
@@ -230,6 +238,9 @@ static __always_inline struct fs_nic_iface *iface_of(__u32 ifindex)
 /* skbs seen = the rings' packet counts + FS_NIC_STAT_NO_IFACE: no counter of its own. */
 static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 {
+	if (!(FS_NIC_PARTS & FS_NIC_PART_LOOKUP))
+		return TC_ACT_UNSPEC;       /* the bare hook (bench/nic_parts.py) */
+
 	struct fs_nic_iface *ifc = iface_of(skb->ifindex);
 	__u64 ts = bpf_ktime_get_ns();
 	__u32 segs = skb->gso_segs ? skb->gso_segs : 1;
@@ -238,8 +249,10 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		stat_add(FS_NIC_STAT_NO_IFACE);
 		return TC_ACT_UNSPEC;
 	}
-	count_bin(ifc->ring + dir, ts, skb->len, segs);
-	count_flow(skb, ifc->l2_len, dir, ts, skb->len, segs);
+	if (FS_NIC_PARTS & FS_NIC_PART_BINS)
+		count_bin(ifc->ring + dir, ts, skb->len, segs);
+	if (FS_NIC_PARTS & FS_NIC_PART_FLOWS)
+		count_flow(skb, ifc->l2_len, dir, ts, skb->len, segs);
 	return TC_ACT_UNSPEC;
 }
 

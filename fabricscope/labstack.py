@@ -171,6 +171,18 @@ def await_agents_ready(stack: Stack, timeout_s: float = 120) -> None:
         await_condition(ready, timeout_s, f"the agent on node{index} to be ready")
 
 
+def await_agent_polls(stack: Stack, polls: int,
+                      metric: str = "fabricscope_agent_poll_seconds_count") -> None:
+    """Until every running agent of the stack has polled its probes `polls` times: an
+    agent's first polls drain what piled up while it started (benchmarks measure the
+    steady state after them)."""
+    def polled() -> bool:
+        return all(stack.agent_metric(i, metric) >= polls for i in stack.agents)
+
+    if polls > 0:
+        await_condition(polled, 60 + 10 * polls, f"{polls} polls of every agent", 0.05)
+
+
 @contextlib.contextmanager
 def running_stack(lab, *, agents: bool = True, collector: bool = True,
                   agent_args: list[str] = (), workdir: str | None = None):

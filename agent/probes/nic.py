@@ -14,7 +14,7 @@ nic_flow, nic_qdisc, skb_drop (fabricscope/measurements/nic.py).
 Cost: per packet one array lookup (interface), one array update (bin), a header
 parse from the skb's linear data and one LRU-hash update (flow); nothing is sent
 per packet. User space reads the bins in place and ~poll_interval/bin slots per
-ring and CPU per poll. Measured here (2-core VM; `fabricscope bench iperf3-overhead`,
+ring and CPU per poll. Measured here (2-core VM; `fabricscope bench iperf3-overhead-nic`,
 docs/PERFORMANCE.md): the TC program 78 ns per 1514-byte frame (BPF_PROG_TEST_RUN,
 warm), ~210 ns per skb live under load (bpf_stats, itself ~50 ns of that); iperf3
 over a veth pair keeps 0.91-0.94 of its throughput with the probe on both ends, where

@@ -155,3 +155,26 @@ def test_parser_bins_and_stats_on_crafted_frames(prog):
     assert rx.lost == tx.lost == 0
     assert start_bin * BIN_NS <= int(rx.bins.first_ns.min()) <= int(rx.bins.last_ns.max()) \
         < (end_bin + 1) * BIN_NS
+
+
+@pytest.mark.parametrize("parts, counts_bins, counts_flows", [
+    (0, False, False), (1, False, False), (3, True, False), (5, False, True), (7, True, True)])
+def test_each_part_of_the_program_can_be_left_out_for_the_cost_benchmark(parts, counts_bins,
+                                                                         counts_flows):
+    """bench/nic_parts.py compiles -DFS_NIC_PARTS=mask: each variant passes the verifier
+    and does exactly its parts (0: not even the interface lookup, whose miss counts)."""
+    kernel.prepare()
+    b = bpf.compile_program("nic", [f"-DFS_NIC_BIN_NS={BIN_NS}", f"-DFS_NIC_RING_SLOTS={SLOTS}",
+                                    f"-DFS_NIC_CPUS={nic_bpfmap.cpu_id_limit()}",
+                                    "-DFS_NIC_RINGS=2", "-DFS_NIC_MAX_IFACES=1",
+                                    f"-DFS_NIC_PARTS={parts}"])
+    try:
+        assert run(b, b"fs_nic_ingress", FRAMES["tcp4_ef_ce"]) == -1
+        assert stats(b)[1] == (1 if parts else 0)                   # no_iface: the lookup ran
+        register_interface(b, 1, 0, 14)
+        for fn in (b"fs_nic_ingress", b"fs_nic_egress"):
+            assert run(b, fn, FRAMES["tcp4_ef_ce"], repeat=2) == -1
+        assert bpf.percpu_sums(b[b"fs_nic_ring_pkts"], 2) == ([2, 2] if counts_bins else [0, 0])
+        assert len(flows(b, nic_bpfmap.possible_cpus())) == (2 if counts_flows else 0)
+    finally:
+        b.cleanup()

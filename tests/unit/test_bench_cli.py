@@ -82,3 +82,21 @@ def test_the_paired_ratio_cancels_a_drift_the_medians_do_not():
     assert lo <= result.paired_ratio <= hi and hi - lo < 1e-3
     assert "paired ratio" in result.to_text()
     assert harness.paired_ratios([1.0, 3.0], [2.0, 4.0]) == [1.0, 4.0 / 3.0]
+
+
+def test_every_registered_benchmark_loads_under_its_own_name():
+    """`fabricscope bench NAME` runs the Benchmark the registry names, and that one says
+    NAME (a renamed benchmark left under its old key would print another name)."""
+    from bench.cli import _load
+    for name in REGISTRY:
+        bench = _load(name)
+        assert isinstance(bench, Benchmark), name
+        assert bench.name == name
+    assert _load("iperf3-overhead").subject_label == "agents, every probe"
+
+
+def test_nic_parts_refuses_an_unknown_variant_in_one_line(capsys):
+    from bench import nic_parts
+    assert nic_parts.main(["--parts", "none,9,7"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--parts 9" in err and "Traceback" not in err
