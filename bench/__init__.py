@@ -10,6 +10,7 @@ REGISTRY: dict[str, str] = {
     "ddp-overhead-pinned": "bench.ddp_overhead:PINNED",
     "ddp-overhead-one-node": "bench.ddp_overhead:ONE_NODE",
     "ddp-idle-spinner": "bench.ddp_overhead:SPINNER",
+    "ddp-tc-hook": "bench.ddp_overhead:TC_HOOK",
     "iperf3-overhead": "bench.iperf3_lab",
     "iperf3-overhead-nic": "bench.iperf3_overhead",
     "marker-cost": "bench.marker_cost",

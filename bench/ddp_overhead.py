@@ -36,7 +36,9 @@ FABRICSCOPE_BENCH_AGENTS_STOPPED=1: the agents are frozen (SIGSTOP) once ready,
 so their programs run in the kernel while their user space does nothing: what
 the kernel side alone costs. FABRICSCOPE_AGENT_PROBES=...: agents with only those
 probes. `ddp-idle-spinner` puts a SCHED_IDLE busy loop in place of the agents: on
-a machine where idle-priority work is free, its ratio is 1.00.
+a machine where idle-priority work is free, its ratio is 1.00. `ddp-tc-hook` puts
+TC programs that return at once on every node's NIC in their place, no agent:
+the floor any TC-based probe pays here.
 
 Why one run and not a fresh training per round: on this 2-core machine three
 ranks share two cores, and how the scheduler places them differs from run to run
@@ -95,6 +97,8 @@ class _Sides:
     def subject(self) -> float:
         if self.kind == "spinner":
             return self._with_spinner()
+        if self.kind == "tc-hook":
+            return self._with_bare_hooks()
         from fabricscope.labstack import await_agent_polls, await_agents_ready, start_agent
         nodes = self.stack.lab.nodes
         for node in (nodes if self.agent_nodes is None else [nodes[i] for i in self.agent_nodes]):
@@ -116,6 +120,19 @@ class _Sides:
             for proc in self.stack.agents.values():
                 proc.stop()
             self.stack.agents.clear()
+
+    def _with_bare_hooks(self) -> float:
+        """TC programs that return at once (bench/nic_parts.py, FS_NIC_PARTS=0) on both
+        directions of every node's NIC, no agent: what any TC-based probe pays.
+        FABRICSCOPE_BENCH_NIC_PARTS=mask attaches that variant instead (7: the whole nic
+        program, with no agent reading what it counts)."""
+        from bench.nic_parts import attached
+        parts = int(os.environ.get("FABRICSCOPE_BENCH_NIC_PARTS", "0"))
+        with contextlib.ExitStack() as hooks:
+            for node in self.stack.lab.nodes:
+                hooks.enter_context(attached(parts, node.ifname,
+                                             ["ip", "netns", "exec", node.netns]))
+            return self._measure()
 
     def _with_spinner(self) -> float:
         """A busy loop at the lowest priority there is (SCHED_IDLE)."""
@@ -197,6 +214,17 @@ ONE_NODE = Benchmark(
     baseline_label="no agent",
     subject_label="agent on node 1",
     environment=functools.partial(environment, agent_nodes=[1]),
+    repeats=8,
+)
+
+TC_HOOK = Benchmark(
+    name="ddp-tc-hook",
+    description="DDP step time with bare TC hooks (programs that return at once) on every "
+                "node's NIC / without: the floor of any TC-based probe on this machine",
+    unit="s/step",
+    baseline_label="no hook",
+    subject_label="bare TC hooks",
+    environment=functools.partial(environment, subject="tc-hook"),
     repeats=8,
 )
 

@@ -16,6 +16,7 @@ iperf3-overhead-nic's (bench/iperf3_overhead.py: netns_pair, iperf3_server).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import statistics
@@ -53,6 +54,28 @@ def attach_and_wait(parts: int, ifname: str) -> None:
         hooks.detach()
 
 
+@contextlib.contextmanager
+def attached(parts: int, ifname: str, prefix: list[str]):
+    """The variant on both directions of ifname for the block, from a helper process
+    started under prefix (e.g. `ip netns exec NS`); yields "tcx" or "clsact"."""
+    proc = subprocess.Popen([*prefix, PYTHON, "-m", "bench.nic_parts", "--attach", str(parts),
+                             ifname], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().split()
+        if not line or line[0] != "ready":
+            raise RuntimeError(f"FS_NIC_PARTS={parts} did not attach on {ifname}: "
+                               + proc.stderr.read().strip()[-300:])
+        yield line[1]
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _cpu_ids() -> int:
     from agent.probes.nic_bpfmap import cpu_id_limit
     return cpu_id_limit()
@@ -71,29 +94,15 @@ def measure(rounds: int, seconds: int, variants: list[str]) -> dict:
     with netns_pair() as pair, iperf3_server(pair, pair.ns_b):
         for r in range(rounds):
             for v in (variants if r % 2 == 0 else variants[::-1]):
-                helpers = []
-                try:
+                with contextlib.ExitStack() as helpers:
                     if v != "none":
                         for ns, ifname in ((pair.ns_a, pair.if_a), (pair.ns_b, pair.if_b)):
-                            proc = subprocess.Popen(
-                                pair.exec(ns, PYTHON, "-m", "bench.nic_parts", "--attach", v,
-                                          ifname),
-                                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-                            helpers.append(proc)
-                            line = proc.stdout.readline().split()
-                            if not line or line[0] != "ready":
-                                raise RuntimeError(f"variant {v} did not attach: "
-                                                   + proc.stderr.read().strip()[-300:])
-                            mechanism = line[1]
+                            mechanism = helpers.enter_context(
+                                attached(int(v), ifname, pair.exec(ns)))
                     b0, t0 = _busy()
                     out = sh(*pair.exec(pair.ns_a, "iperf3", "-c", pair.addr_b,
                                         "-t", str(seconds), "-J"))
                     b1, t1 = _busy()
-                finally:
-                    for proc in helpers:
-                        proc.stdin.close()
-                        proc.wait()
                 gbps[v].append(json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"]
                                / 1e9)
                 busy[v].append((b1 - b0) / max(t1 - t0, 1))
