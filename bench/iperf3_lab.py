@@ -2,10 +2,11 @@
 
 What the issue's goal names: a 2-node lab (lab.topology: each node a namespace
 whose NIC is a veth to the lab's bridge; links unshaped, so one TCP stream runs
-as fast as the CPUs carry it; RPS off, see _receive_on_sender_cpu), an iperf3 server on node 1 for the whole
-benchmark, a real collector and InfluxDB. Baseline round: `iperf3 -c node1 -t T`
-from node 0, no agent. Subject round: one agent per node with every default
-probe (nic, tcp_flows, tcp_retransmit, gloo, nccl, markers), shipping to the
+as fast as the CPUs carry it; RPS off, see _receive_on_sender_cpu), an iperf3
+server on node 1 for the whole benchmark, a real collector and InfluxDB.
+Baseline round: `iperf3 -c node1 -t T` from node 0, no agent. Subject round: one
+agent per node with every default probe (agent.config.DEFAULT_PROBES: tcp_flows,
+which includes the retransmits, nic, markers, gloo, nccl), shipping to the
 collector, started before the round; the round runs once every agent is ready
 and has polled SETTLE_POLLS times (its first polls drain what piled up while it
 started: that is `startup`'s cost), and the agents stop after it. Figure:
@@ -30,7 +31,7 @@ import uuid
 from pathlib import Path
 
 from bench.harness import Benchmark
-from bench.iperf3_overhead import _cpu_s
+from bench.agent_footprint import cpu_seconds
 
 SETTLE_POLLS = 4
 PORT = 5201
@@ -95,9 +96,9 @@ class _Sides:
             await_agent_polls(self.stack, int(os.environ.get("FABRICSCOPE_BENCH_SETTLE_POLLS",
                                                              SETTLE_POLLS)))
             pids = [proc.popen.pid for proc in self.stack.agents.values()]
-            cpu0, start = sum(_cpu_s(p) for p in pids), time.monotonic()
+            cpu0, start = sum(cpu_seconds(p) for p in pids), time.monotonic()
             bps = self._iperf()
-            cpu = sum(_cpu_s(p) for p in pids) - cpu0
+            cpu = sum(cpu_seconds(p) for p in pids) - cpu0
             self._extra = {"agents_cpu_pct_of_core": 100 * cpu / (time.monotonic() - start)}
             return bps
         finally:

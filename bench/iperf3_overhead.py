@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.agent_footprint import cpu_seconds
 from bench.harness import Benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,15 +178,6 @@ def running(prefix: list[str], *flags: str):
 
 # --- the benchmark ----------------------------------------------------------------------
 
-def _cpu_s(pid: int) -> float:
-    """utime + stime of a process in seconds (/proc/PID/stat fields 14 and 15)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def bpf_ns_per_packet(repeat: int = 1_000_000) -> float:
     """The TC program's own cost: BPF_PROG_TEST_RUN of fs_nic_ingress on one 1514-byte
     TCP/IPv4 frame, `repeat` times in the kernel (warm caches: a floor, not the cost
@@ -228,9 +220,9 @@ class _Sides:
                 running(p.exec(p.ns_b), "--interfaces", p.if_b) as rb:
             ra.ready()
             rb.ready()
-            start, cpu0 = time.monotonic(), _cpu_s(ra.proc.pid) + _cpu_s(rb.proc.pid)
+            start, cpu0 = time.monotonic(), cpu_seconds(ra.proc.pid) + cpu_seconds(rb.proc.pid)
             bps = self._iperf()
-            cpu = _cpu_s(ra.proc.pid) + _cpu_s(rb.proc.pid) - cpu0
+            cpu = cpu_seconds(ra.proc.pid) + cpu_seconds(rb.proc.pid) - cpu0
             stats = [ra.stop(), rb.stop()]
             lifetime = time.monotonic() - start
         events = sum(s["slots_read"] + s["flow_entries_read"] for s in stats)
