@@ -127,11 +127,11 @@ class _Sides:
         FABRICSCOPE_BENCH_NIC_PARTS=mask attaches that variant instead (7: the whole nic
         program, with no agent reading what it counts)."""
         from bench.nic_parts import attached
+        from lab import exec_argv
         parts = int(os.environ.get("FABRICSCOPE_BENCH_NIC_PARTS", "0"))
         with contextlib.ExitStack() as hooks:
             for node in self.stack.lab.nodes:
-                hooks.enter_context(attached(parts, node.ifname,
-                                             ["ip", "netns", "exec", node.netns]))
+                hooks.enter_context(attached(parts, node.ifname, exec_argv(node, [])))
             return self._measure()
 
     def _with_spinner(self) -> float:

@@ -84,6 +84,10 @@ BPF_TABLE("lru_hash", __u64, struct fs_sock, socks, FLOW_ENTRIES);
  * stack (an entry is ~170 bytes, and TC egress reaches open_flow with little of its
  * 512 bytes left). */
 BPF_PERCPU_ARRAY(sock_zero, struct fs_sock, 1);
+/* TC egress's event under construction: its stack is full (tcp_retransmit.bpf.c's
+ * tc_egress inlines every hook). Only TC egress writes it, and TC egress does not
+ * nest on a CPU (process-context transmits run with bottom halves off). */
+BPF_PERCPU_ARRAY(tc_event, struct fs_flow_event, 1);
 /* The socket user space's sweep replays tcp_destroy_sock for (BPF_PROG_TEST_RUN),
  * with the cookie it had: its close is then counted as swept and stamped with its
  * last packet. */
@@ -605,15 +609,19 @@ static __always_inline void open_at_first_ack(__u64 sk, const void *flow_ptr, __
 		return;
 	if (!active && !synacks.lookup((struct fs_flow *)flow))
 		return;
-	struct fs_flow_event ev = {
-		.flow = *flow,
-		.family = family,
-		.active = active,
-		.oldstate = active ? FS_TCP_SYN_SENT : FS_TCP_SYN_RECV,
-		.state = FS_TCP_ESTABLISHED,
-	};
+	int zero = 0;
+	struct fs_flow_event *ev = tc_event.lookup(&zero);
+
+	if (!ev)
+		return;
+	__builtin_memset(ev, 0, sizeof(*ev));
+	ev->flow = *flow;
+	ev->family = family;
+	ev->active = active;
+	ev->oldstate = active ? FS_TCP_SYN_SENT : FS_TCP_SYN_RECV;
+	ev->state = FS_TCP_ESTABLISHED;
 	fstat_add(FS_FSTAT_OPENED_AT_FIRST_ACK, 1);
-	open_flow(sk, s, &ev, now);
+	open_flow(sk, s, ev, now);
 }
 #endif /* FS_RAW_RETRANSMIT */
 #endif

@@ -31,9 +31,10 @@ none while a BPF map syscall runs there (agent/bpf.py: ProgStats); a tracepoint
 that fires meanwhile on that CPU skips ours, and not every such skip is counted.
 So retransmits are found where nothing is skipped: TC egress sees every packet
 the node sends, and a packet consuming sequence space below the highest sequence
-its socket sent is a retransmission (bpf/tcp_retransmit.bpf.c); the congestion
-state (the kind) and socket teardown come from raw tracepoints, which are guarded
-per program only. The raw tcp_retransmit_skb tracepoint adds the attempts that
+its socket sent is a retransmission, and with tcp_flows a SYN-ACK acknowledging
+the same SYN as the flow's last one (bpf/tcp_retransmit.bpf.c); the congestion
+state (the kind) and socket teardown come from raw tracepoints, which are skipped
+far less often (tcp_flows recovers the teardowns they miss). The raw tcp_retransmit_skb tracepoint adds the attempts that
 sent nothing (tcp_retransmit_skipped, and transmit failures after the count) and
 counts retransmits the qdisc dropped after TC (retransmits_qdisc_dropped). Kernels
 without raw tracepoints, and nodes whose addresses sit on no Ethernet interface,
