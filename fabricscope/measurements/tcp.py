@@ -53,7 +53,9 @@ MEASUREMENTS = [
         doc="One TCP retransmission counted by the kernel in TcpRetransSegs, sent from "
             "this node: one per retransmitted skb (found on TC egress: it starts below "
             "the highest sequence its socket sent; or tcp_retransmit_skb with a transmit "
-            "error) and one per SYN-ACK retransmit (tcp/tcp_retransmit_synack). "
+            "error) and one per SYN-ACK retransmit (on TC egress with tcp_flows: a "
+            "SYN-ACK acknowledging the same SYN again; tcp/tcp_retransmit_synack with "
+            "tcp_retransmit alone). "
             "With TSO/GSO one skb carries several segments: sum(segs) equals nstat's "
             "TcpRetransSegs, the number of records does not.",
         source=_SOURCE_R,
