@@ -234,7 +234,8 @@ static __always_inline void emit_synack_on_tc(const struct fs_flow *flow, __u64 
 #ifdef FS_REMEMBER_SYNACK
 /* A SYN-ACK on TC egress: the flow's last one is remembered, and the same SYN
  * acknowledged again is the kernel resending it (a new connection on the flow's
- * ports acknowledges another initial sequence). */
+ * ports acknowledges another initial sequence). Not exact under SYN cookies: the
+ * answer to a resent SYN is then a new SYN-ACK, counted here, not by the kernel. */
 static __always_inline int synack_left(struct fs_flow *flow, struct fs_egress *seen,
 			       __u16 family)
 {
