@@ -29,8 +29,8 @@
  * loss probe's included, starts at snd_nxt; keepalives and window probes carry no
  * payload. A SYN is a retransmit when it repeats the socket's initial sequence
  * number. Raw tracepoints are skipped less often, but not never: on 6.18 a whole
-socket's teardown hits went unseen now and then, counted nowhere (tcp_flows
-recovers those closes on TC egress and by its sweep).
+ * socket's teardown hits went unseen now and then, counted nowhere (tcp_flows
+ * recovers those closes on TC egress and by its sweep).
  * A packet that passes two hooked interfaces (stacked devices that both hold node
  * addresses, e.g. a VLAN device and its parent) is counted where it passed first.
  * TC egress also adds every own TCP packet's segments and payload bytes to node
@@ -195,8 +195,8 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 }
 #endif /* !FS_RAW_RETRANSMIT */
 
-/* A SYN-ACK resent: the request socket's (SYN_RECV), one segment, a timeout's (the
- * request socket's timer resends it; a resent SYN gets it resent sooner). */
+/* A SYN-ACK resent: one segment, the request socket's (SYN_RECV), filed as a
+ * timeout's (the request socket's timer resends it). */
 static __always_inline void synack_retransmit(struct fs_retransmit_event *ev)
 {
 	ev->state = FS_TCP_SYN_RECV;
@@ -236,8 +236,8 @@ static __always_inline void emit_synack_on_tc(const struct fs_flow *flow, __u64 
  * acknowledged again is the kernel resending it (a new connection on the flow's
  * ports acknowledges another initial sequence). Not exact under SYN cookies: the
  * answer to a resent SYN is then a new SYN-ACK, counted here, not by the kernel. */
-static __always_inline int synack_left(struct fs_flow *flow, struct fs_egress *seen,
-			       __u16 family)
+static __always_inline void synack_left(struct fs_flow *flow, struct fs_egress *seen,
+					__u16 family)
 {
 #ifdef FS_SYNACK_ON_TC
 	struct fs_egress *last = synacks.lookup(flow);
@@ -246,7 +246,6 @@ static __always_inline int synack_left(struct fs_flow *flow, struct fs_egress *s
 		emit_synack_on_tc(flow, seen->ts_ns, family);
 #endif
 	synacks.update(flow, seen);
-	return 0;
 }
 #endif
 
