@@ -30,33 +30,12 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.harness import Benchmark
 from bench.agent_footprint import cpu_seconds
+from bench.harness import Benchmark
+from bench.iperf3_overhead import iperf3_server
 
 SETTLE_POLLS = 4
 PORT = 5201
-
-
-@contextlib.contextmanager
-def iperf3_server(node, port: int = PORT):
-    """`iperf3 -s` on a lab node, yielded once it listens; killed on exit."""
-    from fabricscope.labstack import await_condition
-    from lab import exec_argv
-    proc = subprocess.Popen(exec_argv(node, ["iperf3", "-s", "-p", port]),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        def listening() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"iperf3 server on {node.name} exited {proc.returncode}")
-            out = subprocess.run(exec_argv(node, ["ss", "-ltnH"]), capture_output=True,
-                                 text=True).stdout
-            return f":{port} " in out
-        await_condition(listening, 30, f"iperf3 -s on {node.name}", 0.05)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
 
 
 def _receive_on_sender_cpu(lab) -> None:
@@ -116,7 +95,7 @@ def environment(args):
     from lab.testing import running_lab
     seconds = getattr(args, "steps", None) or 3
     with running_lab(f"bip{uuid.uuid4().hex[:4]}", 2, shape_links=False) as lab, \
-            running_stack(lab, agents=False) as stack, iperf3_server(lab.nodes[1]):
+            running_stack(lab, agents=False) as stack, iperf3_server(lab.nodes[1].netns, PORT):
         _receive_on_sender_cpu(lab)
         sides = _Sides(stack, seconds)
         sides.baseline()            # warm-up: the first stream after the lab is up

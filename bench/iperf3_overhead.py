@@ -240,16 +240,18 @@ class _Sides:
 
 
 @contextlib.contextmanager
-def iperf3_server(pair: Pair, ns: str, port: int = 5201, once: bool = False):
-    """`iperf3 -s` in namespace ns, yielded once it listens; killed on exit."""
-    cmd = ["iperf3", "-s", "-p", str(port), *(["-1"] if once else [])]
-    proc = subprocess.Popen(pair.exec(ns, *cmd), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+def iperf3_server(netns: str, port: int = 5201, once: bool = False):
+    """`iperf3 -s` in network namespace netns, yielded once it listens; killed on exit."""
+    def in_ns(*cmd: str) -> list[str]:
+        return ["ip", "netns", "exec", netns, *cmd]
+
+    proc = subprocess.Popen(in_ns("iperf3", "-s", "-p", str(port), *(["-1"] if once else [])),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
-        while f":{port} " not in sh(*pair.exec(ns, "ss", "-ltnH")).stdout:
+        while f":{port} " not in sh(*in_ns("ss", "-ltnH")).stdout:
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("iperf3 server did not start")
+                raise RuntimeError(f"iperf3 server in {netns} did not start")
             time.sleep(0.05)
         yield proc
     finally:
@@ -261,7 +263,7 @@ def iperf3_server(pair: Pair, ns: str, port: int = 5201, once: bool = False):
 @contextlib.contextmanager
 def environment(args):
     seconds = getattr(args, "steps", None) or 3
-    with netns_pair() as pair, iperf3_server(pair, pair.ns_b):
+    with netns_pair() as pair, iperf3_server(pair.ns_b):
         yield _Sides(pair, seconds)
 
 

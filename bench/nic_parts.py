@@ -91,7 +91,7 @@ def measure(rounds: int, seconds: int, variants: list[str]) -> dict:
     gbps = {v: [] for v in variants}
     busy = {v: [] for v in variants}
     mechanism = ""
-    with netns_pair() as pair, iperf3_server(pair, pair.ns_b):
+    with netns_pair() as pair, iperf3_server(pair.ns_b):
         for r in range(rounds):
             for v in (variants if r % 2 == 0 else variants[::-1]):
                 with contextlib.ExitStack() as helpers:

@@ -21,7 +21,7 @@ def totals(records: list[dict], key: str = "direction") -> dict[str, int]:
 
 
 def test_bytes_equal_interface_counters_and_flows_add_up():
-    with netns_pair() as pair, iperf3_server(pair, pair.ns_b, once=True), \
+    with netns_pair() as pair, iperf3_server(pair.ns_b, once=True), \
             running(pair.exec(pair.ns_b), "--interfaces", pair.if_b) as probe:
         probe.ready()
         before = {d: pair.counter(pair.ns_b, pair.if_b, f"{d}_bytes") for d in ("rx", "tx")}
