@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,19 +33,19 @@ def attach_and_wait(parts: int, ifname: str) -> None:
     """In a helper process (in the interface's namespace): compile the variant, register
     the interface, attach both directions, say "ready", hold until stdin closes."""
     from agent import bpf, kernel
-    from agent.probes.nic import register_interface
+    from agent.probes.nic import pick_interfaces, register_interface
     from agent.tc import TcPrograms
     kernel.prepare()
     from bcc import BPF
 
     prog = bpf.compile_program("nic", ["-DFS_NIC_RINGS=2", "-DFS_NIC_MAX_IFACES=1",
                                        f"-DFS_NIC_CPUS={_cpu_ids()}", f"-DFS_NIC_PARTS={parts}"])
-    index = socket.if_nametoindex(ifname)
-    register_interface(prog, index, 0, 14)
+    link, = pick_interfaces((ifname,))
+    register_interface(prog, link.index, 0, 14)
     fns = {d: prog.load_func(f"fs_nic_{d}".encode(), BPF.SCHED_CLS)
            for d in ("ingress", "egress")}
     hooks = TcPrograms(fns)
-    hooks.attach([type("Iface", (), {"index": index, "name": ifname})()])
+    hooks.attach([link])
     try:
         print("ready", hooks.mechanism, flush=True)
         sys.stdin.read()
