@@ -414,6 +414,7 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 		.has_ack = seen->has_ack,
 		.ifindex = skb->ifindex,
 		.last_bytes = seen->bytes,
+		.ack_ns = seen->ts_ns,
 	};
 	struct fs_sock_tx *old = socks_tx.lookup(&sk);
 
@@ -444,6 +445,8 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 			tx.ack_seq = old->ack_seq;
 			tx.has_ack = old->has_ack;
 		}
+		if (old->has_ack && old->ack_seq == tx.ack_seq)
+			tx.ack_ns = old->ack_ns;
 #ifdef FS_ON_OPEN_TX
 		/* the first packet after our SYN that acknowledges: we connected */
 		if (old->state == FS_TCP_SYN_SENT && !syn_sent && (flags & FS_TCP_ACK) &&
@@ -481,8 +484,8 @@ first_packet:
 #endif
 
 /* The acknowledgment number of the last own packet of a socket seen on TC egress
- * (the socket's rcv_nxt when it left) and when it left; with `synack`, of the
- * flow's last SYN-ACK. 0: TC saw none with ACK. tcp_flows counts received bytes
+ * (the socket's rcv_nxt when it left) and when that number first left (raw mode;
+ * else when the packet left); with `synack`, of the flow's last SYN-ACK. 0: TC saw none with ACK. tcp_flows counts received bytes
  * from it when its tcp_probe program missed hits. */
 static __always_inline int fs_last_ack(__u64 sk, struct fs_flow *flow, __u32 *ack, __u64 *ts,
 				       int synack)
@@ -499,14 +502,21 @@ static __always_inline int fs_last_ack(__u64 sk, struct fs_flow *flow, __u32 *ac
 	}
 #endif
 	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
+
+	if (!tx || !tx->has_ack)
+		return 0;
+	*ack = tx->ack_seq;
+	*ts = tx->ack_ns;
+	return 1;
 #else
 	struct fs_egress *tx = egress.lookup(flow);
-#endif
+
 	if (!tx || !tx->has_ack)
 		return 0;
 	*ack = tx->ack_seq;
 	*ts = tx->ts_ns;
 	return 1;
+#endif
 }
 
 /* TC egress, direct action: add each own TCP packet's segments and payload to the

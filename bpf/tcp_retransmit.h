@@ -50,6 +50,8 @@ struct fs_sock_tx {
 	__u32 has_ack;
 	__u32 ifindex;    /* interface the last packet left through */
 	__u32 last_bytes; /* payload of the last packet */
+	__u64 ack_ns;     /* when ack_seq first left (a later packet repeating it, as a
+	                   * request that follows a read does, leaves it as it was) */
 };
 
 /* Congestion state of one own socket (key: skaddr), from tcp/tcp_cong_state_set. */
