@@ -85,10 +85,11 @@ def check_layout(mirror: type[ctypes.Structure], compiled: type[ctypes.Structure
                                + ", ".join(problems))
 
 
-def percpu_sums(table, count: int) -> list[int]:
-    """Sum each index of a BPF_PERCPU_ARRAY of u64 over all CPUs."""
+def percpu_sums(table, count: int, first: int = 0) -> list[int]:
+    """Sum each index first..first+count-1 of a BPF_PERCPU_ARRAY of u64 over all CPUs
+    (a program's `stats`, bpf/fs_common.h)."""
     out = []
-    for i in range(count):
+    for i in range(first, first + count):
         try:
             out.append(int(sum(table[ctypes.c_int(i)])))
         except KeyError:

@@ -48,7 +48,7 @@ class AgentConfig:
     nccl_log_paths: list[str] = field(default_factory=list, metadata=doc(
         "NCCL_DEBUG=INFO output the nccl_log source follows: files, glob patterns (new "
         "matches are picked up) or - for stdin; empty: the source has nothing to read"))
-    # --- probe gloo (agent/probes/gloo.py) ---
+    # --- probe gloo (agent/probes/gloo/probe.py) ---
     gloo_paths: list[str] = field(default_factory=list, metadata=doc(
         "libtorch_cpu.so files (gloo is linked into it) the gloo probe attaches to at start, "
         "so a process started later is seen from its first collective; the torch of the "
@@ -177,7 +177,7 @@ class AgentConfig:
         "qdisc or classifier in between, cheaper per packet), clsact (cls_bpf filters, any "
         "kernel with clsact), auto: tcx, else clsact (logged)",
         choices=list(TC_ATTACH_MODES)))
-    # --- probe nic (agent/probes/nic.py) ---
+    # --- probe nic (agent/probes/nic/probe.py) ---
     interfaces: list[str] = field(default_factory=list, metadata=doc(
         "interfaces the nic probe watches (TC ingress and egress); empty: every "
         "non-loopback interface that is up in the agent's network namespace at start"))

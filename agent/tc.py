@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from agent.config import TC_ATTACH_MODES as MODES
 from agent.probes.base import ProbeUnavailable
-from agent.probes.nic_bpfmap import _SYS_BPF, _libc   # the bpf() number and libc, loaded once
+from agent.probes.nic.bpfmap import _SYS_BPF, _libc   # the bpf() number and libc, loaded once
 
 log = logging.getLogger("fabricscope.agent.tc")
 

@@ -1,7 +1,7 @@
 """agent-footprint: what one agent costs its node, idle and under DDP traffic.
 
 A 3-node lab with InfluxDB, a collector and one agent per node (the agent's
-default probes, shipping), all real (fabricscope.labstack). Baseline round:
+default probes, shipping), all real (lab.stack). Baseline round:
 the agents idle for `--steps` x 1 s. Subject round: a real gloo DDP run of
 `--steps` steps (8 MiB model) on the three nodes. The figure: agent CPU seconds
 per wall second (utime + stime from /proc/PID/stat, mean over the 3 agents) over
@@ -56,7 +56,7 @@ class _Sides:
                    for i in self.stack.agents for e in _USER_EVENTS)
 
     def _wire(self) -> int:
-        from fabricscope.labstack import nstat_counter
+        from lab.stack import nstat_counter
         return sum(nstat_counter(n.netns, c) for n in self.stack.lab.nodes
                    for c in ("TcpInSegs", "TcpOutSegs"))
 
@@ -94,7 +94,7 @@ class _Sides:
 
 @contextlib.contextmanager
 def environment(args):
-    from fabricscope.labstack import running_stack
+    from lab.stack import running_stack
     from lab.testing import running_lab
     steps = getattr(args, "steps", None) or 10
     with running_lab(f"bfp{uuid.uuid4().hex[:4]}", 3) as lab:

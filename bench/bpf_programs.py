@@ -26,7 +26,7 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-from agent.probes.nic_bpfmap import prog_name_by_id
+from agent.probes.nic.bpfmap import prog_name_by_id
 from fabricscope.errors import UserError
 
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         raise SystemExit("bench.bpf_programs: needs root (reads BPF program statistics); "
                          "run it as root")
-    from fabricscope.labstack import await_agents_ready, running_stack, start_agent
+    from lab.stack import await_agents_ready, running_stack, start_agent
     from lab.testing import running_lab
     from lab.training import start_training
     try:

@@ -76,7 +76,7 @@ class _Sides:
         self.agent_nodes = agent_nodes
 
     def _measure(self) -> float:
-        from fabricscope.labstack import await_condition
+        from lab.stack import await_condition
         run, first = self.run, len(self.run.records) + SETTLE
         want = first + self.block
 
@@ -99,7 +99,7 @@ class _Sides:
             return self._with_spinner()
         if self.kind == "tc-hook":
             return self._with_bare_hooks()
-        from fabricscope.labstack import await_agent_polls, await_agents_ready, start_agent
+        from lab.stack import await_agent_polls, await_agents_ready, start_agent
         nodes = self.stack.lab.nodes
         for node in (nodes if self.agent_nodes is None else [nodes[i] for i in self.agent_nodes]):
             start_agent(self.stack, node)
@@ -158,7 +158,7 @@ def split_cpus() -> tuple[set[int], set[int]]:
 @contextlib.contextmanager
 def environment(args, pinned: bool = False, subject: str | None = None,
                 agent_nodes: list[int] | None = None):
-    from fabricscope.labstack import running_stack
+    from lab.stack import running_stack
     from lab.testing import running_lab
     from lab.training import start_training
     block = getattr(args, "steps", None) or DEFAULT_BLOCK

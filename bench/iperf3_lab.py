@@ -67,7 +67,7 @@ class _Sides:
         return self._iperf()
 
     def subject(self) -> float:
-        from fabricscope.labstack import await_agent_polls, await_agents_ready, start_agent
+        from lab.stack import await_agent_polls, await_agents_ready, start_agent
         for node in self.stack.lab.nodes:
             start_agent(self.stack, node)
         try:
@@ -91,7 +91,7 @@ class _Sides:
 
 @contextlib.contextmanager
 def environment(args):
-    from fabricscope.labstack import running_stack
+    from lab.stack import running_stack
     from lab.testing import running_lab
     seconds = getattr(args, "steps", None) or 3
     with running_lab(f"bip{uuid.uuid4().hex[:4]}", 2, shape_links=False) as lab, \

@@ -4,7 +4,7 @@ Testbed: two fresh network namespaces joined by one veth (MTU 1500, TSO/GRO as
 the kernel sets them), addresses .1/.2 of a random 198.19.X.0/24 (away from the
 lab's 198.18.x allocations), IPv6 off, static neighbours. An iperf3 server runs
 in B for the whole benchmark. Baseline round: `iperf3 -c -t T` from A, no probe.
-Subject round: the same with the nic probe (`agent.probes.nic_standalone`, agent
+Subject round: the same with the nic probe (`agent.probes.nic.standalone`, agent
 defaults: 100 us bins, 0.2 s drains, flows) attached on both veth ends, started
 before and stopped after the round. Figure: bits/s received.
 
@@ -96,7 +96,7 @@ def netns_pair(mtu: int = 1500):
 
 @dataclass
 class Runner:
-    """`python -m agent.probes.nic_standalone` inside a namespace, lines collected."""
+    """`python -m agent.probes.nic.standalone` inside a namespace, lines collected."""
 
     proc: subprocess.Popen
     lines: list[dict] = field(default_factory=list)
@@ -106,7 +106,7 @@ class Runner:
     @classmethod
     def start(cls, prefix: list[str], *flags: str) -> "Runner":
         """prefix: e.g. ["ip", "netns", "exec", NS]; [] runs in the host's namespace."""
-        proc = subprocess.Popen([*prefix, PYTHON, "-m", "agent.probes.nic_standalone", *flags],
+        proc = subprocess.Popen([*prefix, PYTHON, "-m", "agent.probes.nic.standalone", *flags],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
         runner = cls(proc)
@@ -185,8 +185,8 @@ def bpf_ns_per_packet(repeat: int = 1_000_000) -> float:
     import struct
 
     from agent import bpf, kernel
-    from agent.probes.nic import register_interface
-    from agent.probes.nic_bpfmap import prog_test_run
+    from agent.probes.nic.probe import register_interface
+    from agent.probes.nic.bpfmap import prog_test_run
     kernel.prepare()
     prog = bpf.compile_program("nic", ["-DFS_NIC_RINGS=2", "-DFS_NIC_MAX_IFACES=1"])
     try:

@@ -33,7 +33,7 @@ def attach_and_wait(parts: int, ifname: str) -> None:
     """In a helper process (in the interface's namespace): compile the variant, register
     the interface, attach both directions, say "ready", hold until stdin closes."""
     from agent import bpf, kernel
-    from agent.probes.nic import pick_interfaces, register_interface
+    from agent.probes.nic.probe import pick_interfaces, register_interface
     from agent.tc import TcPrograms
     kernel.prepare()
     from bcc import BPF
@@ -76,7 +76,7 @@ def attached(parts: int, ifname: str, prefix: list[str]):
 
 
 def _cpu_ids() -> int:
-    from agent.probes.nic_bpfmap import cpu_id_limit
+    from agent.probes.nic.bpfmap import cpu_id_limit
     return cpu_id_limit()
 
 

@@ -26,7 +26,7 @@ class _Sides:
         self._import_bcc: float = 0.0
 
     def _round(self, probes: list[str]) -> float:
-        from fabricscope.labstack import await_condition, http_get, start_agent
+        from lab.stack import await_condition, http_get, start_agent
         node = self.stack.lab.nodes[0]
         args = ["--output", "none"] + (["--probes", ",".join(probes)] if probes else [])
         start = time.monotonic()
@@ -58,7 +58,7 @@ class _Sides:
 
 @contextlib.contextmanager
 def environment(_args):
-    from fabricscope.labstack import running_stack
+    from lab.stack import running_stack
     from lab.testing import running_lab
     with running_lab(f"bst{uuid.uuid4().hex[:4]}", 2) as lab:
         with running_stack(lab, agents=False, collector=False) as stack:

@@ -1,6 +1,6 @@
 """The tcp_flows sweep's sock_diag dump: time per dump against `ss -tane` in the same run.
 
-The sweep (agent/probes/tcp_sweep.py) lists the cookies of every full TCP socket of
+The sweep (agent/probes/tcp/sweep.py) lists the cookies of every full TCP socket of
 the namespace once per window with candidates. This runs it in a namespace of its
 own holding N loopback connections (2N sockets), for each N, repeated, and prints
 the medians with the ratio to `ss -tane` listing the same sockets (its cookies are
@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 
-from agent.probes.tcp_sweep import live_cookies
+from agent.probes.tcp.sweep import live_cookies
 
 
 def _measure(counts: list[int], repeats: int) -> list[dict]:

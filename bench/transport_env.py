@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from bench.loadgen import LoadSpec, build_batches
-from fabricscope.labstack import await_condition, start_proc
+from lab.stack import await_condition, start_proc
 from fabricscope.services import InfluxServer, free_port
 
 DB = "fsbench"
@@ -27,7 +27,7 @@ DB = "fsbench"
 class Env:
     influx: InfluxServer
     address: str
-    proc: object            # fabricscope.labstack.Proc
+    proc: object            # lab.stack.Proc
 
     def cpu_seconds(self) -> float:
         times = psutil.Process(self.proc.popen.pid).cpu_times()

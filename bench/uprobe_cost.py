@@ -66,7 +66,7 @@ class _Sides:
 
     def _probed(self, entry_only: bool) -> tuple[float, dict[str, int], float]:
         from agent.probes.base import Clock, ProbeContext
-        from agent.probes.nccl import NcclProbe
+        from agent.probes.nccl.probe import NcclProbe
         pages = 1 << max(1, (self.calls * EVENT_BYTES // 4096).bit_length())
         ctx = ProbeContext("bench", frozenset(), Clock(), SimpleNamespace(nccl_paths=[self.lib]))
         probe = NcclProbe(ctx, entry_only=entry_only, ringbuf_pages=pages, rescan_s=3600)

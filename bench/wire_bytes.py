@@ -1,7 +1,7 @@
 """wire-bytes: agent->collector bytes on the wire per node per second under DDP, gzip / none.
 
 A 3-node lab (lab/), real DDP over gloo (lab.training, `--steps` steps, default
-20), the whole stack from fabricscope.labstack (influxd, collector, one agent
+20), the whole stack from lab.stack (influxd, collector, one agent
 per node with its default probes). Each round starts the agents, trains, and
 stops the agents (which flushes what they hold), counting every byte of every
 IP packet sent to the collector's port with an nftables counter in the root
@@ -64,7 +64,7 @@ class _Sides:
         self._extra: dict[str, float] = {}
 
     def _round(self, compression: str) -> float:
-        from fabricscope.labstack import await_agents_ready, start_agent
+        from lab.stack import await_agents_ready, start_agent
         from lab.training import start_training
         self.round += 1
         nodes = self.stack.lab.nodes
@@ -90,7 +90,7 @@ class _Sides:
         return wire / len(nodes) / seconds
 
     def _payload(self) -> float:
-        from fabricscope.labstack import http_get, metric_value
+        from lab.stack import http_get, metric_value
         return metric_value(http_get(f"http://127.0.0.1:{self.metrics_port}/metrics")[1],
                             "fabricscope_collector_received_bytes_total")
 
@@ -112,7 +112,7 @@ def _collector_metrics_port(stack) -> int:
 
 @contextlib.contextmanager
 def environment(args):
-    from fabricscope.labstack import running_stack
+    from lab.stack import running_stack
     from lab.testing import running_lab
     steps = getattr(args, "steps", None) or 20
     with running_lab(f"bwb{uuid.uuid4().hex[:4]}", 3) as lab:

@@ -13,7 +13,7 @@
  * thread; its device thread only completes them).
  *
  * Reading the options objects: they are C++ classes, not an ABI. Their offsets come
- * from the loader (agent/probes/gloo_layout.py, one table for C and Python) as
+ * from the loader (agent/probes/gloo/layout.py, one table for C and Python) as
  * -DFS_LAYOUT_<OP>=elements,elementSize,out_kind,out,in (-1: absent), and the
  * loader checks every event against independent facts (elements x elementSize ==
  * the output buffer's own size; 0 <= rank < size == WORLD_SIZE) before it trusts
@@ -28,6 +28,8 @@
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/ptrace.h>
 #include "gloo.h"
+#define FS_STATS_SLOTS FS_GS_NSTATS
+#include "fs_common.h"
 
 #ifndef MAX_THREADS
 #define MAX_THREADS 4096
@@ -39,22 +41,14 @@
 #define RINGBUF_PAGES 16
 #endif
 #if !defined(FS_UB_SIZE_OFF) || !defined(FS_CTX_RANK_OFF) || !defined(FS_CTX_SIZE_OFF)
-#error "the loader passes the gloo layout (agent/probes/gloo_layout.py)"
+#error "the loader passes the gloo layout (agent/probes/gloo/layout.py)"
 #endif
 
 BPF_HASH(active, __u64, struct fs_gloo_event, MAX_THREADS);
 BPF_HASH(deny, __u32, __u8, MAX_DENY);
-BPF_PERCPU_ARRAY(stats, __u64, FS_GS_NSTATS);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 /* Never written: exposes the event layout to the loader's size check. */
 BPF_ARRAY(event_layout, struct fs_gloo_event, 1);
-
-static __always_inline void stat_add(int idx, __u64 n)
-{
-	__u64 *v = stats.lookup(&idx);
-	if (v)
-		*v += n;
-}
 
 /* Size of the UnboundBuffer a unique_ptr (or a vector's first unique_ptr) at `field`
  * points to. A null pointer is a valid "no buffer" (size 0). Returns 0 when read. */
@@ -140,10 +134,7 @@ int collective_return(struct pt_regs *ctx)
 		return 0;
 	}
 	ev->end_ns = bpf_ktime_get_ns();
-	if (events.ringbuf_output(ev, sizeof(*ev), 0) == 0)
-		stat_add(FS_GS_EMITTED, 1);
-	else
-		stat_add(FS_GS_LOST, 1);
+	fs_count_emit(events.ringbuf_output(ev, sizeof(*ev), 0), FS_GS_EMITTED, FS_GS_LOST);
 	active.delete(&id);
 	return 0;
 }

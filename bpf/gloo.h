@@ -1,11 +1,11 @@
-/* Shared between bpf/gloo.bpf.c and agent/probes/gloo_layout.py
+/* Shared between bpf/gloo.bpf.c and agent/probes/gloo/layout.py
  * (ctypes mirror; sizes and offsets are checked at load time and in tests). */
 #ifndef FABRICSCOPE_GLOO_H
 #define FABRICSCOPE_GLOO_H
 
 #include <linux/types.h>
 
-/* collective ids (the `op` of an event); names in agent/probes/gloo_layout.py OPS */
+/* collective ids (the `op` of an event); names in agent/probes/gloo/layout.py OPS */
 #define FS_GLOO_ALLREDUCE 0
 #define FS_GLOO_BROADCAST 1
 #define FS_GLOO_ALLGATHER 2

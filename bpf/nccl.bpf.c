@@ -26,6 +26,8 @@
  */
 #include <uapi/linux/ptrace.h>
 #include "nccl.h"
+#define FS_STATS_SLOTS FS_NCCL_NSTATS
+#include "fs_common.h"
 
 #ifndef RINGBUF_PAGES
 #define RINGBUF_PAGES 64
@@ -38,7 +40,6 @@
 #endif
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
-BPF_PERCPU_ARRAY(stats, __u64, FS_NCCL_NSTATS);
 BPF_ARRAY(seqno, __u64, 1);
 /* LRU: an entry whose return never comes (process killed mid-call) ages out. */
 BPF_TABLE("lru_hash", __u64, struct fs_nccl_inflight, inflight, INFLIGHT_ENTRIES);
@@ -47,13 +48,6 @@ BPF_HASH(pids, __u32, __u8, MAX_PIDS);
 #endif
 /* Never written: exposes the event layout to the loader's size check. */
 BPF_ARRAY(event_layout, struct fs_nccl_event, 1);
-
-static __always_inline void stat_add(int idx, __u64 n)
-{
-	__u64 *v = stats.lookup(&idx);
-	if (v)
-		*v += n;
-}
 
 static __always_inline __u64 stack_arg(struct pt_regs *ctx, int n)
 {
@@ -101,10 +95,8 @@ static __always_inline void read_id(struct fs_nccl_event *ev, __u64 addr)
 
 static __always_inline void emit(struct fs_nccl_event *ev)
 {
-	if (events.ringbuf_output(ev, sizeof(*ev), 0) == 0)
-		stat_add(FS_NCCL_STAT_EMITTED, 1);
-	else
-		stat_add(FS_NCCL_STAT_LOST, 1);
+	fs_count_emit(events.ringbuf_output(ev, sizeof(*ev), 0), FS_NCCL_STAT_EMITTED,
+		      FS_NCCL_STAT_LOST);
 }
 
 static __always_inline int wanted(__u64 id)

@@ -1,4 +1,4 @@
-/* Shared between bpf/nccl.bpf.c and agent/probes/nccl_layout.py (ctypes mirror;
+/* Shared between bpf/nccl.bpf.c and agent/probes/nccl/layout.py (ctypes mirror;
  * the API ids and the event size are checked against this file in unit tests and
  * against the compiled program at load time). */
 #ifndef FABRICSCOPE_NCCL_H

@@ -38,6 +38,8 @@
 #include <uapi/linux/in.h>
 #include <uapi/linux/pkt_cls.h>
 #include "nic.h"
+#define FS_STATS_SLOTS FS_NIC_NSTATS
+#include "fs_common.h"
 
 #ifndef FS_NIC_BIN_NS
 #define FS_NIC_BIN_NS 100000
@@ -80,17 +82,9 @@ BPF_ARRAY(fs_nic_iface_slots, struct fs_nic_iface, FS_NIC_IFINDEX_SLOTS);
 BPF_HASH(fs_nic_ifaces, __u32, struct fs_nic_iface, FS_NIC_MAX_IFACES);
 BPF_TABLE("lru_percpu_hash", struct fs_nic_flow_key, struct fs_nic_flow_val, fs_nic_flows,
 	  FS_NIC_MAX_FLOWS);
-BPF_PERCPU_ARRAY(fs_nic_stats, __u64, FS_NIC_NSTATS);
 /* Packets counted per ring: user space skips reading the bins of a ring whose count
  * did not move since its last drain (an idle interface costs no slot reads). */
 BPF_PERCPU_ARRAY(fs_nic_ring_pkts, __u64, FS_NIC_RINGS);
-
-static __always_inline void stat_add(int idx)
-{
-	__u64 *v = fs_nic_stats.lookup(&idx);
-	if (v)
-		*v += 1;
-}
 
 static __always_inline void count_bin(__u32 ring, __u64 ts, __u32 len, __u32 segs)
 {
@@ -102,7 +96,7 @@ static __always_inline void count_bin(__u32 ring, __u64 ts, __u32 len, __u32 seg
 	struct fs_nic_bin *b = fs_nic_ring.lookup(&idx);
 
 	if (!b) {
-		stat_add(FS_NIC_STAT_RING_MISS);
+		stat_add(FS_NIC_STAT_RING_MISS, 1);
 		return;
 	}
 	if (b->epoch != (__u32)bin) {
@@ -203,7 +197,7 @@ static __always_inline void count_flow(struct __sk_buff *skb, __u32 l2_len, __u8
 	int err = parse_flow(skb, l2_len, &k, &tos);
 
 	if (err) {
-		stat_add(-err);
+		stat_add(-err, 1);
 		return;
 	}
 	k.ifindex = skb->ifindex;
@@ -214,7 +208,7 @@ static __always_inline void count_flow(struct __sk_buff *skb, __u32 l2_len, __u8
 		fs_nic_flows.update(&k, &zero);
 		v = fs_nic_flows.lookup(&k);
 		if (!v) {
-			stat_add(FS_NIC_STAT_FLOW_FULL);
+			stat_add(FS_NIC_STAT_FLOW_FULL, 1);
 			return;
 		}
 	}
@@ -246,7 +240,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	__u32 segs = skb->gso_segs ? skb->gso_segs : 1;
 
 	if (!ifc) {
-		stat_add(FS_NIC_STAT_NO_IFACE);
+		stat_add(FS_NIC_STAT_NO_IFACE, 1);
 		return TC_ACT_UNSPEC;
 	}
 	if (FS_NIC_PARTS & FS_NIC_PART_BINS)

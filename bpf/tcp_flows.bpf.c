@@ -61,8 +61,11 @@ static __always_inline void open_at_first_ack(__u64 sk, const void *flow, __u16 
 static __always_inline void keep_cookie(__u64 sk, struct __sk_buff *skb);
 #define FS_ON_CONNECTED_TX(sk, skb) keep_cookie(sk, skb)
 #endif
-#include "tcp_retransmit.bpf.c"
+#include "tcp_retransmit.h"
 #include "tcp_flows.h"
+/* One counter array for both programs: tcp_retransmit's, then this one's. */
+#define FS_STATS_SLOTS (FS_NSTATS + FS_NFSTATS)
+#include "tcp_retransmit.bpf.c"
 
 #ifndef MAX_FLOWS
 #define MAX_FLOWS 4096
@@ -110,24 +113,20 @@ static __always_inline struct fs_sock *new_sock(__u64 sk, __u64 now)
 /* Never written: the zero value new flow entries start from (too big for the stack). */
 BPF_PERCPU_ARRAY(zero_stat, struct fs_flow_stat, 1);
 BPF_ARRAY(window, __u32, 1);
-BPF_PERCPU_ARRAY(flow_stats, __u64, FS_NFSTATS);
 BPF_RINGBUF_OUTPUT(flow_events, RINGBUF_PAGES);
 BPF_ARRAY(flow_event_layout, struct fs_flow_event, 1);
 BPF_ARRAY(sock_layout, struct fs_sock, 1);
 
+/* This program's counters follow tcp_retransmit's in `stats`. */
 static __always_inline void fstat_add(int idx, __u64 n)
 {
-	__u64 *v = flow_stats.lookup(&idx);
-	if (v)
-		*v += n;
+	stat_add(FS_NSTATS + idx, n);
 }
 
 static __always_inline void emit_flow(struct fs_flow_event *ev)
 {
-	if (flow_events.ringbuf_output(ev, sizeof(*ev), 0) == 0)
-		fstat_add(FS_FSTAT_EMITTED, 1);
-	else
-		fstat_add(FS_FSTAT_LOST, 1);
+	fs_count_emit(flow_events.ringbuf_output(ev, sizeof(*ev), 0),
+		      FS_NSTATS + FS_FSTAT_EMITTED, FS_NSTATS + FS_FSTAT_LOST);
 }
 
 #ifdef FS_WITH_TCP_PROBE

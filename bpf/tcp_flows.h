@@ -1,9 +1,9 @@
-/* Shared between bpf/tcp_flows.bpf.c and agent/probes/tcp_flow_layout.py
+/* Shared between bpf/tcp_flows.bpf.c and agent/probes/tcp/flow_layout.py
  * (ctypes mirrors; sizes and offsets are checked at load time and in tests). */
 #ifndef FABRICSCOPE_TCP_FLOWS_H
 #define FABRICSCOPE_TCP_FLOWS_H
 
-#include "fs_common.h"
+#include "tcp_common.h"
 
 #define FS_RTT_BUCKETS 24    /* log2 of microseconds: [2^i, 2^(i+1)); the last is open */
 #define FS_CWND_BUCKETS 16   /* log2 of segments */

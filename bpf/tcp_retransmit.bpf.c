@@ -41,7 +41,7 @@
  * before it retransmits the head; so the first retransmit after a change to Loss
  * is the timeout's, later ones in Loss are slow-start retransmits, those in
  * Recovery fast retransmits, and those in Open/Disorder/CWR tail loss probes
- * (the agent names them; see agent/probes/tcp_retransmit.py for the limits).
+ * (the agent names them; see agent/probes/tcp/retransmit.py for the limits).
  *
  * Options (cflags): -DMAX_ADDRS=n -DFLOW_ENTRIES=n -DRINGBUF_PAGES=n; the loader adds
  * -DFS_TP_HAS_ERR when tcp_retransmit_skb has `err` (6.x; before, only sent skbs
@@ -55,6 +55,10 @@
 #include <uapi/linux/ipv6.h>
 #include <uapi/linux/pkt_cls.h>
 #include "tcp_retransmit.h"
+#ifndef FS_STATS_SLOTS
+#define FS_STATS_SLOTS FS_NSTATS
+#endif
+#include "fs_common.h"
 
 #ifndef FLOW_ENTRIES
 #define FLOW_ENTRIES 16384
@@ -83,24 +87,13 @@ BPF_TABLE("lru_hash", struct fs_flow, struct fs_egress, synacks, FLOW_ENTRIES / 
 BPF_TABLE("lru_hash", struct fs_flow, struct fs_egress, egress, FLOW_ENTRIES);
 #endif
 BPF_TABLE("lru_hash", __u64, struct fs_cong, cong, FLOW_ENTRIES);
-BPF_PERCPU_ARRAY(stats, __u64, FS_NSTATS);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 /* Never written: exposes the event layout to the loader's size check. */
 BPF_ARRAY(event_layout, struct fs_retransmit_event, 1);
 
-static __always_inline void stat_add(int idx, __u64 n)
-{
-	__u64 *v = stats.lookup(&idx);
-	if (v)
-		*v += n;
-}
-
 static __always_inline void emit(struct fs_retransmit_event *ev)
 {
-	if (events.ringbuf_output(ev, sizeof(*ev), 0) == 0)
-		stat_add(FS_STAT_EMITTED, 1);
-	else
-		stat_add(FS_STAT_LOST, 1);
+	fs_count_emit(events.ringbuf_output(ev, sizeof(*ev), 0), FS_STAT_EMITTED, FS_STAT_LOST);
 }
 
 /* The socket's congestion state into the event; consumes the timeout mark. */
@@ -231,7 +224,7 @@ static __always_inline void emit_synack_on_tc(const struct fs_flow *flow, __u64 
 }
 #endif
 
-#ifdef FS_REMEMBER_SYNACK
+#if defined(FS_RAW_RETRANSMIT) && defined(FS_REMEMBER_SYNACK)
 /* A SYN-ACK on TC egress: the flow's last one is remembered, and the same SYN
  * acknowledged again is the kernel resending it (a new connection on the flow's
  * ports acknowledges another initial sequence). Not exact under SYN cookies: the

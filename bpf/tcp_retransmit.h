@@ -1,9 +1,9 @@
-/* Shared between bpf/tcp_retransmit.bpf.c and agent/probes/tcp_retransmit.py
+/* Shared between bpf/tcp_retransmit.bpf.c and agent/probes/tcp/retransmit.py
  * (ctypes mirror; sizes and offsets are checked at load time and in tests). */
 #ifndef FABRICSCOPE_TCP_RETRANSMIT_H
 #define FABRICSCOPE_TCP_RETRANSMIT_H
 
-#include "fs_common.h"
+#include "tcp_common.h"
 
 /* hooks an event comes from */
 #define FS_HOOK_SKB 1      /* tcp/tcp_retransmit_skb */

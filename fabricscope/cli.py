@@ -1,21 +1,25 @@
 """The single entry point: `fabricscope <command> ...`.
 
 Each command lives in its own module exposing `register(subparsers)`, which adds
-its parser and sets `func(args) -> int`. Modules import heavy dependencies (BCC,
-torch, grpc servers) inside `func`, so `fabricscope --help` stays fast.
+its parser and sets `func(args) -> int`, and is found by registration: an entry
+point in the group `fabricscope.commands` (pyproject.toml), so this shared core
+names no component above it. Modules import heavy dependencies (BCC, torch, grpc
+servers) inside `func`, so `fabricscope --help` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
 
 from fabricscope.errors import UserError
 
-COMMAND_MODULES = ["agent.cli", "collector.cli", "lab.cli", "fabricscope.demo", "bench.cli"]
+from fabricscope.plugins import load_group
+
+#: entry-point group of the subcommands' `register(subparsers)` functions
+COMMANDS_GROUP = "fabricscope.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Network observability and bottleneck diagnosis for distributed training.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for register in load_group(COMMANDS_GROUP).values():
+        register(sub)
     return parser
 
 

@@ -146,10 +146,14 @@ def render_markdown(configs: list[tuple[str, type]]) -> str:
     return "\n".join(out)
 
 
+#: entry-point group of the components' config dataclasses (section name -> class)
+CONFIGS_GROUP = "fabricscope.configs"
+
+
 def all_configs() -> list[tuple[str, type]]:
-    from agent.config import AgentConfig
-    from collector.config import CollectorConfig
-    return [("agent", AgentConfig), ("collector", CollectorConfig)]
+    """Every component's config, found by registration (pyproject.toml entry points)."""
+    from fabricscope.plugins import load_group
+    return list(load_group(CONFIGS_GROUP).items())
 
 
 if __name__ == "__main__":

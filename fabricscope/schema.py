@@ -40,16 +40,20 @@ class Measurement:
         return {**COMMON_TAGS, **self.tags}
 
 
-#: One module per probe family under fabricscope/measurements/, each with a
-#: MEASUREMENTS list. Adding a probe family adds one module and one name here.
-MEASUREMENT_MODULES = ["tcp", "training", "agent", "collectives", "nic", "gloo",
-                       "synthetic"]
+def measurement_modules() -> list[str]:
+    """The modules under fabricscope/measurements/, one per probe family or component,
+    each with a MEASUREMENTS list; found by listing the package, so adding a family
+    adds one module and nothing else here."""
+    import pkgutil
+
+    import fabricscope.measurements as pkg
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.ispkg)
 
 
 def _collect() -> list[Measurement]:
     import importlib
     out: list[Measurement] = []
-    for mod in MEASUREMENT_MODULES:
+    for mod in measurement_modules():
         out += importlib.import_module(f"fabricscope.measurements.{mod}").MEASUREMENTS
     names = [m.name for m in out]
     dupes = {n for n in names if names.count(n) > 1}

@@ -275,7 +275,7 @@ def running_dataserver(lab, node_index: int | None = 0, timeout_s: float = 60.0,
     peer that is no rank's node, so every rank's transfers cross its NIC (a server on
     node 0 serves rank 0 over that namespace's loopback). Always stopped by pid on
     exit (SIGTERM, SIGKILL after grace_s), also on errors."""
-    from fabricscope.labstack import await_condition
+    from lab.stack import await_condition
     from fabricscope.services import terminate
     from lab import exec_argv
     from lab.topology import load

@@ -1,0 +1,5 @@
+"""User-space sources that are not kernel probes: the training markers ring and the
+load generator. Declared for the registry in agent/probes/__init__.py."""
+
+PROBES = {"markers": "agent.sources.markers:MarkersSource",
+          "synthetic": "agent.sources.synthetic:SyntheticSource"}   # load generator

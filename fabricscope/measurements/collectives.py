@@ -1,5 +1,5 @@
-"""Measurements of NCCL collectives: uprobes on libnccl (agent/probes/nccl.py,
-bpf/nccl.bpf.c) and NCCL_DEBUG=INFO log ingestion (agent/sources/nccl_log.py).
+"""Measurements of NCCL collectives: uprobes on libnccl (agent/probes/nccl/probe.py,
+bpf/nccl.bpf.c) and NCCL_DEBUG=INFO log ingestion (agent/probes/nccl/log_source.py).
 
 Sizes follow fabricscope.busbw (nccl-tests conventions). Uprobe times are when a
 call was made and returned: NCCL returns once the work is ENQUEUED on the CUDA

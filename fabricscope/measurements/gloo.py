@@ -1,4 +1,4 @@
-"""Measurements of the gloo probe (agent/probes/gloo.py, bpf/gloo.bpf.c): PyTorch's
+"""Measurements of the gloo probe (agent/probes/gloo/probe.py, bpf/gloo.bpf.c): PyTorch's
 CPU collectives, the training steps and phases inferred from them, and the job's
 traffic model (fabricscope/trafficmodel.py).
 
@@ -58,7 +58,7 @@ MEASUREMENTS = [
     Measurement(
         name="gloo_step",
         doc="One training step inferred from the gradient AllReduce windows of a process "
-            "(no markers needed; see agent/probes/gloo_steps.py): the AllReduce calls "
+            "(no markers needed; see agent/probes/gloo/steps.py): the AllReduce calls "
             "that together carry the gradient bytes once (time = first AllReduce entry).",
         source=_SOURCE,
         tags=dict(_JOB_TAGS),

@@ -1,4 +1,4 @@
-"""Measurements of the NIC probe (bpf/nic.bpf.c, agent/probes/nic.py).
+"""Measurements of the NIC probe (bpf/nic.bpf.c, agent/probes/nic/probe.py).
 
 Directions: `rx` is TC ingress (what arrived on the interface), `tx` is TC
 egress, which runs before the root qdisc: on a shaped or congested interface tx

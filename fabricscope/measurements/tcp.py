@@ -33,7 +33,7 @@ _KIND = {"kind": "fast (in Recovery, or several segments from the retransmit que
                  "Open/Disorder/CWR), rto (the timeout's own retransmit), slow_start (later "
                  "ones in Loss), tlp (one segment in Open/Disorder/CWR: tail loss probe), "
                  "syn, synack, "
-                 "unknown (kernel without tcp_cong_state_set); see agent/probes/tcp_retransmit.py"}
+                 "unknown (kernel without tcp_cong_state_set); see agent/probes/tcp/retransmit.py"}
 _SOURCE_R = "agent probes tcp_retransmit and tcp_flows (bpf/tcp_retransmit.bpf.c)"
 _SOURCE_F = "agent probe tcp_flows (bpf/tcp_flows.bpf.c)"
 _SIDE = {"side": "client (this side connected) or server (it accepted)"}

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fabricscope.labstack import await_condition
+from lab.stack import await_condition
 from fabricscope.records import Record
 from fabricscope.services import terminate
 

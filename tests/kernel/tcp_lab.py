@@ -68,7 +68,7 @@ def probes_on(lab, cls=None, config=None):
     from agent import kernel
     from agent.probes.base import Clock, ProbeContext
     if cls is None:
-        from agent.probes.tcp_flows import TcpFlowsProbe as cls
+        from agent.probes.tcp.flows import TcpFlowsProbe as cls
     kernel.prepare()
     probes = []
     try:

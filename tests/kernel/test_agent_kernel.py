@@ -142,7 +142,7 @@ def in_netns(name: str, fn):
 def attached_probe(ns: str, address: str, config=None):
     from agent import kernel
     from agent.probes.base import Clock, ProbeContext
-    from agent.probes.tcp_retransmit import TcpRetransmitProbe
+    from agent.probes.tcp.retransmit import TcpRetransmitProbe
     kernel.prepare()
     addresses = frozenset([address]) if isinstance(address, str) else frozenset(address)
     probe = TcpRetransmitProbe(ProbeContext(ns, addresses, Clock(), config))

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from fabricscope.labstack import await_condition, await_stable, nstat_counter, running_stack
+from lab.stack import await_condition, await_stable, nstat_counter, running_stack
 
 pytestmark = pytest.mark.root
 

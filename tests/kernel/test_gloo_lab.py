@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from fabricscope import schema, trafficmodel
-from fabricscope.labstack import await_condition
+from lab.stack import await_condition
 from fabricscope.records import Record
 
 STEPS = 60

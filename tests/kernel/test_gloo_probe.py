@@ -24,13 +24,13 @@ def context(**cfg) -> ProbeContext:
 
 
 def make(**cfg):
-    from agent.probes.gloo import GlooProbe
+    from agent.probes.gloo.probe import GlooProbe
     return GlooProbe(context(**cfg))
 
 
 def test_attach_probes_the_own_torch_and_detaches_twice():
-    from agent.probes.gloo import own_torch_library
-    from agent.probes.gloo_layout import OPS, STATS
+    from agent.probes.gloo.probe import own_torch_library
+    from agent.probes.gloo.layout import OPS, STATS
     probe = make()
     try:
         probe.attach()

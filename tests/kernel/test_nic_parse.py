@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from agent import bpf, kernel
-from agent.probes import nic_bpfmap
-from agent.probes.nic import register_interface
-from agent.probes.nic_flows import KEY_DTYPE, VAL_DTYPE, FlowTable
-from agent.probes.nic_ring import BIN_DTYPE, RingSet, mapped_reader
+from agent.probes.nic import bpfmap as nic_bpfmap
+from agent.probes.nic.probe import register_interface
+from agent.probes.nic.flows import KEY_DTYPE, VAL_DTYPE, FlowTable
+from agent.probes.nic.ring import BIN_DTYPE, RingSet, mapped_reader
 
 pytestmark = pytest.mark.root
 
@@ -95,7 +95,7 @@ def run(b, fn_name: bytes, frame: bytes, repeat: int = 1) -> int:
 
 
 def stats(b) -> list[int]:
-    return bpf.percpu_sums(b[b"fs_nic_stats"], 6)
+    return bpf.percpu_sums(b[b"stats"], 6)
 
 
 def flows(b, cpus: int):

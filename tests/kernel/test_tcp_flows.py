@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from fabricscope.labstack import await_stable
+from lab.stack import await_stable
 from fabricscope.records import Record
 from fabricscope.schema import validate
 from tests.kernel.tcp_lab import (PY, Collector, await_up, finish, nstat, probes_on, send_argv,
@@ -597,7 +597,7 @@ def test_ddp_rank_flows_carry_pid_comm_and_rank(lab, col):
 
 
 def test_a_bogus_tracepoint_makes_the_probe_unavailable_and_the_agent_runs_on(lab, tmp_path):
-    from fabricscope.labstack import metric_value
+    from lab.stack import metric_value
     from tests.kernel.test_agent_kernel import AgentProc, sh
     node = lab.nodes[2]
     agent = AgentProc(node.netns, [

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from agent import bpf
-from agent.probes import tcp_retransmit as tr
+from agent.probes.tcp import retransmit as tr
 from fabricscope import schema
 
 # struct fs_retransmit_event, packed by hand from bpf/tcp_retransmit.h (not via ctypes).

@@ -1,4 +1,4 @@
-"""agent/probes/gloo_layout.py: the C/Python contract and event decoding (no root).
+"""agent/probes/gloo/layout.py: the C/Python contract and event decoding (no root).
 
 The golden events carry the values a real 3-rank DDP run produced on this machine
 (torch 2.13.0+cpu, an MLP of 2 x Linear(1024, 1024)): DDP's rebuilt gradient
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.probes import gloo_layout as gl
+from agent.probes.gloo import layout as gl
 
 HEADER = Path(__file__).resolve().parents[2] / "bpf" / "gloo.h"
 SOURCE = HEADER.with_name("gloo.bpf.c")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.probes.gloo_layout import Collective
-from agent.probes.gloo_procs import ProcessTable, describe
-from agent.probes.gloo_records import ProcessState, collective_record
+from agent.probes.gloo.layout import Collective
+from agent.probes.gloo.procs import ProcessTable, describe
+from agent.probes.gloo.records import ProcessState, collective_record
 from agent.procmaps import parse_environ
 from fabricscope import schema
 from fabricscope.lineschema import canonical_line
@@ -132,7 +132,7 @@ def test_model_needs_enough_recent_traffic():
 def test_the_rescan_learns_every_process_mapping_libtorch_while_it_lives():
     from types import SimpleNamespace
 
-    from agent.probes.gloo import GlooProbe
+    from agent.probes.gloo.probe import GlooProbe
     asked = []
     probe = GlooProbe.__new__(GlooProbe)        # no BPF: only the rescan's bookkeeping
     probe._uprobes = SimpleNamespace(files={(1, 2): SimpleNamespace(pids={41, 42}),
@@ -167,7 +167,7 @@ def test_without_the_buffer_hooks_the_payload_is_left_out_not_zero():
 def test_the_probe_attaches_the_buffer_hooks_only_when_configured():
     from types import SimpleNamespace
 
-    from agent.probes import gloo
+    from agent.probes.gloo import probe as gloo
     from agent.probes.base import Clock, ProbeContext
     names = {}
     for on in (True, False):

@@ -1,4 +1,4 @@
-"""agent/probes/gloo_steps.py: steps and phases from collective windows (no root).
+"""agent/probes/gloo/steps.py: steps and phases from collective windows (no root).
 
 Sequences are built like the real ones: DDP's step 0 with its initial buckets,
 then rebuilt buckets that overlap on ProcessGroupGloo's two worker threads, or
@@ -11,8 +11,8 @@ import itertools
 
 import pytest
 
-from agent.probes.gloo_layout import Collective
-from agent.probes.gloo_steps import (FALLBACK_BURSTS, StepTracker, candidates,
+from agent.probes.gloo.layout import Collective
+from agent.probes.gloo.steps import (FALLBACK_BURSTS, StepTracker, candidates,
                                      choose_step_bytes, partition)
 
 MS = 1_000_000

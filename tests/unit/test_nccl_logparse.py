@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.nccl_logparse import (
+from agent.probes.nccl.logparse import (
     BLANK, FOREIGN, GARBLED, IGNORED, RECORD, parse_line, parse_timestamp, split_line)
 from fabricscope import schema
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 from agent.probes import REGISTRY, load_class
 from agent.probes.base import Clock, ProbeContext
-from agent.probes.nccl import NcclProbe
+from agent.probes.nccl.probe import NcclProbe
 
 
 def ctx(paths=None):
@@ -27,7 +27,7 @@ def test_stats_are_counters_with_lost():
 
 
 def test_registered_and_needs_bpf():
-    assert REGISTRY["nccl"] == "agent.probes.nccl:NcclProbe"
+    assert REGISTRY["nccl"] == "agent.probes.nccl.probe:NcclProbe"
     assert load_class("nccl") is NcclProbe and NcclProbe.needs_bpf
     assert load_class("nccl_log").name == "nccl_log"
     assert not getattr(load_class("nccl_log"), "needs_bpf", False)

@@ -8,17 +8,17 @@ import pytest
 from agent.config import AgentConfig
 from agent.probes import REGISTRY, load_class
 from agent.probes.base import Clock, ProbeContext
-from agent.probes.nic import DROP_SLOTS, IFINDEX_SLOTS, KERNEL_STATS, NicProbe
-from agent.probes.nic_window import Burst, WindowStats
+from agent.probes.nic.probe import DROP_SLOTS, IFINDEX_SLOTS, KERNEL_STATS, NicProbe
+from agent.probes.nic.window import Burst, WindowStats
 from fabricscope.errors import UserError
 from fabricscope.records import Record
+from agent.bpf import inline_includes
 from fabricscope.schema import validate
 
 ROOT = Path(__file__).resolve().parents[2]
-C_SOURCE = (ROOT / "bpf" / "nic.bpf.c").read_text()
+C_SOURCE = inline_includes(ROOT / "bpf" / "nic.bpf.c")   # with bpf/fs_common.h
 HEADER = (ROOT / "bpf" / "nic.h").read_text()
-LOADER = "".join((ROOT / "agent" / "probes" / name).read_text()
-                 for name in ("nic.py",))
+LOADER = (ROOT / "agent" / "probes" / "nic" / "probe.py").read_text()
 
 
 def probe(**cfg) -> NicProbe:
@@ -26,14 +26,14 @@ def probe(**cfg) -> NicProbe:
 
 
 def test_registered():
-    assert REGISTRY["nic"] == "agent.probes.nic:NicProbe"
+    assert REGISTRY["nic"] == "agent.probes.nic.probe:NicProbe"
     assert load_class("nic") is NicProbe and NicProbe.needs_bpf
 
 
 def test_every_map_and_function_the_loader_uses_exists_in_the_c_source():
     used = set(re.findall(r'_bpf\[b"(\w+)"\]', LOADER)) | \
         set(re.findall(r'b"(fs_nic_\w+)"', LOADER))
-    assert {"fs_nic_ring", "fs_nic_flows", "fs_nic_ifaces", "fs_nic_stats", "fs_nic_drops",
+    assert {"fs_nic_ring", "fs_nic_flows", "fs_nic_ifaces", "stats", "fs_nic_drops",
             "fs_nic_ingress", "fs_nic_egress", "fs_nic_kfree_skb"} <= used
     for name in used:
         assert re.search(r"\b%s\b" % name, C_SOURCE), name

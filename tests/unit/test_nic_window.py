@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.probes.nic_ring import Bins
-from agent.probes.nic_window import Burst, BurstDetector, BurstSelector, WindowAssembler, p99
+from agent.probes.nic.ring import Bins
+from agent.probes.nic.window import Burst, BurstDetector, BurstSelector, WindowAssembler, p99
 
 BIN_NS = 100_000
 HOT = 6250.0              # 50 % of 1 Gbit/s in 100 us

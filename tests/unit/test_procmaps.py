@@ -5,7 +5,7 @@ import os
 import re
 
 from agent import procmaps
-from agent.probes.nccl import LIB_NAME
+from agent.probes.nccl.probe import LIB_NAME
 
 MAPS = """\
 55d0c7a00000-55d0c7a21000 r--p 00000000 fd:01 1311 /usr/bin/python3.11

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from agent import bpf
-from agent.probes import tcp_flow_layout as fl
-from agent.probes.tcp_common import addr_key
+from agent.probes.tcp import flow_layout as fl
+from agent.probes.tcp.common import addr_key
 from fabricscope import schema
 
 # struct fs_flow_event, packed by hand from bpf/tcp_flows.h (not via ctypes).
@@ -146,3 +146,23 @@ def test_the_real_programs_inline_the_shared_helpers_once():
     assert text.count("BPF_HASH(own_addrs") == 1
     assert "TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)" in text
     assert "TRACEPOINT_PROBE(tcp, tcp_probe)" in text
+
+
+def test_counter_names_cover_the_c_counters_in_order():
+    """Both programs count into one `stats` array (bpf/fs_common.h): tcp_retransmit's
+    FS_NSTATS counters, then tcp_flows' FS_NFSTATS at offset FS_NSTATS, so the Python
+    names must match the C numbering exactly or every flow counter shifts."""
+    import re
+    from pathlib import Path
+
+    from agent.probes.tcp.retransmit import STATS
+    bpf_dir = Path(bpf.__file__).resolve().parent.parent / "bpf"
+    retransmit = (bpf_dir / "tcp_retransmit.h").read_text()
+    flows = (bpf_dir / "tcp_flows.h").read_text()
+
+    def numbered(text: str, prefix: str) -> list[int]:
+        return [int(n) for n in re.findall(rf"#define {prefix}\w+ (\d+)", text)]
+    assert numbered(retransmit, "FS_STAT_") == list(range(len(STATS)))
+    assert int(re.search(r"#define FS_NSTATS (\d+)", retransmit).group(1)) == len(STATS)
+    assert numbered(flows, "FS_FSTAT_") == list(range(len(fl.FLOW_STATS)))
+    assert int(re.search(r"#define FS_NFSTATS (\d+)", flows).group(1)) == len(fl.FLOW_STATS)

@@ -7,7 +7,7 @@ import pytest
 
 from agent.config import AgentConfig
 from agent.probes.base import ProbeUnavailable
-from agent.probes.tcp_hooks import DEFAULT_HOOKS, HOOKS, FlowSettings, hook_cflags
+from agent.probes.tcp.hooks import DEFAULT_HOOKS, HOOKS, FlowSettings, hook_cflags
 from fabricscope.errors import UserError
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from collector.config import CollectorConfig
 from collector.server import CollectorThread
-from fabricscope.labstack import http_get
+from lab.stack import http_get
 from fabricscope.records import Record
 from fabricscope.services import InfluxServer, VictoriaMetricsServer, free_port
 from fabricscope.tls import bearer, make_pki

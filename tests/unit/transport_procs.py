@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from fabricscope.labstack import http_get, metric_value
+from lab.stack import http_get, metric_value
 
 ROOT = Path(__file__).resolve().parents[2]
 

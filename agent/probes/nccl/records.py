@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from agent.probes.base import Clock
-from agent.probes.nccl_layout import NONE, ROOTED_OPS, NcclEvent
+from agent.probes.nccl.layout import NONE, ROOTED_OPS, NcclEvent
 from fabricscope import busbw
 from fabricscope.records import Record
 

@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-HEADER = Path(__file__).resolve().parents[2] / "bpf" / "nccl.h"
+HEADER = Path(__file__).resolve().parents[3] / "bpf" / "nccl.h"
 
 F_RETURNED, F_ID, F_OUT = 1, 2, 4
 NONE = -1

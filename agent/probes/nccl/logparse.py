@@ -113,10 +113,30 @@ def split_line(text: str) -> LogLine | None:
     if not m:
         return None
     ts = parse_timestamp(m.group("ts")) if m.group("ts") is not None else None
-    return LogLine(ts, m.group("host"), int(m.group("pid")), int(m.group("tid")),
-                   int(m.group("dev")), m.group("wlevel") or m.group("level"), m.group("file"),
-                   int(m.group("line")) if m.group("line") else None, m.group("func"),
+    return LogLine(ts, m.group("host"), _int(m.group("pid")), _int(m.group("tid")),
+                   _int(m.group("dev")), m.group("wlevel") or m.group("level"), m.group("file"),
+                   _int(m.group("line")) if m.group("line") else None, m.group("func"),
                    m.group("msg") or "")
+
+
+class Garbled(ValueError):
+    """A line of a recognised kind whose numbers cannot be values (outcome GARBLED)."""
+
+
+#: InfluxDB integers are int64: a number outside cannot be a field or a tag we trust
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _int(text: str, base: int = 10) -> int:
+    """int(text) for a number the regexes matched, as an int64; Garbled otherwise.
+    Digit runs are checked by length first: Python refuses to convert strings of
+    over 4,300 digits (ValueError), and a corrupted or hostile log may carry one."""
+    if len(text.lstrip("-")) > (19 if base == 10 else 16):
+        raise Garbled(f"number of {len(text)} characters")
+    value = int(text, base)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise Garbled(f"number {value} outside int64")
+    return value
 
 
 def _ptr(text: str) -> str:
@@ -125,16 +145,19 @@ def _ptr(text: str) -> str:
 
 
 def _rec(measurement: str, ll: LogLine, now_ns: int, tags: dict, fields: dict) -> Record:
+    for name, value in fields.items():          # derived sizes (count x element) too
+        if type(value) is int and not _INT64_MIN <= value <= _INT64_MAX:
+            raise Garbled(f"{name} {value} outside int64")
     return Record(measurement, ll.time_ns or now_ns,
                   {"host": ll.host, "pid": str(ll.pid), **tags}, fields)
 
 
 def _coll(ll: LogLine, now_ns: int, m: re.Match) -> Record:
-    op, dt, count = m.group("op"), int(m.group("dt")), int(m.group("count"))
-    fields: dict = {"op_count": int(m.group("opc"), 16), "count": count,
-                    "root": int(m.group("root")), "stream": _ptr(m.group("stream")),
+    op, dt, count = m.group("op"), _int(m.group("dt")), _int(m.group("count"))
+    fields: dict = {"op_count": _int(m.group("opc"), 16), "count": count,
+                    "root": _int(m.group("root")), "stream": _ptr(m.group("stream")),
                     "tid": ll.tid}
-    nranks = int(m.group("nranks")) if m.group("nranks") else None
+    nranks = _int(m.group("nranks")) if m.group("nranks") else None
     if nranks is not None:
         fields["nranks"] = nranks
     size = busbw.datatype_size(dt)
@@ -145,17 +168,17 @@ def _coll(ll: LogLine, now_ns: int, m: re.Match) -> Record:
             if total is not None:
                 fields["size_bytes"] = total
     tags = {"op": op, "datatype": busbw.datatype_name(dt),
-            "redop": busbw.redop_name(int(m.group("redop"))), "comm": _ptr(m.group("comm"))}
+            "redop": busbw.redop_name(_int(m.group("redop"))), "comm": _ptr(m.group("comm"))}
     return _rec("nccl_log_coll", ll, now_ns, tags, fields)
 
 
 def _channel(ll: LogLine, now_ns: int, m: re.Match) -> Record:
     via = m.group("via").strip()
-    fields = {"channel": int(m.group("ch")), "src_rank": int(m.group("sr")),
-              "src_dev": int(m.group("sd")), "dst_rank": int(m.group("dr")),
-              "dst_dev": int(m.group("dd")), "via": via}
+    fields = {"channel": _int(m.group("ch")), "src_rank": _int(m.group("sr")),
+              "src_dev": _int(m.group("sd")), "dst_rank": _int(m.group("dr")),
+              "dst_dev": _int(m.group("dd")), "via": via}
     if m.group("conn") is not None:
-        fields["conn"] = int(m.group("conn"))
+        fields["conn"] = _int(m.group("conn"))
     tags = {"kind": "channel", "transport": via.split("/", 1)[0],
             "direction": m.group("dir") or "-"}
     return _rec("nccl_topology", ll, now_ns, tags, fields)
@@ -164,15 +187,15 @@ def _channel(ll: LogLine, now_ns: int, m: re.Match) -> Record:
 def _init(ll: LogLine, now_ns: int, m: re.Match) -> Record:
     tags = {"event": "init_" + m.group("what").lower(), "comm": _ptr(m.group("comm"))}
     if m.group("cid"):
-        tags["comm_id"] = f"0x{int(m.group('cid'), 16):x}"   # as the nccl probe writes it
-    fields: dict = {"rank": int(m.group("rank")), "nranks": int(m.group("nranks")),
-                    "cuda_dev": int(m.group("cd")), "nvml_dev": int(m.group("nd")),
+        tags["comm_id"] = f"0x{_int(m.group('cid'), 16):x}"   # as the nccl probe writes it
+    fields: dict = {"rank": _int(m.group("rank")), "nranks": _int(m.group("nranks")),
+                    "cuda_dev": _int(m.group("cd")), "nvml_dev": _int(m.group("nd")),
                     "bus_id": m.group("bus")}
     if m.group("func"):
         fields["func"] = m.group("func")
     if m.group("parent"):
-        fields.update(parent=_ptr(m.group("parent")), color=int(m.group("color")),
-                      key=int(m.group("key")))
+        fields.update(parent=_ptr(m.group("parent")), color=_int(m.group("color")),
+                      key=_int(m.group("key")))
     return _rec("nccl_log_comm", ll, now_ns, tags, fields)
 
 
@@ -183,7 +206,7 @@ def _warn(ll: LogLine, now_ns: int) -> Record:
     fields: dict = {"message": ll.message, "line": ll.line or 0, "tid": ll.tid}
     m = _IB_STATUS.search(ll.message)
     if m:
-        code = int(m.group("code") or m.group("old"))
+        code = _int(m.group("code") or m.group("old"))
         fields["code"] = code
         fields["status"] = m.group("name") or (
             "IBV_WC_" + IBV_WC_STATUS[code] if code < len(IBV_WC_STATUS) else f"ibv_wc{code}")
@@ -191,11 +214,11 @@ def _warn(ll: LogLine, now_ns: int) -> Record:
 
 
 def _trace(ll: LogLine, now_ns: int, m: re.Match) -> Record:
-    code = int(m.group("code"))
+    code = _int(m.group("code"))
     tags = {"level": "INFO", "file": m.group("file")}
     if m.group("func"):
         tags["func"] = m.group("func")
-    fields = {"message": ll.message, "line": int(m.group("line")), "code": code,
+    fields = {"message": ll.message, "line": _int(m.group("line")), "code": code,
               "status": busbw.result_name(code), "tid": ll.tid}
     return _rec("nccl_warn", ll, now_ns, tags, fields)
 
@@ -214,7 +237,7 @@ def _info(ll: LogLine, now_ns: int) -> tuple[str, Record | None]:
             return RECORD, _channel(ll, now_ns, m)
         if m := _RING_ORDER.match(msg):
             return RECORD, _rec("nccl_topology", ll, now_ns, {"kind": "ring_order"},
-                                {"channel": int(m.group("ch")),
+                                {"channel": _int(m.group("ch")),
                                  "order": " ".join(m.group("order").split())})
         return GARBLED, None
     if msg.startswith("Ring "):
@@ -222,11 +245,11 @@ def _info(ll: LogLine, now_ns: int) -> tuple[str, Record | None]:
         if not m:
             return (IGNORED, None) if "<-" in msg or "[" in msg else (GARBLED, None)
         return RECORD, _rec("nccl_topology", ll, now_ns, {"kind": "ring"},
-                            {"channel": int(m.group("ch")), "prev": int(m.group("prev")),
-                             "rank": int(m.group("rank")), "next": int(m.group("next"))})
+                            {"channel": _int(m.group("ch")), "prev": _int(m.group("prev")),
+                             "rank": _int(m.group("rank")), "next": _int(m.group("next"))})
     if m := _SOCK_THREADS.match(msg):
         return RECORD, _net(ll, now_ns, "socket_threads",
-                            {"threads": int(m.group("t")), "sockets_per_thread": int(m.group("s"))})
+                            {"threads": _int(m.group("t")), "sockets_per_thread": _int(m.group("s"))})
     if m := _SOCK_DEVS.match(msg):
         return RECORD, _net(ll, now_ns, "socket_devices", {"devices": m.group("devs").strip()})
     if m := _IB_DEVS.match(msg):
@@ -243,14 +266,18 @@ def _info(ll: LogLine, now_ns: int) -> tuple[str, Record | None]:
 
 
 def parse_line(text: str, now_ns: int) -> tuple[str, Record | None]:
-    """(outcome, record or None) for one line; `now_ns` stamps lines without a timestamp."""
+    """(outcome, record or None) for one line; `now_ns` stamps lines without a timestamp.
+    Never raises: a line whose numbers cannot be values is GARBLED."""
     if not text.strip():
         return BLANK, None
-    ll = split_line(text)
-    if ll is None:
-        return FOREIGN, None
-    if ll.level == "WARN":
-        return RECORD, _warn(ll, now_ns)
-    if ll.level == "TRACE":
-        return IGNORED, None
-    return _info(ll, now_ns)
+    try:
+        ll = split_line(text)
+        if ll is None:
+            return FOREIGN, None
+        if ll.level == "WARN":
+            return RECORD, _warn(ll, now_ns)
+        if ll.level == "TRACE":
+            return IGNORED, None
+        return _info(ll, now_ns)
+    except Garbled:
+        return GARBLED, None

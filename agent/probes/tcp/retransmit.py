@@ -63,10 +63,10 @@ import re
 
 from agent import addresses as addrs
 from agent import bpf, tc
-from agent.owners import Owners
+from agent.probes.tcp.owners import Owners
 from agent.probes.base import Probe, ProbeUnavailable
 from agent.probes.base import ringbuf_pages as ringbuf_pages_for
-from agent.probes.tcp_common import (FsFlow, addr_key, addr_text, fill_own_addrs,  # noqa: F401
+from agent.probes.tcp.common import (FsFlow, addr_key, addr_text, fill_own_addrs,  # noqa: F401
                                      flow_key, flow_tags, state_name)
 from agent.tc import TcPrograms
 from fabricscope.records import Record

@@ -17,7 +17,7 @@ as `filtered`). Job and rank tags come from the process's environment.
 
 What it exports (fabricscope/measurements/gloo.py): gloo_collective (one per
 collective: duration, S, algbw, busbw; with the buffer hooks sent bytes vs the ring
-model), gloo_step and gloo_phase (inferred, agent/probes/gloo_steps.py), and with
+model), gloo_step and gloo_phase (inferred, agent/probes/gloo/steps.py), and with
 the buffer hooks traffic_model (T, B, D of the process's collective traffic every
 `gloo_model_interval_s`).
 
@@ -45,11 +45,11 @@ import time
 from pathlib import Path
 
 from agent import bpf
-from agent.probes import gloo_layout as layout
+from agent.probes.gloo import layout
 from agent.probes.base import ProbeContext, ProbeUnavailable
 from agent.probes.base import ringbuf_pages as ringbuf_pages_for
-from agent.probes.gloo_procs import ProcessTable
-from agent.probes.gloo_records import ProcessState
+from agent.probes.gloo.procs import ProcessTable
+from agent.probes.gloo.records import ProcessState
 from agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
 from fabricscope.errors import UserError
 

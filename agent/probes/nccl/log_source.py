@@ -4,7 +4,7 @@ Reads the files named by `nccl_log_paths` (literal paths or glob patterns such a
 /var/log/train/nccl.*.log, for NCCL_DEBUG_FILE=/var/log/train/nccl.%h.%p.log;
 matching files that appear later are picked up; `-` is the agent's stdin),
 following each like `tail -F` from its beginning (NCCL prints the topology once,
-at init). What the lines mean and which become records: agent/nccl_logparse.py.
+at init). What the lines mean and which become records: agent/probes/nccl/logparse.py.
 Every line is counted by outcome (record, ignored, foreign, garbled, blank) in
 stats(); none is fatal.
 
@@ -22,8 +22,8 @@ import os
 import stat
 import time
 
-from agent.nccl_log_tail import FileTail, StreamTail
-from agent.nccl_logparse import BLANK, FOREIGN, GARBLED, IGNORED, RECORD, parse_line
+from agent.probes.nccl.log_tail import FileTail, StreamTail
+from agent.probes.nccl.logparse import BLANK, FOREIGN, GARBLED, IGNORED, RECORD, parse_line
 from agent.probes.base import Probe, ProbeContext, ProbeUnavailable
 from fabricscope.errors import UserError
 from fabricscope.records import Record

@@ -8,9 +8,9 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
-from agent.probes.gloo_layout import Collective
-from agent.probes.gloo_procs import ProcessInfo
-from agent.probes.gloo_steps import Phase, Step, StepTracker
+from agent.probes.gloo.layout import Collective
+from agent.probes.gloo.procs import ProcessInfo
+from agent.probes.gloo.steps import Phase, Step, StepTracker
 from fabricscope import busbw, trafficmodel
 from fabricscope.records import Record
 

@@ -21,7 +21,7 @@ over a veth pair keeps 0.91-0.94 of its throughput with the probe on both ends, 
 empty TC programs alone keep 0.95-0.99 (the hook's own cost on this VM); both probe
 processes together 1.3 % of one core; ~77 wire packets per user-space event.
 
-Standalone: `python -m agent.probes.nic_standalone --interfaces eth0` prints records.
+Standalone: `python -m agent.probes.nic.standalone --interfaces eth0` prints records.
 """
 
 from __future__ import annotations
@@ -34,12 +34,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.probes import nic_bpfmap, nic_drops, nic_qdisc
-from agent.probes import nic_settings as settings_mod
+from agent.probes.nic import bpfmap as nic_bpfmap
+
+from agent.probes.nic import drops as nic_drops
+
+from agent.probes.nic import qdisc as nic_qdisc
+from agent.probes.nic import settings as settings_mod
 from agent.probes.base import Probe, ProbeUnavailable
-from agent.probes.nic_flows import KEY_DTYPE, VAL_DTYPE, FlowDelta, FlowTable
-from agent.probes.nic_ring import BIN_DTYPE, RingSet, mapped_reader
-from agent.probes.nic_window import (Burst, BurstDetector, BurstSelector, WindowAssembler,
+from agent.probes.nic.flows import KEY_DTYPE, VAL_DTYPE, FlowDelta, FlowTable
+from agent.probes.nic.ring import BIN_DTYPE, RingSet, mapped_reader
+from agent.probes.nic.window import (Burst, BurstDetector, BurstSelector, WindowAssembler,
                                      WindowStats)
 from fabricscope.errors import UserError
 from fabricscope.records import Record
@@ -295,7 +299,7 @@ class NicProbe(Probe):
         (bpf_run_ns, bpf_runs: 0 unless sysctl kernel.bpf_stats_enabled=1)."""
         if self._bpf is not None:
             from agent import bpf
-            kernel = dict(zip(KERNEL_STATS, bpf.percpu_sums(self._bpf[b"fs_nic_stats"],
+            kernel = dict(zip(KERNEL_STATS, bpf.percpu_sums(self._bpf[b"stats"],
                                                             len(KERNEL_STATS))))
             if self._ring_packets is not None:     # the programs count no skbs themselves
                 kernel["skbs"] = sum(self._ring_packets()) + kernel["no_iface"]

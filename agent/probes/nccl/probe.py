@@ -39,8 +39,8 @@ from pathlib import Path
 from agent import bpf
 from agent.probes.base import ProbeContext
 from agent.probes.base import ringbuf_pages as ringbuf_pages_for
-from agent.probes.nccl_layout import APIS, STAT_NAMES, DecodeError, NcclEventC, decode
-from agent.probes.nccl_records import CommTable, observe, to_record
+from agent.probes.nccl.layout import APIS, STAT_NAMES, DecodeError, NcclEventC, decode
+from agent.probes.nccl.records import CommTable, observe, to_record
 from agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
 from fabricscope.errors import UserError
 

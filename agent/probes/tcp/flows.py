@@ -34,7 +34,7 @@ programs and raw tracepoints are not skipped that way. A teardown whose hits wer
 all skipped (raw ones too: seen on 6.18, uncounted) is reported when a new socket
 reuses the freed one's address ({event="closed_at_reuse"}) or, at the latest, by the
 sweep (every 10 s), once sock_diag no longer lists the socket
-({event="closed_at_sweep"}; agent/probes/tcp_sweep.py, docs/architecture.md).
+({event="closed_at_sweep"}; agent/probes/tcp/sweep.py, docs/architecture.md).
 
 Cost (BPF run-time stats, kernel.bpf_stats_enabled=1, iperf3 over a lab veth,
 4 s): tcp/tcp_probe ~200 ns per segment received (it runs for every socket on
@@ -55,16 +55,16 @@ import time
 import numpy as np
 
 from agent import bpf
-from agent.probes import nic_bpfmap
+from agent.probes.nic import bpfmap as nic_bpfmap
 from agent.probes.base import ProbeUnavailable
-from agent.probes.tcp_common import FsFlow, flow_key
-from agent.probes.tcp_flow_layout import (FLOW_DTYPE, FLOW_STATS, SOCK_DTYPE, STAT_DTYPE,
+from agent.probes.tcp.common import FsFlow, flow_key
+from agent.probes.tcp.flow_layout import (FLOW_DTYPE, FLOW_STATS, SOCK_DTYPE, STAT_DTYPE,
                                           FlowEvent, FlowStat, Sock, connecting_pid,
                                           decode_flow_event)
-from agent.probes.tcp_hooks import MAX_FLOW_MAP_BYTES, FlowSettings, hook_cflags
-from agent.probes.tcp_retransmit import STATS, TcpRetransmitProbe, record_flow
-from agent.probes.tcp_sweep import Sweeper, live_cookies, replay_destroy
-from agent.probes.tcp_window import (FlowRetrans, NodeTally, flow_fields, flow_record,
+from agent.probes.tcp.hooks import MAX_FLOW_MAP_BYTES, FlowSettings, hook_cflags
+from agent.probes.tcp.retransmit import STATS, TcpRetransmitProbe, record_flow
+from agent.probes.tcp.sweep import Sweeper, live_cookies, replay_destroy
+from agent.probes.tcp.window import (FlowRetrans, NodeTally, flow_fields, flow_record,
                                      merge_slots, node_record, retrans_only_fields)
 from fabricscope.records import Record
 
@@ -248,7 +248,7 @@ class TcpFlowsProbe(TcpRetransmitProbe):
 
     def _sweep(self) -> None:
         """Closes of sockets gone from sock_diag with their entry still here: every
-        teardown hook of theirs was skipped (agent/probes/tcp_sweep.py)."""
+        teardown hook of theirs was skipped (agent/probes/tcp/sweep.py)."""
         now = time.monotonic_ns()           # bpf_ktime_get_ns's clock
         if not self._sweeper.due(now):
             return
@@ -315,8 +315,9 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         out = super().stats()
         if self._bpf is None:
             return out
-        flow = dict(zip(FLOW_STATS, bpf.percpu_sums(self._bpf[b"flow_stats"],
-                                                    len(FLOW_STATS))))
+        # this program's counters follow tcp_retransmit's in `stats` (bpf/tcp_flows.bpf.c)
+        flow = dict(zip(FLOW_STATS, bpf.percpu_sums(self._bpf[b"stats"], len(FLOW_STATS),
+                                                    first=len(STATS))))
         out["lost"] = out.get("lost", 0) + flow.pop("flow_events_lost")
         out.update(flow)
         out.update(self._counts)

@@ -1,7 +1,7 @@
 """Run the nic probe alone and print its records as JSON lines (debugging, tests, bench).
 
-    python -m agent.probes.nic_standalone --interfaces eth0 --link-speed-bps eth0=1gbit
-    ip netns exec NS python -m agent.probes.nic_standalone --duration 10
+    python -m agent.probes.nic.standalone --interfaces eth0 --link-speed-bps eth0=1gbit
+    ip netns exec NS python -m agent.probes.nic.standalone --duration 10
 
 Takes every agent flag (docs/config.md). Prints `{"event": "ready", "interfaces":
 [...], "clock_offset_ns": N}` once attached (record time = CLOCK_MONOTONIC + N),
@@ -43,7 +43,7 @@ def run(argv: list[str] | None = None) -> int:
     from agent import kernel
     kernel.prepare(cfg.kernel_headers)
     from agent.probes.base import Clock, ProbeContext, effective_poll_interval
-    from agent.probes.nic import NicProbe
+    from agent.probes.nic.probe import NicProbe
 
     probe = NicProbe(ProbeContext(cfg.node, frozenset(), Clock(), cfg))
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.probes.base import ProbeUnavailable
-from agent.probes.tcp_common import tracepoint_field_types
+from agent.probes.tcp.common import tracepoint_field_types
 
 #: hook -> (cflag, fields the program reads)
 HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {

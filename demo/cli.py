@@ -51,7 +51,7 @@ def run(args) -> int:
     if args.data_mb < 0 or args.checkpoint_every < 0:
         raise UserError("--data-mb and --checkpoint-every must be 0 or more",
                         "e.g. --data-mb 1 --checkpoint-every 10")
-    from fabricscope.labstack import await_stable, nstat_counter, running_stack
+    from lab.stack import await_stable, nstat_counter, running_stack
     from lab.dataserver import running_dataserver
     from lab.faults import loss
     from lab.testing import running_lab
@@ -104,7 +104,7 @@ def run(args) -> int:
 def collect_summary(stack, lab, steps: int, before: dict, after: dict, read_ns: int) -> dict:
     """What reached InfluxDB; retransmits up to read_ns, when the kernel's counters
     (`after`) were read, so both count the same span."""
-    from fabricscope.labstack import await_condition, await_stable
+    from lab.stack import await_condition, await_stable
     influx = stack.influx
 
     def count(query: str) -> int:

@@ -1,0 +1,14 @@
+"""The tcp probe family: TCP tracepoints and TC egress (bpf/tcp_retransmit.bpf.c,
+bpf/tcp_flows.bpf.c).
+
+retransmit (TcpRetransmitProbe: retransmits and their kind), flows (TcpFlowsProbe:
+everything retransmit does plus per-flow windows, opens, closes, transfers,
+resets), flow_layout and common (the C structs' ctypes mirrors), window (flow
+windows into records), hooks (which tracepoints, raw or regular), sweep (closes
+the kernel skipped, found with sock_diag), owners (which process owns a flow).
+"""
+
+PROBES = {"tcp_retransmit": "agent.probes.tcp.retransmit:TcpRetransmitProbe",
+          "tcp_flows": "agent.probes.tcp.flows:TcpFlowsProbe"}
+#: tcp_flows compiles tcp_retransmit's programs into its own object: never both
+INCLUDES = {"tcp_flows": ("tcp_retransmit",)}
