@@ -128,4 +128,38 @@ MEASUREMENTS = [
         fields={"jobs_owned": Field(int, "jobs", "jobs this replica analyses now"),
                 "started_ns": Field(int, "ns", "when the replica started")},
     ),
+    Measurement(
+        name="topology_node",
+        doc="A vertex of the fabric graph the collector draws for Grafana's node graph "
+            "panel: a node (host), a ToR or the spine, with its health now (every few "
+            "seconds, from the job owner's view). Time: when it was drawn.",
+        source=_ENGINE,
+        tags={"id": "vertex id: the node name, tor<N> or spine",
+              "kind": "node, tor or spine",
+              "job": "job whose view this is (`-`: the fabric without a job)"},
+        optional_tags=frozenset({"node"}),
+        fields={"title": Field(str, "", "label"),
+                "subtitle": Field(str, "", "second label: ToR, or the rank"),
+                "health": Field(float, "fraction", "1 healthy, 0 the culprit of an open "
+                                                    "warning/critical finding"),
+                "status": Field(str, "", "ok, or the cause of the finding placed here"),
+                "mainstat": Field(str, "", "the main number shown (retransmit ratio, step s)"),
+                "secondarystat": Field(str, "", "a second number (RTT p90)")},
+    ),
+    Measurement(
+        name="topology_edge",
+        doc="An edge of the fabric graph: a node's port to its ToR, a ToR's uplink to the "
+            "spine, or a hop of the job's ring (rank to next rank). Time: when drawn.",
+        source=_ENGINE,
+        tags={"id": "edge id: source->target",
+              "source": "source vertex id", "target": "target vertex id",
+              "kind": "port, uplink or ring",
+              "job": "job whose view this is (`-`: the fabric without a job)"},
+        optional_tags=frozenset({"node"}),
+        fields={"health": Field(float, "fraction", "1 healthy, 0 faulty"),
+                "mainstat": Field(str, "", "retransmit ratio or throughput shown on the edge"),
+                "bytes_per_s": Field(float, "B/s", "bytes over the last seconds"),
+                "retrans_ratio": Field(float, "fraction", "retransmitted segments / sent"),
+                "rtt_p90_us": Field(float, "us", "RTT 90th percentile on the edge")},
+    ),
 ]
