@@ -16,9 +16,10 @@ synchronised burst of gradient exchange, once per step. Three numbers describe i
   is clearly stronger; otherwise (several bursts per step) onsets closer than half
   the coarse period are merged. T is then the mean period over the onsets: the
   time from the first onset to the last over the periods between them. An
-  interval counts as one period, as its nearest multiple of the median from
-  MISSED_ONSET medians on (an onset was missed; a slow step alone stays below),
-  and as none below half the median (an extra onset split a period). A median of jittery intervals is not the mean step time: when where in the
+  interval counts as as many periods as the median interval's bytes it carried
+  (every step syncs the same gradient bytes: a slow step is still one period, an
+  interval over a missed onset two, a burst split by a pause none). A median of
+  jittery intervals is not the mean step time: when where in the
   step the burst starts jitters (a loaded machine), the median drifts towards
   the mean by several per cent, while the mean over the span errs only by the
   jitter of its two ends. With fewer than MIN_ONSETS onsets the coarse period
@@ -52,7 +53,6 @@ SUBHARMONIC_HEIGHT = 0.75  # ... when the one near T is at least this high relat
 ONSET_ACF = 0.8            # several bursts per period: acf at 2T or 3T above acf(T) / this
 ONSET_LEVEL = 0.1          # a burst starts where the rate rises through this x the peak
 MIN_ONSETS = 5             # onsets needed before they give T
-MISSED_ONSET = 1.9         # an onset interval this many medians long spans several periods
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,14 @@ def _one_burst_per_period(acf: np.ndarray, lag: float) -> bool:
 
 
 def _onset_period(series: np.ndarray, min_gap_bins: float) -> tuple[float, float] | None:
-    """(median onset interval, mean period over the onsets) in bins; None: too few."""
+    """(median onset interval, mean period over the onsets) in bins; None: too few.
+
+    How many periods an interval spans is read from the bytes it carried, not from
+    its length: every step synchronises the same gradient bytes, so an interval with
+    about the median interval's bytes is one period however long the step took (a
+    slow step on a loaded machine is 2-4 medians long and still one period), one
+    with twice the bytes spans two (an onset was missed), and one with under half
+    (a burst split by a pause) spans none."""
     onsets = burst_onsets(series, min_gap_bins)
     if len(onsets) < MIN_ONSETS:
         return None
@@ -222,9 +229,14 @@ def _onset_period(series: np.ndarray, min_gap_bins: float) -> tuple[float, float
     median = float(np.median(gaps))
     if median <= 0:
         return None
-    ratio = gaps / median
-    periods = float(np.where(ratio < 0.5, 0.0, np.where(ratio < MISSED_ONSET, 1.0,
-                                                         np.rint(ratio))).sum())
+    x = np.asarray(series, dtype=float)
+    cuts = np.rint(np.asarray(onsets)).astype(int)
+    carried = np.array([x[a:b].sum() for a, b in zip(cuts[:-1], cuts[1:])])
+    typical = float(np.median(carried))
+    if typical <= 0:
+        return None
+    ratio = carried / typical
+    periods = float(np.where(ratio < 0.5, 0.0, np.maximum(1.0, np.rint(ratio))).sum())
     if periods <= 0:
         return None
     return median, (onsets[-1] - onsets[0]) / periods

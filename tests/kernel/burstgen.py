@@ -1,91 +1,49 @@
-"""Microburst generator with ground truth: paced UDP bursts, one JSON line per burst.
+"""Microburst generator with ground truth: builds tests/kernel/burstgen.c and runs it.
 
     ip netns exec NS python tests/kernel/burstgen.py --dst 198.19.7.2 --rate 1gbit \
-        --frame 4042 --bursts 1000,200,1000,200 --gap-ms 30
+        --frame 4042 --bursts 1000,200,1000,200 --gap-ms 30 [--tap IFNAME] [--cpu N]
 
-Each burst: the time (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns) read just
-before its first send, then frames sent at the given line rate (frame = L2
-bytes on the wire: UDP payload + 8 + 20 + 14), busy-waiting on the monotonic
-clock between sends. Prints per burst {"start_ns", "end_ns", "bytes",
-"packets", "planned_us", "max_late_ns"}: end_ns is read after the last send;
-bytes and packets count the frames the kernel accepted; max_late_ns is how far
-behind its schedule the sender fell (a burst that fell behind by more than a bin
-may legitimately be seen as two). Runs as SCHED_FIFO when allowed, so that a
-busy machine does not stretch a burst (a pause of more than a bin splits it).
+The generator is C (busy-wait pacing on CLOCK_MONOTONIC, SCHED_FIFO, pinned), so
+the frames' timing does not depend on the Python interpreter; its docstring says
+what each JSON line holds. build() compiles it once with the machine's gcc into
+.cache/burstgen/ (ignored by git), under a name keyed by the source's and flags'
+hash, and returns the executable's path.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import hashlib
 import os
-import socket
+import shutil
+import subprocess
 import sys
-import time
+from pathlib import Path
 
-HEADERS = 14 + 20 + 8       # Ethernet, IPv4, UDP
-
-
-def parse_rate(text: str) -> int:
-    scale = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
-    for unit, mult in scale.items():
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * mult)
-    return int(text)
+SOURCE = Path(__file__).resolve().with_name("burstgen.c")
+CACHE = SOURCE.parents[2] / ".cache" / "burstgen"
+CFLAGS = ["-O2", "-Wall", "-Wextra"]
 
 
-def burst(sock: socket.socket, dst: tuple[str, int], frame: int, rate_bps: int,
-          duration_us: int) -> dict:
-    payload = bytes(frame - HEADERS)
-    interval_ns = frame * 8 * 10**9 // rate_bps
-    count = max(1, round(duration_us * 1000 / interval_ns))
-    sent = late = 0
-    start = time.monotonic_ns()
-    for i in range(count):
-        due = start + i * interval_ns
-        now = time.monotonic_ns()
-        late = max(late, now - due)
-        while now < due:
-            now = time.monotonic_ns()
-        try:
-            sock.sendto(payload, dst)
-            sent += 1
-        except BlockingIOError:       # would block: not sent, not counted
-            pass
-    end = time.monotonic_ns()
-    return {"start_ns": start, "end_ns": end, "bytes": sent * frame, "packets": sent,
-            "planned_us": duration_us, "max_late_ns": late}
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dst", required=True)
-    p.add_argument("--port", type=int, default=9)
-    p.add_argument("--rate", default="1gbit")
-    p.add_argument("--frame", type=int, default=4042, help="L2 frame bytes")
-    p.add_argument("--bursts", default="1000,200", help="burst lengths in us, comma separated")
-    p.add_argument("--gap-ms", type=float, default=30.0)
-    args = p.parse_args(argv)
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
-    except (OSError, AttributeError):
-        pass
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-    sock.setblocking(False)
-    rate = parse_rate(args.rate)
-    # The first sends on a fresh socket are slow (route and neighbour lookups, buffer
-    # and page allocations): two full-size warm-up frames keep that out of the first burst.
-    for _ in range(2):
-        sock.sendto(bytes(args.frame - HEADERS), (args.dst, args.port))
-        time.sleep(args.gap_ms / 1000)
-    for length in (int(x) for x in args.bursts.split(",") if x):
-        print(json.dumps(burst(sock, (args.dst, args.port), args.frame, rate, length)),
-              flush=True)
-        time.sleep(args.gap_ms / 1000)
-    sock.close()
-    return 0
+def build() -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    exe = CACHE / f"burstgen-{digest}"
+    if not exe.exists():
+        if shutil.which("gcc") is None:
+            raise RuntimeError("gcc is not installed (scripts/setup.sh installs it); "
+                               "tests/kernel/burstgen.c is compiled at run time")
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = exe.with_name(f"{exe.name}.{os.getpid()}.tmp")   # concurrent builds: one wins
+        out = subprocess.run(["gcc", *CFLAGS, "-o", str(tmp), str(SOURCE)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"gcc failed on {SOURCE}:\n{out.stderr}")
+        os.replace(tmp, exe)
+        for old in CACHE.glob("burstgen-*"):     # builds of earlier sources
+            if old != exe and not old.name.endswith(".tmp"):
+                old.unlink(missing_ok=True)
+    return str(exe)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exe = build()
+    os.execv(exe, [exe, *sys.argv[1:]])

@@ -178,3 +178,18 @@ def test_period_is_the_mean_step_time_when_step_times_are_skewed_and_onsets_jitt
     assert model.period_s == pytest.approx(steps.mean(), rel=0.02)
     # what a median would have said here: off by more than the tolerance above
     assert abs(np.median(np.diff(onsets)) / steps.mean() - 1) > 0.02
+
+
+def test_slow_steps_with_the_same_bytes_count_as_one_period_each():
+    """A loaded machine stretches some steps to 2-4x the median interval; each still
+    syncs the gradient bytes once, so T is the mean step time, not a shorter period
+    that counts the slow steps as several (the bytes between onsets say how many)."""
+    windows, t, lengths = [], 0.0, []
+    for k in range(60):
+        step = 32.0 * (3.4 if k % 9 == 4 else 1.0)       # every ninth step is slow
+        windows.append((t, t + 10.0, 1e6))               # the same burst every step
+        lengths.append(step)
+        t += step
+    series = tm.series_from_windows(windows, 0.0, t, 1.0)
+    period, _acf = tm.sync_period(series, 1.0)
+    assert period == pytest.approx(np.mean(lengths[:-1]), rel=0.02)
