@@ -1,0 +1,36 @@
+"""What a detector proposes in one evaluation; the engine turns candidates into
+findings (opening, updating and closing them, diagnosis/engine.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from diagnosis.finding import PLACE_KEYS, Advice, Evidence
+
+
+@dataclass
+class Candidate:
+    cause: str
+    severity: str
+    place: dict
+    summary: str
+    bad_from_ns: int                  # earliest evidence of it in this evaluation
+    bad_until_ns: int                 # end of its latest evidence
+    evidence: list[Evidence] = field(default_factory=list)
+    advice: list[Advice] = field(default_factory=list)
+    step_seconds_added: float = 0.0
+    share_of_step: float = 0.0
+    explained_share: float = 0.0
+    retransmit_amplification: float | None = None
+    victims: list[dict] = field(default_factory=list)
+    facts: dict = field(default_factory=dict)      # numbers the advice rules read
+
+    @property
+    def key(self) -> tuple:
+        return (self.cause,) + tuple(self.place.get(k) or None for k in PLACE_KEYS)
+
+
+@dataclass(frozen=True)
+class RuledOut:
+    cause: str
+    why: str

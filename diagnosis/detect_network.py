@@ -1,0 +1,259 @@
+"""Network causes: lossy_link, buffer_saturation, straggler_network, microburst.
+
+The evidence is the job's connection matrix over the last seconds (cells: one
+node's flows to one peer). A cell is *lossy* when it resent a share of its
+payload above thresholds.loss_ratio, *delayed* when its RTT (the median of its
+seconds, weighted by RTT samples) stands well above the job's floor. The places
+that explain the bad cells come from diagnosis/localize.py; at each place:
+- loss with the RTT at its floor: the frames die independent of load, there is
+  no queue in front of the drop: lossy_link;
+- loss together with inflated RTT: a queue fills and overflows under the
+  synchronized bursts: buffer_saturation;
+- inflated RTT without loss, and the ring's collectives stretched: a slow link
+  (a deep queue, a degraded rate) holds the ring back: straggler_network.
+Bursts at line rate with neither loss nor queueing are `microburst`, info only.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from diagnosis.candidate import Candidate, RuledOut
+from diagnosis.evidence import CellTotals
+from diagnosis.finding import Evidence
+from diagnosis.localize import BadCell, Located, locate
+from diagnosis.snapshot import Snapshot
+
+MIN_RTO_S = 0.2           # Linux's minimum retransmission timeout (TCP_RTO_MIN)
+
+
+def bad_cells(snap: Snapshot) -> list[BadCell]:
+    lossy = {id(c) for c in snap.lossy}
+    delayed = {id(c) for c in snap.delayed}
+    return [BadCell(c, id(c) in lossy, id(c) in delayed) for c in snap.cells
+            if id(c) in lossy or id(c) in delayed]
+
+
+def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
+           stragglers: frozenset = frozenset()) -> tuple[list[Candidate], list[RuledOut]]:
+    """`prefer`: places of open network findings; `stragglers`: nodes of ranks that
+    compute late (their hosts answer late, which inflates RTTs all around the ring:
+    delay alone then proves no slow link)."""
+    bad = bad_cells(snap)
+    if not snap.lossy and stragglers:
+        bad = []
+    if not bad:
+        return _microbursts(snap), _clean(snap)
+    bad_ids = {id(b.cell) for b in bad}
+    clean = [c for c in snap.data_cells if id(c) not in bad_ids]
+    found, unexplained = locate(bad, clean, tor_of, prefer=prefer)
+    t = snap.thresholds
+    explained = sum(len(f.cells) for f in found)
+    if explained < t.place_explains * len(bad):
+        return [_impaired(snap, bad)], []
+    total_retrans = sum(b.cell.retrans_segs for b in bad) or 1
+    out = [_finding(snap, f, sum(b.cell.retrans_segs for b in f.cells) / total_retrans)
+           for f in found]
+    return [c for c in out if c is not None], []
+
+
+def _cause(located: Located) -> str:
+    lossy = [b for b in located.cells if b.lossy]
+    delayed = [b for b in located.cells if b.delayed]
+    if lossy and delayed:
+        return "buffer_saturation"
+    if lossy:
+        return "lossy_link"
+    return "straggler_network"
+
+
+def job_loss_ratio(snap: Snapshot) -> float:
+    sent = sum(c.bytes_acked + c.retrans_bytes for c in snap.data_cells)
+    return sum(c.retrans_bytes for c in snap.data_cells) / sent if sent else 0.0
+
+
+def _finding(snap: Snapshot, located: Located, share: float) -> Candidate | None:
+    t, b = snap.thresholds, snap.baseline
+    cause = _cause(located)
+    sync_added = max(0.0, (snap.sync_s or 0.0) - b.sync_s) if b and snap.sync_s else 0.0
+    if cause == "straggler_network" and not (
+            b and snap.sync_s and snap.sync_s >= b.sync_s * (1 + t.slowdown)
+            and not snap.lossy and len(located.cells) >= 2 and not located.contradicting):
+        # delay alone is weak evidence: it must stretch the ring, without loss anywhere
+        # (then back-pressure of the lossy hop inflates others), on a whole row or
+        # column of the matrix that no clean hop through the place contradicts
+        return None
+    added = sync_added * share
+    if snap.step_added_s:
+        added = min(added, snap.step_added_s)
+    step = snap.step_s or (b.step_s if b else 0.0)
+    share_of_step = added / step if step else 0.0
+    ratio = job_loss_ratio(snap)
+    amplification = ((snap.sync_s / b.sync_s - 1) / ratio) if (b and snap.sync_s and ratio > 0
+                                                                and b.sync_s > 0) else None
+    cells = [x.cell for x in located.cells]
+    lossy = [x.cell for x in located.cells if x.lossy]
+    delayed = [x.cell for x in located.cells if x.delayed]
+    where = _where(located)
+    place = located.place.as_dict()
+    ranks = sorted(r for r, n in snap.evidence.node_of_rank.items()
+                   if located.place.kind == "node" and n == located.place.name)
+    if len(ranks) == 1:
+        place["rank"] = ranks[0]
+    evidence = _evidence(snap, located, lossy, delayed)
+    if amplification is not None:
+        evidence.append(Evidence("gloo_step", "grad sync slowdown per share of bytes resent "
+                                 "(retransmit amplification)", round(amplification, 1), "x",
+                                 snap.window.start_ns, snap.window.end_ns))
+    timeouts = sum(c.timeouts for c in cells)
+    if timeouts:
+        evidence.append(Evidence("tcp_flow", "retransmission timeouts (each stalls its hop "
+                                 f">= {MIN_RTO_S * 1000:.0f} ms)", timeouts, "events",
+                                 snap.window.start_ns, snap.window.end_ns))
+    severity = "critical" if share_of_step >= t.critical_share else "warning"
+    summary = _summary(cause, where, lossy, delayed, snap, added, share_of_step)
+    victims = [{"rank": r.rank, "node": r.node,
+                "waited_s": round(max(0.0, r.sync - b.sync_s), 3)}
+               for r in snap.ranks.values()] if b else []
+    return Candidate(
+        cause, severity, place, summary, _first_bad_ns(snap, located), snap.window.end_ns,
+        evidence=evidence, step_seconds_added=round(added, 4),
+        share_of_step=round(share_of_step, 4),
+        explained_share=round(min(1.0, added / snap.step_added_s), 3)
+        if snap.step_added_s else 0.0,
+        retransmit_amplification=round(amplification, 2) if amplification is not None else None,
+        victims=victims,
+        facts={"loss_ratio": _ratio(lossy), "timeouts": timeouts,
+               "rtt_p50_us": _median([c.rtt_p50_us for c in delayed or cells]),
+               "rtt_floor_us": snap.rtt_floor_us, "place_kind": located.place.kind,
+               "tor": located.place.name if located.place.kind == "tor" else None,
+               "bytes_per_s": sum(c.bytes_acked for c in cells) / max(1, snap.window.end_s -
+                                                                       snap.window.start_s),
+               "alternatives": [p.name for p in located.alternatives]})
+
+
+def _first_bad_ns(snap: Snapshot, located: Located) -> int:
+    """The first second of the window in which one of the place's bad hops resent
+    anything (lossy) or carried data (delayed): where the evidence begins."""
+    w, ev = snap.window, snap.evidence
+    for s in range(w.start_s, w.end_s):
+        for b in located.cells:
+            sec = ev.cells.get(b.cell.key, {}).get(s)
+            if sec and ((b.lossy and sec.retrans_segs) or (b.delayed and sec.bytes_acked)):
+                return s * 1_000_000_000
+    return w.start_ns
+
+
+def _where(located: Located) -> str:
+    p = located.place
+    return f"{p.name}'s uplink" if p.kind == "tor" else f"{p.name}'s port"
+
+
+def _ratio(cells: list[CellTotals]) -> float:
+    sent = sum(c.bytes_acked + c.retrans_bytes for c in cells)
+    return sum(c.retrans_bytes for c in cells) / sent if sent else 0.0
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def hop(c: CellTotals) -> str:
+    return f"{c.key.node}->{c.peer_node or c.key.peer}"
+
+
+def _evidence(snap: Snapshot, located: Located, lossy, delayed) -> list[Evidence]:
+    w = snap.window
+    out = []
+    for c in lossy:
+        out.append(Evidence("tcp_flow", f"payload resent on {hop(c)}", round(c.loss_ratio * 100, 3),
+                            "%", w.start_ns, w.end_ns, [c.key.node]))
+    for c in delayed:
+        out.append(Evidence("tcp_flow", f"median RTT on {hop(c)} (floor "
+                            f"{snap.rtt_floor_us:.0f} us)", round(c.rtt_p50_us or 0), "us",
+                            w.start_ns, w.end_ns, [c.key.node]))
+    if lossy and not delayed:
+        rtts = [c.rtt_p50_us for c in lossy if c.rtt_p50_us is not None]
+        if rtts:
+            out.append(Evidence("tcp_flow", "median RTT of the lossy hops: no queue before "
+                                "the drop", round(statistics.median(rtts)), "us",
+                                w.start_ns, w.end_ns))
+    n_bad = len(located.cells)
+    out.append(Evidence("tcp_flow", f"bad hops through {_where(located)}", n_bad, "hops",
+                        w.start_ns, w.end_ns, sorted({b.src for b in located.cells})))
+    if located.contradicting:
+        out.append(Evidence("tcp_flow", f"clean hops through {_where(located)}",
+                            len(located.contradicting), "hops", w.start_ns, w.end_ns))
+    if snap.baseline and snap.sync_s:
+        out.append(Evidence("gloo_step", "grad sync per step (baseline "
+                            f"{snap.baseline.sync_s:.3f} s)", round(snap.sync_s, 3), "s",
+                            w.start_ns, w.end_ns))
+    return out
+
+
+def _summary(cause, where, lossy, delayed, snap, added, share) -> str:
+    b = snap.baseline
+    cost = (f"; steps {b.step_s:.2f} -> {snap.step_s:.2f} s, {added:.2f} s of each step "
+            f"({share:.0%})") if b and snap.step_s else ""
+    if cause == "lossy_link":
+        return (f"Lossy link at {where}: {_ratio(lossy):.2%} of the payload on "
+                f"{', '.join(hop(c) for c in lossy)} resent with the RTT at its floor "
+                f"(drops independent of load){cost}")
+    if cause == "buffer_saturation":
+        rtt = _median([c.rtt_p50_us for c in delayed])
+        return (f"Buffer saturation at {where}: the queue fills under the synchronized "
+                f"bursts (RTT {rtt:.0f} us vs floor {snap.rtt_floor_us:.0f} us) and "
+                f"overflows ({_ratio(lossy):.2%} resent on "
+                f"{', '.join(hop(c) for c in lossy)}){cost}")
+    rtt = _median([c.rtt_p50_us for c in delayed])
+    return (f"Slow link at {where} holds the ring back: RTT {rtt:.0f} us vs floor "
+            f"{snap.rtt_floor_us:.0f} us without loss{cost}")
+
+
+def _impaired(snap: Snapshot, bad: list[BadCell]) -> Candidate:
+    w = snap.window
+    hops = ", ".join(hop(b.cell) for b in bad[:6])
+    return Candidate(
+        "unexplained_slowdown", "warning", {}, f"Network impaired on {len(bad)} hops "
+        f"({hops}) that no single port or uplink explains; cause unclear",
+        w.start_ns, w.end_ns,
+        evidence=[Evidence("tcp_flow", f"{'lossy' if b.lossy else 'delayed'} hop {hop(b.cell)}",
+                           round(b.cell.loss_ratio * 100, 3) if b.lossy
+                           else round(b.cell.rtt_p50_us or 0), "%" if b.lossy else "us",
+                           w.start_ns, w.end_ns, [b.cell.key.node]) for b in bad],
+        step_seconds_added=round(snap.step_added_s, 4))
+
+
+def _microbursts(snap: Snapshot) -> list[Candidate]:
+    t, w = snap.thresholds, snap.window
+    hot = {n: x for n, x in snap.nodes.items()
+           if x.bursts and max(x.tx_peak_util, x.rx_peak_util) >= t.microburst_util
+           and x.qdisc_drops == 0}
+    if not hot:
+        return []
+    peak = max(max(x.tx_peak_util, x.rx_peak_util) for x in hot.values())
+    bursts = sum(x.bursts for x in hot.values())
+    seconds = max(1, w.end_s - w.start_s)
+    return [Candidate(
+        "microburst", "info", {}, f"Microbursts at {peak:.0%} of line rate on "
+        f"{', '.join(sorted(hot))} ({bursts / seconds:.0f}/s) without loss or queueing: "
+        "the training's synchronized bursts, normal", w.start_ns, w.end_ns,
+        evidence=[Evidence("nic_window", "peak 100 us utilisation", round(peak, 3), "fraction",
+                           w.start_ns, w.end_ns, sorted(hot)),
+                  Evidence("nic_window", "bursts per second", round(bursts / seconds, 1), "/s",
+                           w.start_ns, w.end_ns, sorted(hot))])]
+
+
+def _clean(snap: Snapshot) -> list[RuledOut]:
+    if not snap.data_cells:
+        return []
+    worst = max(snap.data_cells, key=lambda c: c.loss_ratio)
+    out = [RuledOut("lossy_link", f"no hop resent more than {worst.loss_ratio:.3%} of its "
+                    f"payload (threshold {snap.thresholds.loss_ratio:.1%})")]
+    rtts = [c.rtt_p50_us for c in snap.data_cells if c.rtt_p50_us is not None]
+    if rtts and snap.rtt_floor_us is not None:
+        out.append(RuledOut("buffer_saturation", f"RTT medians {min(rtts):.0f}-{max(rtts):.0f}"
+                            f" us against a floor of {snap.rtt_floor_us:.0f} us: no standing "
+                            "queue, no overflow"))
+    return out

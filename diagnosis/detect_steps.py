@@ -1,0 +1,199 @@
+"""Causes read from the ranks' steps: straggler_compute, input_stall, network_bound,
+and the slowdown no cause explains (unexplained_slowdown).
+
+A step of one rank (gloo_step) is its grad-sync time (a gradient AllReduce in
+flight) and its compute (the rest: forward, backward outside the buckets'
+AllReduce, optimizer, data loading). In a ring, a rank that computes slowly
+enters every collective late and the others wait inside it: their grad sync
+grows, its compute stands out. Data loading (gloo_phase data_load, the
+process's dataset reads) is part of compute; when it grows and grad sync does
+not, the input stalls the steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+
+from diagnosis.candidate import Candidate, RuledOut
+from diagnosis.finding import Evidence
+from diagnosis.snapshot import Snapshot
+
+
+def _steps_span(snap: Snapshot) -> tuple[int, int]:
+    steps = [s for r in snap.ranks.values() for s in r.steps]
+    if not steps:
+        return snap.window.start_ns, snap.window.end_ns
+    return min(s.time_ns for s in steps), max(s.end_ns for s in steps)
+
+
+def _compute(step) -> float:
+    return max(0.0, (step.seconds or 0.0) - step.sync_seconds)
+
+
+def _every_step_late(top, rest) -> bool:
+    """The slow rank is slow in each of its recent steps (twice the others' median in
+    the same step), not in one step whose outlier carried the median."""
+    for i, step in enumerate(top.steps):
+        same = [r.steps[i] for r in rest if i < len(r.steps)]
+        if same and _compute(step) < 2 * statistics.median(_compute(s) for s in same):
+            return False
+    return True
+
+
+def network_clean_at(snap: Snapshot, node: str) -> bool:
+    return not any(node in (c.key.node, c.peer_node) for c in snap.lossy)
+
+
+def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
+    t, b = snap.thresholds, snap.baseline
+    if len(snap.ranks) < 2:
+        return [], []
+    ranked = sorted(snap.ranks.values(), key=lambda r: r.compute, reverse=True)
+    top, rest = ranked[0], ranked[1:]
+    others = statistics.median(r.compute for r in rest)
+    late = top.compute - others
+    base_step = b.step_s if b else statistics.median(r.seconds for r in snap.ranks.values())
+    if not (top.compute >= t.straggler_ratio * max(others, 1e-3)
+            and late >= t.straggler_min_share * base_step and _every_step_late(top, rest)):
+        return [], [RuledOut("straggler_compute", f"no rank computes much longer than the "
+                             f"others (slowest {top.compute:.3f} s, rank {top.rank}; median "
+                             f"{others:.3f} s per step)")]
+    if not network_clean_at(snap, top.node):
+        return [], [RuledOut("straggler_compute", f"rank {top.rank} is slow, but its node "
+                             f"{top.node}'s hops lose frames: the network finding explains it")]
+    lo, hi = _steps_span(snap)
+    added = snap.step_added_s
+    explained = 1.0 if added and not snap.lossy else (min(1.0, late / added) if added else 0.0)
+    victims = [{"rank": r.rank, "node": r.node,
+                "waited_s": round(max(0.0, r.sync - (b.sync_s if b else 0.0)), 3)}
+               for r in rest]
+    step = snap.step_s or base_step
+    share = (added * explained) / step if step else 0.0
+    severity = "critical" if share >= t.critical_share else "warning"
+    cost = (f"; steps {b.step_s:.2f} -> {snap.step_s:.2f} s ({share:.0%} of each)"
+            if b and snap.step_s else "")
+    summary = (f"Compute straggler: rank {top.rank} on {top.node} computes {top.compute:.3f} s "
+               f"per step against {others:.3f} s on the others, so it enters every "
+               f"collective {late:.3f} s late and the other ranks wait inside them; its "
+               f"network is clean{cost}")
+    evidence = [
+        Evidence("gloo_step", f"compute per step of rank {top.rank} (step minus grad sync)",
+                 round(top.compute, 4), "s", lo, hi, [top.node]),
+        Evidence("gloo_step", "median compute per step of the other ranks", round(others, 4),
+                 "s", lo, hi, sorted(r.node for r in rest)),
+        Evidence("gloo_step", f"grad sync per step of the others (they wait for rank "
+                 f"{top.rank})", round(statistics.median(r.sync for r in rest), 4), "s",
+                 lo, hi)]
+    rtts = [c.rtt_p50_us for c in snap.delayed if top.node in (c.key.node, c.peer_node)]
+    if rtts:
+        evidence.append(Evidence("tcp_flow", f"RTT on {top.node}'s hops: its host is slow to "
+                                 "read and acknowledge, not its link (no loss)",
+                                 round(max(rtts)), "us", snap.window.start_ns,
+                                 snap.window.end_ns, [top.node]))
+    return [Candidate("straggler_compute", severity, {"node": top.node, "rank": top.rank},
+                      summary, lo, hi, evidence=evidence,
+                      step_seconds_added=round(added * explained, 4),
+                      share_of_step=round(share, 4), explained_share=round(explained, 3),
+                      victims=victims, facts={"late_s": late, "compute_s": top.compute,
+                                              "others_s": others})], []
+
+
+def input_stall(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
+    t, b = snap.thresholds, snap.baseline
+    if b is None or snap.data_load_s is None:
+        return [], []
+    grew = snap.data_load_s - b.data_load_s
+    sync_grew = (snap.sync_s or 0.0) - b.sync_s
+    if not (snap.data_load_s >= t.input_ratio * max(b.data_load_s, 1e-3)
+            and grew >= t.input_min_share * b.step_s and grew > sync_grew):
+        return [], [RuledOut("input_stall", f"data loading takes {snap.data_load_s:.3f} s per "
+                             f"step (baseline {b.data_load_s:.3f} s)")]
+    peers = Counter(p.peer for phases in snap.evidence.phases.values() for p in phases.values()
+                    if p.phase == "data_load" and p.peer)
+    peer = peers.most_common(1)[0][0] if peers else None
+    lo, hi = _steps_span(snap)
+    added = snap.step_added_s
+    explained = min(1.0, grew / added) if added else 0.0
+    step = snap.step_s or b.step_s
+    share = grew / step if step else 0.0
+    severity = "critical" if share >= t.critical_share else "warning"
+    src = f"from {peer}" if peer else ""
+    summary = (f"Input stall: data loading {src} takes {snap.data_load_s:.3f} s per step "
+               f"against {b.data_load_s:.3f} s at the start, while grad sync stays at "
+               f"{snap.sync_s or 0:.3f} s; steps {b.step_s:.2f} -> {snap.step_s or 0:.2f} s "
+               f"({share:.0%} of each)")
+    evidence = [
+        Evidence("gloo_phase", "data loading per step (median of the ranks)",
+                 round(snap.data_load_s, 4), "s", lo, hi),
+        Evidence("gloo_phase", "data loading per step, baseline", round(b.data_load_s, 4), "s",
+                 b.start_ns, b.end_ns),
+        Evidence("gloo_step", "grad sync per step (unchanged: not the network)",
+                 round(snap.sync_s or 0.0, 4), "s", lo, hi)]
+    reads = [p for phases in snap.evidence.phases.values() for p in phases.values()
+             if p.phase == "data_load" and lo <= p.time_ns < hi and p.seconds > 0]
+    if reads:
+        rate = sum(p.bytes for p in reads) / sum(p.seconds for p in reads)
+        evidence.append(Evidence("gloo_phase", "read rate from the storage", round(rate / 1e6, 2),
+                                 "MB/s", lo, hi))
+    return [Candidate("input_stall", severity, {"peer": peer}, summary, lo, hi,
+                      evidence=evidence, step_seconds_added=round(grew, 4),
+                      share_of_step=round(share, 4), explained_share=round(explained, 3),
+                      victims=[{"rank": r.rank, "node": r.node,
+                                "waited_s": round(r.data_load - b.data_load_s, 3)}
+                               for r in snap.ranks.values()],
+                      facts={"load_s": snap.data_load_s, "step_s": snap.step_s or b.step_s,
+                             "peer": peer})], []
+
+
+def network_bound(snap: Snapshot, network_open: bool) -> list[Candidate]:
+    t, b = snap.thresholds, snap.baseline
+    if not snap.ranks or snap.step_s is None or snap.sync_s is None or snap.step_s <= 0:
+        return []
+    duty = snap.sync_s / snap.step_s
+    if duty <= t.duty_cycle:
+        return []
+    rose = b is not None and duty - b.duty >= t.duty_rise
+    severity = "warning" if rose and not network_open else "info"
+    lo, hi = _steps_span(snap)
+    bytes_s = sum(c.bytes_acked for c in snap.data_cells) / max(
+        1, snap.window.end_s - snap.window.start_s)
+    burst = bytes_s / max(duty, 1e-9) / max(1, len(snap.nodes))
+    trend = f", up from D = {b.duty:.2f} at the start" if rose else ""
+    summary = (f"Network-bound: grad sync takes {duty:.0%} of each {snap.step_s:.2f} s step "
+               f"(T = {snap.step_s:.2f} s, D = {duty:.2f}, B ~ {burst * 8 / 1e9:.2f} Gbit/s "
+               f"per node{trend}): the fabric, not compute, sets the step time")
+    return [Candidate("network_bound", severity, {}, summary, lo, hi, evidence=[
+        Evidence("gloo_step", "duty cycle D (grad sync / step)", round(duty, 3), "fraction",
+                 lo, hi),
+        Evidence("gloo_step", "sync period T (step time)", round(snap.step_s, 4), "s", lo, hi),
+        Evidence("tcp_flow", "burst bandwidth B per node", round(burst * 8 / 1e9, 3), "Gbit/s",
+                 snap.window.start_ns, snap.window.end_ns)],
+        facts={"duty": duty})]
+
+
+def slowdown(snap: Snapshot, explained: float) -> list[Candidate]:
+    """Steps slower than the baseline by thresholds.slowdown that the named causes
+    explain less than thresholds.explains of."""
+    b, t = snap.baseline, snap.thresholds
+    if not snap.slow or explained >= t.explains:
+        return []
+    lo, hi = _steps_span(snap)
+    factor = snap.step_s / b.step_s
+    sync_added = (snap.sync_s or 0.0) - b.sync_s
+    compute_added = (snap.compute_s or 0.0) - b.compute_s
+    part = "collectives" if sync_added >= compute_added else "compute between collectives"
+    severity = "warning" if factor >= 2 else "info"
+    summary = (f"Steps are x{factor:.1f} slower than at the start ({b.step_s:.2f} -> "
+               f"{snap.step_s:.2f} s), mostly in the {part} (+{max(sync_added, 0):.3f} s "
+               f"grad sync, +{max(compute_added, 0):.3f} s compute per step); no cause's "
+               "evidence explains it")
+    return [Candidate("unexplained_slowdown", severity, {}, summary, lo, hi, evidence=[
+        Evidence("gloo_step", "step time (median of the ranks)", round(snap.step_s, 4), "s",
+                 lo, hi),
+        Evidence("gloo_step", "baseline step time", round(b.step_s, 4), "s", b.start_ns,
+                 b.end_ns),
+        Evidence("gloo_step", "grad sync added per step", round(sync_added, 4), "s", lo, hi),
+        Evidence("gloo_step", "compute added per step", round(compute_added, 4), "s", lo, hi)],
+        step_seconds_added=round(snap.step_added_s, 4),
+        share_of_step=round(snap.step_added_s / snap.step_s, 4))]

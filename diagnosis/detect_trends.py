@@ -1,0 +1,141 @@
+"""Trends against the job's own baseline: jitter_accumulation; and telemetry_gap.
+
+Jitter: the spread of step time (median absolute deviation over the last
+`jitter_window_steps` steps, checkpoint steps left out: they are slow by design)
+is compared with the job's baseline spread. A one-sided CUSUM (Page 1954) on
+log(spread / baseline) with an allowance of log(jitter_allowance) sums the
+excess step by step: it stays at 0 while the spread wanders around the
+baseline, and crosses `jitter_alarm` only when the spread stays above it, the
+longer the smaller the excess. A static threshold on step time would miss a
+spread that creeps up, and fire on a job that is merely slow.
+
+Telemetry: each agent writes tcp_node every window, zero when idle, so a node
+whose latest window is `silent_seconds` older than its job's freshest while the
+job still steps has gone silent; an agent that dropped records says so in
+agent_loss. "No finding" must never mean "no data".
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from diagnosis.candidate import Candidate
+from diagnosis.evidence import SECOND, JobEvidence
+from diagnosis.finding import Evidence
+from diagnosis.snapshot import Snapshot, phase_seconds
+
+
+def mad(values: list[float]) -> float:
+    m = statistics.median(values)
+    return statistics.median(abs(v - m) for v in values)
+
+
+@dataclass
+class JitterTracker:
+    """Per job: the CUSUM over its reference rank's steps, fed step by step."""
+
+    cusum: float = 0.0
+    done_ns: int = 0                    # steps up to here were fed
+    series: list[float] = field(default_factory=list)
+    last_spread: float = 0.0
+    alarm_from_ns: int = 0
+
+    def reset(self) -> None:
+        """Start over (a named fault is open: its steps say nothing of a trend)."""
+        self.cusum, self.series, self.alarm_from_ns = 0.0, [], 0
+
+    def feed(self, ev: JobEvidence, snap: Snapshot) -> None:
+        b, t = snap.baseline, snap.thresholds
+        if b is None or not ev.steps:
+            return
+        rank = min(ev.steps, key=lambda r: (len(r), r))
+        floor = max(b.spread_s, t.jitter_floor * b.step_s)
+        for step in sorted(ev.steps[rank].values(), key=lambda s: s.time_ns):
+            if step.seconds is None or step.time_ns <= max(self.done_ns, b.end_ns):
+                continue
+            self.done_ns = step.time_ns
+            if phase_seconds(ev, rank, step, "checkpoint") > 0:
+                continue
+            self.series = (self.series + [step.seconds])[-t.jitter_window_steps:]
+            if len(self.series) < t.jitter_window_steps:
+                continue
+            self.last_spread = mad(self.series)
+            z = math.log(max(self.last_spread, floor) / floor)
+            before = self.cusum
+            self.cusum = max(0.0, self.cusum + z - math.log(t.jitter_allowance))
+            if before == 0.0 and self.cusum > 0.0:
+                self.alarm_from_ns = step.time_ns
+
+    def candidate(self, snap: Snapshot) -> list[Candidate]:
+        b, t = snap.baseline, snap.thresholds
+        if b is None or self.cusum < t.jitter_alarm:
+            return []
+        floor = max(b.spread_s, t.jitter_floor * b.step_s)
+        _place, hop = _contributor(snap)     # named in the text; the finding is the job's
+        summary = (f"Jitter accumulating: step-time spread {self.last_spread * 1000:.0f} ms "
+                   f"against {floor * 1000:.0f} ms at the start (CUSUM {self.cusum:.1f} over "
+                   f"{t.jitter_alarm})" + (f"; the hop that varies most is {hop}" if hop else ""))
+        return [Candidate("jitter_accumulation", "warning", {}, summary, self.alarm_from_ns,
+                          self.done_ns, evidence=[
+                              Evidence("gloo_step", "step-time spread (MAD of the last "
+                                       f"{t.jitter_window_steps} steps)",
+                                       round(self.last_spread, 4), "s", self.alarm_from_ns,
+                                       self.done_ns),
+                              Evidence("gloo_step", "baseline spread", round(floor, 4), "s",
+                                       b.start_ns, b.end_ns),
+                              Evidence("gloo_step", "CUSUM of log(spread / baseline)",
+                                       round(self.cusum, 2), "", self.alarm_from_ns,
+                                       self.done_ns)],
+                          facts={"spread_s": self.last_spread, "hop": hop})]
+
+
+def _contributor(snap: Snapshot) -> tuple[dict, str | None]:
+    """The data hop whose RTT varies most over the window's seconds, when it stands out."""
+    scores = []
+    for key, table in snap.evidence.cells.items():
+        secs = [table[s].rtt_p90_us for s in range(snap.window.start_s, snap.window.end_s)
+                if s in table and table[s].rtt_p90_us is not None and table[s].bytes_acked]
+        if len(secs) >= 2:
+            scores.append((statistics.pstdev(secs), key))
+    scores.sort(key=lambda s: s[0], reverse=True)
+    if not scores or (len(scores) > 1 and scores[0][0] < 2 * scores[1][0]):
+        return {}, None
+    key = scores[0][1]
+    peer = snap.evidence.addr_node.get(key.peer, key.peer)
+    return {"node": key.node, "peer": peer}, f"{key.node}->{peer}"
+
+
+def telemetry(snap: Snapshot, lost_before: dict[str, int]) -> list[Candidate]:
+    ev, t = snap.evidence, snap.thresholds
+    out = []
+    nodes = sorted(set(ev.node_of_rank.values()))
+    if not ev.last_seen_ns or not nodes:
+        return out
+    freshest = max(ev.last_seen_ns.values())
+    stepping = any(s.time_ns >= freshest - 10 * SECOND for steps in ev.steps.values()
+                   for s in steps.values())
+    for node in nodes:
+        seen = ev.last_seen_ns.get(node)
+        if stepping and (seen is None or freshest - seen >= t.silent_seconds * SECOND):
+            ago = (freshest - seen) / SECOND if seen else None
+            text = f"for {ago:.0f} s" if ago is not None else "at all"
+            out.append(Candidate(
+                "telemetry_gap", "warning", {"node": node},
+                f"No telemetry from {node} {text} while the job's other nodes report: its "
+                "agent is down or cut off from the collector; the engine cannot judge "
+                "that node", seen or freshest, freshest,
+                evidence=[Evidence("tcp_node", f"seconds since {node}'s last window",
+                                   round(ago, 1) if ago is not None else -1, "s",
+                                   seen or 0, freshest, [node])]))
+    for node, lost in ev.lost_records.items():
+        grew = lost - lost_before.get(node, 0)
+        if grew > 0 and node in nodes:
+            out.append(Candidate(
+                "telemetry_gap", "info", {"node": node},
+                f"The agent on {node} dropped {grew} records (its spool overflowed): the "
+                "gap is counted in agent_loss", snap.window.start_ns, snap.window.end_ns,
+                evidence=[Evidence("agent_loss", "records lost (cumulative)", lost, "records",
+                                   snap.window.start_ns, snap.window.end_ns, [node])]))
+    return out

@@ -1,0 +1,323 @@
+"""The engine of one job: evidence in, findings out, evaluation by evaluation.
+
+    job = JobEngine("198.18.0.1:29500", tor_of=topology.tor_of)
+    job.feed(evidence)                    # what the store holds of the job (merged)
+    changed = job.evaluate(now_ns)        # findings opened, updated or closed
+
+Each evaluation sums the last `eval_seconds` of the job's cells and nodes and
+the ranks' latest steps into a Snapshot (diagnosis/snapshot.py), runs every
+detector on it, reconciles their candidates (a compute straggler's slow host
+also inflates its hops' RTT: that is not a slow link), names a slowdown no
+cause explains, and keeps the findings' lifecycle: a candidate that matches an
+open finding (same cause and place) updates it; a new one opens a finding whose
+`start` is its first evidence and whose `first_seen` is the evaluation's wall
+time; an open finding without evidence for `close_clean_seconds` of newer
+evidence ends at its last evidence. The job's baseline is its first stretch of
+`baseline_steps` steps (after `warmup_steps`) in which no warning was raised.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from diagnosis import detect_network, detect_steps
+from diagnosis.advice import advise
+from diagnosis.candidate import Candidate, RuledOut
+from diagnosis.detect_trends import JitterTracker, mad, telemetry
+from diagnosis.evidence import SECOND, CellTotals, JobEvidence
+from diagnosis.finding import Finding, severity_rank
+from diagnosis.localize import Place
+from diagnosis.snapshot import (Baseline, Snapshot, classify_cells, median_or_none,
+                                phase_seconds, recent_ranks)
+from diagnosis.thresholds import DEFAULT, Thresholds
+
+UNEXPLAINED_AFTER_S = 5   # a slowdown stays unexplained this long before it is a finding
+REOPEN_S = 10              # a finding that comes back this soon reopens instead of a new one
+JOB_GONE_S = 30           # a network finding whose place carries nothing closes after this
+INFO_CLOSE_S = 10          # info findings (bursts, duty cycle) flicker: they close slower
+HORIZON_S = 120            # seconds of evidence kept in memory
+STEP_CAUSES = {"straggler_compute", "input_stall", "unexplained_slowdown", "network_bound",
+               "jitter_accumulation"}
+NETWORK_CAUSES = {"lossy_link", "buffer_saturation", "straggler_network"}
+EXPLAINING_CAUSES = NETWORK_CAUSES | {"straggler_compute", "input_stall"}
+
+
+@dataclass
+class Gauges:
+    """The job's numbers for /metrics (the alerts' trends)."""
+
+    step_s: float | None = None
+    spread_s: float | None = None
+    baseline_spread_s: float | None = None
+    sync_slowdown: float | None = None
+    retransmit_ratio: float = 0.0
+    amplification: float = 0.0
+
+
+@dataclass
+class JobEngine:
+    job: str
+    tor_of: object = staticmethod(lambda node: None)
+    thresholds: Thresholds = DEFAULT
+    backend: str = "gloo"
+    clock: object = staticmethod(time.time_ns)
+    ev: JobEvidence = None                          # type: ignore[assignment]
+    baseline: Baseline | None = None
+    rtt_floor_us: float | None = None
+    peer_floor_us: dict = field(default_factory=dict)
+    open: dict = field(default_factory=dict)        # key -> Finding
+    closed: dict = field(default_factory=dict)      # key -> Finding (recently closed)
+    bad_ns: list = field(default_factory=list)      # [(start, end)] with a warning raised
+    jitter: JitterTracker = field(default_factory=JitterTracker)
+    lost_seen: dict = field(default_factory=dict)
+    gauges: Gauges = field(default_factory=Gauges)
+    last_snapshot: Snapshot | None = None
+    slow_since_ns: int = 0
+
+    def __post_init__(self) -> None:
+        if self.ev is None:
+            self.ev = JobEvidence(self.job)
+
+    # -- input -------------------------------------------------------------------------
+    def feed(self, evidence: JobEvidence) -> None:
+        self.ev.merge(evidence)
+        latest = self.ev.latest_second()
+        if latest is not None:
+            self.ev.prune(latest - HORIZON_S, (latest - HORIZON_S) * SECOND)
+
+    # -- evaluation --------------------------------------------------------------------
+    def evaluate(self, now_ns: int | None = None) -> list[Finding]:
+        now_ns = self.clock() if now_ns is None else now_ns
+        latest = self.ev.latest_second()
+        if latest is None:
+            return []
+        snap = self.snapshot(latest + 1)
+        candidates, ruled_out = self._detect(snap)
+        if any(severity_rank(c.severity) >= 1 for c in candidates):
+            self.bad_ns.append((snap.window.start_ns, snap.window.end_ns))
+        self._update_gauges(snap)
+        self.last_snapshot = snap
+        return self._lifecycle(snap, candidates, ruled_out, now_ns)
+
+    def snapshot(self, end_s: int) -> Snapshot:
+        t = self.thresholds
+        window = self.ev.window(end_s - t.eval_seconds, end_s)
+        cells = window.cells()
+        self._learn_floors(cells)
+        data, lossy, delayed = classify_cells(cells, self._floor_of, t)
+        ranks = recent_ranks(self.ev, 1 << 62, t.recent_steps)
+        if self.baseline is None:
+            self.baseline = self._find_baseline()
+        snap = Snapshot(self.job, end_s * SECOND, window, cells, data, lossy, delayed,
+                        self.rtt_floor_us, window.nodes(), ranks, self.baseline, self.ev, t,
+                        notes={"tor_of": self.tor_of})
+        if ranks:
+            snap.step_s = statistics.median(r.seconds for r in ranks.values())
+            snap.sync_s = statistics.median(r.sync for r in ranks.values())
+            snap.compute_s = statistics.median(r.compute for r in ranks.values())
+            snap.data_load_s = statistics.median(r.data_load for r in ranks.values())
+            snap.steps_end_ns = max(r.steps[-1].end_ns for r in ranks.values())
+        return snap
+
+    def _floor_of(self, cell: CellTotals) -> float | None:
+        if cell.peer_node is not None and cell.peer_node in self.ev.node_of_rank.values():
+            return self.rtt_floor_us
+        return self.peer_floor_us.get(cell.key.peer)
+
+    def _learn_floors(self, cells: list[CellTotals]) -> None:
+        """The lowest median RTT a data cell showed: among the job's own nodes (one
+        floor), and per outside peer (the storage has its own path and server)."""
+        t = self.thresholds
+        job_nodes = set(self.ev.node_of_rank.values())
+        for c in cells:
+            if c.bytes_acked < t.cell_min_bytes or c.rtt_p50_us is None:
+                continue
+            if c.peer_node in job_nodes:
+                self.rtt_floor_us = min(self.rtt_floor_us or c.rtt_p50_us, c.rtt_p50_us)
+            else:
+                peer = c.key.peer
+                self.peer_floor_us[peer] = min(self.peer_floor_us.get(peer, c.rtt_p50_us),
+                                               c.rtt_p50_us)
+
+    def _find_baseline(self) -> Baseline | None:
+        t, ev = self.thresholds, self.ev
+        if not ev.steps:
+            return None
+        per_rank = {}
+        need = t.warmup_steps + t.baseline_steps
+        for rank, table in ev.steps.items():
+            done = sorted((s for s in table.values() if s.seconds is not None),
+                          key=lambda s: s.time_ns)
+            if len(done) < need:
+                return None
+            per_rank[rank] = done
+        # the first stretch of baseline_steps after the warm-up clear of any warning
+        start = max(done[t.warmup_steps].time_ns for done in per_rank.values())
+        while True:
+            stretch = {r: [s for s in done if s.time_ns >= start][:t.baseline_steps]
+                       for r, done in per_rank.items()}
+            if any(len(s) < t.baseline_steps for s in stretch.values()):
+                return None
+            lo = min(s[0].time_ns for s in stretch.values())
+            hi = max(s[-1].end_ns for s in stretch.values())
+            clash = [e for b, e in self.bad_ns if b < hi and e > lo]
+            if not clash:
+                break
+            start = max(clash)
+        ref = min(stretch, key=lambda r: (len(r), r))
+        plain = [s.seconds for s in stretch[ref]
+                 if phase_seconds(ev, ref, s, "checkpoint") == 0] or \
+            [s.seconds for s in stretch[ref]]
+
+        def med(fn) -> float:
+            return statistics.median(statistics.median(fn(r, s) for s in steps)
+                                     for r, steps in stretch.items())
+        step_s = med(lambda r, s: s.seconds)
+        sync_s = med(lambda r, s: s.sync_seconds)
+        return Baseline(step_s=step_s, sync_s=sync_s,
+                        compute_s=med(lambda r, s: max(0.0, s.seconds - s.sync_seconds)),
+                        data_load_s=med(lambda r, s: phase_seconds(ev, r, s, "data_load")),
+                        spread_s=mad(plain) if len(plain) >= 3 else 0.0,
+                        duty=sync_s / step_s if step_s else 0.0, start_ns=lo, end_ns=hi)
+
+    # -- detectors ---------------------------------------------------------------------
+    def _detect(self, snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
+        strag, ruled = detect_steps.straggler(snap)
+        stragglers = frozenset(c.place.get("node") for c in strag)
+        prefer = frozenset(Place("tor", f.place["tor"]) if f.place.get("tor") and
+                           not f.place.get("node") else Place("node", f.place.get("node") or "")
+                           for f in self.open.values() if f.cause in NETWORK_CAUSES)
+        net, r1 = detect_network.detect(snap, self.tor_of, prefer, stragglers)
+        inp, r3 = detect_steps.input_stall(snap)
+        ruled += r1 + r3
+        causal = [c for c in net + strag + inp if c.cause in EXPLAINING_CAUSES]
+        network_open = any(c.cause in NETWORK_CAUSES for c in net)
+        self.jitter.feed(self.ev, snap)
+        # jitter of a job with a named fault is the fault's symptom, not a trend of its
+        # own: the trend starts over once the fault is gone
+        busy = causal or any(f.cause in EXPLAINING_CAUSES and f.severity != "info"
+                             for f in self.open.values())
+        if busy:
+            self.jitter.reset()
+        out = net + strag + inp + ([] if busy else self.jitter.candidate(snap)) + \
+            detect_steps.network_bound(snap, network_open)
+        out += telemetry(snap, self.lost_seen)
+        self.lost_seen = dict(self.ev.lost_records)
+        # what the named causes explain: this evaluation's, and those still open
+        shares = {c.key: c.explained_share for c in causal}
+        for key, f in self.open.items():
+            if f.cause in EXPLAINING_CAUSES:
+                shares.setdefault(key, f.explained_share)
+        slow = detect_steps.slowdown(snap, sum(shares.values()))
+        # a slowdown is unexplained only once the detectors had the steps to explain it
+        clock = snap.steps_end_ns or snap.window.end_ns
+        if not slow:
+            self.slow_since_ns = 0
+        elif not self.slow_since_ns:
+            self.slow_since_ns = clock
+        if slow and clock - self.slow_since_ns >= UNEXPLAINED_AFTER_S * SECOND:
+            out += slow
+        return out, ruled
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def _clock_of(self, cause: str, snap: Snapshot) -> int:
+        """The evidence time a finding of this cause is judged at."""
+        if cause in STEP_CAUSES and snap.steps_end_ns:
+            return snap.steps_end_ns
+        return snap.window.end_ns
+
+    def _lifecycle(self, snap: Snapshot, candidates: list[Candidate],
+                   ruled_out: list[RuledOut], now_ns: int) -> list[Finding]:
+        changed = []
+        seen = set()
+        for c in candidates:
+            c.advice = advise(c, self.backend)
+            others = [{"cause": r.cause, "why": r.why} for r in ruled_out if r.cause != c.cause]
+            f = self.open.get(c.key)
+            if f is None and c.key in self.closed and \
+                    c.bad_from_ns - (self.closed[c.key].end_ns or 0) <= REOPEN_S * SECOND:
+                f = self.closed.pop(c.key)
+                f.end_ns = None
+                self.open[c.key] = f
+            if f is None:
+                f = Finding(c.cause, c.severity, self.job, c.place, c.bad_from_ns, c.summary,
+                            first_seen_ns=now_ns)
+                self.open[c.key] = f
+            _apply(f, c, others)
+            seen.add(c.key)
+            changed.append(f)
+        for key, f in list(self.open.items()):
+            if key in seen:
+                continue
+            quiet = (INFO_CLOSE_S if f.severity == "info" else
+                     self.thresholds.close_clean_seconds) * SECOND
+            clock = self._clock_of(f.cause, snap)
+            if f.cause in NETWORK_CAUSES and not _carried_clean(snap, f) and \
+                    clock - f.last_seen_ns < JOB_GONE_S * SECOND:
+                continue      # nothing crossed the place since: no evidence it is healthy
+            if clock - f.last_seen_ns >= quiet:
+                f.end_ns = f.last_seen_ns
+                del self.open[key]
+                self.closed[key] = f
+                changed.append(f)
+        return changed
+
+    def close_all(self, end_ns: int | None = None) -> list[Finding]:
+        """End every open finding (the job stopped, or its ownership moved)."""
+        out = []
+        for key, f in list(self.open.items()):
+            f.end_ns = end_ns if end_ns is not None else f.last_seen_ns
+            self.closed[key] = self.open.pop(key)
+            out.append(f)
+        return out
+
+    def findings(self) -> list[Finding]:
+        return list(self.open.values()) + list(self.closed.values())
+
+    # -- gauges --------------------------------------------------------------------------
+    def _update_gauges(self, snap: Snapshot) -> None:
+        g, b = self.gauges, snap.baseline
+        g.step_s = snap.step_s
+        g.spread_s = self.jitter.last_spread or None
+        if b is not None:
+            g.baseline_spread_s = max(b.spread_s, self.thresholds.jitter_floor * b.step_s)
+            g.sync_slowdown = (snap.sync_s / b.sync_s) if snap.sync_s and b.sync_s else None
+        segs = sum(n.segs_out for n in snap.nodes.values())
+        g.retransmit_ratio = sum(n.retrans_segs for n in snap.nodes.values()) / segs \
+            if segs else 0.0
+        g.amplification = ((g.sync_slowdown - 1) / g.retransmit_ratio
+                           if g.sync_slowdown and g.retransmit_ratio > 0
+                           and g.sync_slowdown > 1 else 0.0)
+
+
+def _carried_clean(snap: Snapshot, f: Finding) -> bool:
+    """Data crossed the finding's place in this window and none of it was bad."""
+    node, tor = f.place.get("node"), f.place.get("tor")
+    bad = {id(c) for c in snap.lossy + snap.delayed}
+    for c in snap.data_cells:
+        ends = (c.key.node, c.peer_node)
+        if (node and node in ends) or (tor and not node and tor in ends) or \
+                (tor and not node and snap.notes.get("tor_of") and
+                 tor in {snap.notes["tor_of"](e) for e in ends if e}):
+            if id(c) not in bad:
+                return True
+    return False
+
+
+def _apply(f: Finding, c: Candidate, ruled_out: list[dict]) -> None:
+    f.severity = c.severity
+    f.summary = c.summary
+    f.evidence = c.evidence
+    f.advice = c.advice
+    f.ruled_out = ruled_out
+    f.step_seconds_added = c.step_seconds_added
+    f.share_of_step = c.share_of_step
+    f.explained_share = c.explained_share
+    f.retransmit_amplification = c.retransmit_amplification
+    f.victims = c.victims
+    f.last_seen_ns = max(f.last_seen_ns, c.bad_until_ns)   # start stays: it is the point's time
+
+
+__all__ = ["JobEngine", "Gauges", "median_or_none"]

@@ -1,0 +1,139 @@
+"""Where a network fault sits: binary tomography over the job's connection matrix.
+
+A cell is one node's flows to one peer (diagnosis/evidence.py). Each directed
+transfer src -> dst crosses elements of the fabric: src's port (out), the
+uplink of src's ToR (up) and the downlink of dst's ToR (down) when the two ToRs
+differ, and dst's port (in). A *lossy* cell implicates the elements of its data
+path; a *delayed* one (RTT inflated) those of its data path and of its ACKs'
+path back, because a standing queue in either direction lengthens the RTT.
+
+A place is a node's port (both directions) or a ToR's uplink (both). A place
+explains a bad cell when one of its elements lies on the cell's implicated
+paths; clean cells that carried data through the place count against it. The
+place that explains the most bad cells wins, then the one fewer clean cells
+contradict, then the place already named by an open finding; remaining ties
+go to the place where such a fault can physically sit (`_plausible_side`: a
+queue at a switch egress toward the receiver, a drop on the cable the frames
+leave through; a ToR's uplink queues its rack's outgoing traffic), then to a
+node over a ToR. Several faults are found greedily: the best place takes its
+cells, the rest are explained again. This is how a bad row or column of the
+matrix points to a node and a block crossing two ToRs to an uplink; with two
+ToRs, tor0's uplink and tor1's downlink lie in series on every cross path, and
+the sending ToR is named (documented in docs/DIAGNOSIS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from diagnosis.evidence import CellTotals
+
+
+@dataclass(frozen=True)
+class Place:
+    kind: str             # "node" or "tor"
+    name: str
+
+    def as_dict(self) -> dict:
+        if self.kind == "tor":
+            return {"tor": self.name, "interface": "uplink"}
+        return {"node": self.name}
+
+
+@dataclass
+class BadCell:
+    cell: CellTotals
+    lossy: bool
+    delayed: bool
+
+    @property
+    def src(self) -> str:
+        return self.cell.key.node
+
+    @property
+    def dst(self) -> str | None:
+        return self.cell.peer_node
+
+
+@dataclass
+class Located:
+    place: Place
+    cells: list[BadCell]                      # the bad cells it explains
+    contradicting: list[CellTotals] = field(default_factory=list)
+    alternatives: list[Place] = field(default_factory=list)   # places that tied with it
+
+
+def path(src: str, dst: str | None, tor_of) -> set[tuple[str, str]]:
+    """Elements a transfer src -> dst crosses: (kind, name) with kind out/up/down/in."""
+    out = {("out", src)}
+    if dst is None:
+        return out
+    out.add(("in", dst))
+    a, b = tor_of(src), tor_of(dst)
+    if a is not None and b is not None and a != b:
+        out |= {("up", a), ("down", b)}
+    return out
+
+
+def _elements(place: Place) -> set[tuple[str, str]]:
+    if place.kind == "node":
+        return {("out", place.name), ("in", place.name)}
+    return {("up", place.name), ("down", place.name)}
+
+
+def implicated(bad: BadCell, tor_of) -> set[tuple[str, str]]:
+    fwd = path(bad.src, bad.dst, tor_of)
+    if bad.delayed and bad.dst is not None:
+        return fwd | path(bad.dst, bad.src, tor_of)
+    return fwd
+
+
+def candidates(bad: list[BadCell], tor_of) -> list[Place]:
+    places: set[Place] = set()
+    for b in bad:
+        for kind, name in implicated(b, tor_of):
+            places.add(Place("tor" if kind in ("up", "down") else "node", name))
+    return sorted(places, key=lambda p: (p.kind, p.name))
+
+
+def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int = 3,
+           prefer: frozenset = frozenset()) -> tuple[list[Located], list[BadCell]]:
+    """The places that explain the bad cells, greedily (at most max_places), and the
+    cells none of them explains. The caller names causes only when the places
+    explain enough of the bad cells (thresholds.place_explains). `prefer`: places
+    already named (open findings) win ties, so that a window in which only part of
+    a fault's hops show does not move the finding to a neighbour."""
+    remaining = list(bad)
+    found: list[Located] = []
+    while remaining and len(found) < max_places:
+        scored = []
+        for place in candidates(remaining, tor_of):
+            els = _elements(place)
+            mine = [b for b in remaining if implicated(b, tor_of) & els]
+            against = [c for c in clean if path(c.key.node, c.peer_node, tor_of) & els]
+            sides = sum(_plausible_side(place, b, tor_of) for b in mine)
+            scored.append(((len(mine), -len(against), place in prefer, sides,
+                            place.kind == "node"), place, mine, against))
+        scored.sort(key=lambda s: s[0], reverse=True)
+        best_key, place, mine, against = scored[0]
+        ties = [s[1] for s in scored[1:] if s[0][:2] == best_key[:2]]
+        found.append(Located(place, mine, against, ties))
+        remaining = [b for b in remaining if b not in mine]
+    return found, remaining
+
+
+def _plausible_side(place: Place, bad: BadCell, tor_of) -> int:
+    """1 when the place sits where this kind of fault happens on the cell's path.
+
+    Switches queue at their egress ports: toward the receiving node (its port's
+    `in`) and onto the uplinks; a node's own `out` is its NIC, whose queue the
+    agent sees (nic_qdisc), so a queue there is not a switch buffer. A frame that
+    dies independent of load dies on the cable or optic it leaves through: the
+    sender's port or the sending ToR's uplink."""
+    if place.kind == "node":
+        if bad.delayed:
+            return int(bad.dst == place.name)
+        return int(bad.src == place.name)
+    if bad.lossy and not bad.delayed:
+        return int(tor_of(bad.src) == place.name)
+    return int(tor_of(bad.src) == place.name or tor_of(bad.dst) == place.name)

@@ -1,0 +1,130 @@
+"""One evaluation of a job: every number the detectors decide by, computed once.
+
+From the job's evidence (diagnosis/evidence.py) at one moment: the network cells
+of the last `eval_seconds` with their verdicts (lossy, delayed), the nodes'
+totals, each rank's recent steps (medians of its last `recent_steps`), the
+job's medians across ranks, and the job's own baseline (diagnosis/baseline.py).
+Detectors read a Snapshot and return candidates; none reads the store.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from diagnosis.evidence import CellTotals, JobEvidence, NodeTotals, Step, Window
+from diagnosis.thresholds import Thresholds
+
+
+@dataclass
+class RankRecent:
+    rank: str
+    node: str
+    steps: list[Step]
+    seconds: float
+    sync: float
+    compute: float
+    data_load: float            # seconds of data loading per step (median)
+    checkpoint: float
+
+    @property
+    def duty(self) -> float:
+        return self.sync / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class Baseline:
+    """The job's own normal, from its first stretch of steps with nothing open."""
+
+    step_s: float
+    sync_s: float
+    compute_s: float
+    data_load_s: float
+    spread_s: float             # median absolute deviation of step time
+    duty: float
+    start_ns: int
+    end_ns: int
+
+
+@dataclass
+class Snapshot:
+    job: str
+    now_ns: int
+    window: Window
+    cells: list[CellTotals]
+    data_cells: list[CellTotals]
+    lossy: list[CellTotals]
+    delayed: list[CellTotals]
+    rtt_floor_us: float | None
+    nodes: dict[str, NodeTotals]
+    ranks: dict[str, RankRecent]
+    baseline: Baseline | None
+    evidence: JobEvidence
+    thresholds: Thresholds
+    # job-level medians across ranks of their recent medians (None: no steps yet)
+    step_s: float | None = None
+    sync_s: float | None = None
+    compute_s: float | None = None
+    data_load_s: float | None = None
+    steps_end_ns: int = 0       # end of the latest step the ranks' medians include
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def step_added_s(self) -> float:
+        """Seconds each step lost against the baseline (0 without one)."""
+        if self.baseline is None or self.step_s is None:
+            return 0.0
+        return max(0.0, self.step_s - self.baseline.step_s)
+
+    @property
+    def slow(self) -> bool:
+        b = self.baseline
+        return b is not None and self.step_s is not None and \
+            self.step_s >= b.step_s * (1 + self.thresholds.slowdown)
+
+    def cells_of(self, node: str) -> list[CellTotals]:
+        """Cells sent by `node` or to it."""
+        return [c for c in self.data_cells if node in (c.key.node, c.peer_node)]
+
+
+def phase_seconds(ev: JobEvidence, rank: str, step: Step, kind: str) -> float:
+    return sum(p.seconds for p in ev.phases.get(rank, {}).values()
+               if p.phase == kind and step.time_ns <= p.time_ns < step.end_ns)
+
+
+def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRecent]:
+    """Each rank's last `count` complete steps ending before until_ns, as medians."""
+    out = {}
+    for rank, table in ev.steps.items():
+        done = sorted((s for s in table.values() if s.seconds is not None
+                       and s.end_ns <= until_ns), key=lambda s: s.time_ns)[-count:]
+        if len(done) < count:
+            continue
+        out[rank] = RankRecent(
+            rank, done[-1].node, done,
+            statistics.median(s.seconds for s in done),
+            statistics.median(s.sync_seconds for s in done),
+            statistics.median(max(0.0, s.seconds - s.sync_seconds) for s in done),
+            statistics.median(phase_seconds(ev, rank, s, "data_load") for s in done),
+            statistics.median(phase_seconds(ev, rank, s, "checkpoint") for s in done))
+    return out
+
+
+def classify_cells(cells: list[CellTotals], floor_of, t: Thresholds):
+    """(data cells, lossy cells, delayed cells) of one window; floor_of(cell) is the
+    RTT floor the cell is judged against (None: not known yet)."""
+    data = [c for c in cells if c.bytes_acked >= t.cell_min_bytes]
+    lossy = [c for c in cells if c.bytes_acked + c.retrans_bytes >= t.cell_min_bytes
+             and c.retrans_segs >= t.loss_min_segs and c.loss_ratio >= t.loss_ratio]
+    delayed = []
+    for c in data:
+        floor = floor_of(c)
+        if floor is not None and c.rtt_p50_us is not None and \
+                c.rtt_p50_us >= max(floor * t.rtt_inflation, floor + t.rtt_excess_us):
+            delayed.append(c)
+    return data, lossy, delayed
+
+
+def median_or_none(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None

@@ -1,0 +1,121 @@
+"""Every number the engine decides by, in one place, each with the reason it has.
+
+None of these is fitted to the lab's scenarios: each comes from the physics of
+the fabric, from TCP, or from what a healthy run of the job itself shows (the
+job's own baseline); docs/DIAGNOSIS.md renders this table (`python -m
+diagnosis.thresholds`), and a test keeps it current.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+
+
+def why(text: str, unit: str = ""):
+    return {"why": text, "unit": unit}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # -- evaluation -------------------------------------------------------------------
+    eval_seconds: int = field(default=3, metadata=why(
+        "seconds of evidence each evaluation sums: the agents' windows are 1 s, and three "
+        "of them hold hundreds of segments of every ring hop at training rates", "s"))
+    close_clean_seconds: int = field(default=2, metadata=why(
+        "a finding closes after this much evidence without it (its end is its last bad "
+        "second): long enough to see that a hop carried data cleanly again", "s"))
+    # -- network: cells are one node's flows to one peer ---------------------------------
+    cell_min_bytes: int = field(default=1_000_000, metadata=why(
+        "a cell carries data in the window (about 700 full segments): below it a few "
+        "tail-loss probes of small messages swing any ratio", "bytes"))
+    loss_ratio: float = field(default=0.002, metadata=why(
+        "share of a cell's payload resent that marks it lossy: healthy fabrics lose well "
+        "under 1e-5; TCP's own probes resend about 1e-4 of a busy ring's bytes in a "
+        "healthy run; and loss of 1e-3 already costs a collective a visible share of its "
+        "throughput (Mathis: throughput ~ 1/sqrt(p))", "fraction"))
+    loss_min_segs: int = field(default=20, metadata=why(
+        "segments resent in the window before a cell can be lossy: 20 +- 4.5 (Poisson) "
+        "keeps chance from crossing the ratio", "segments"))
+    rtt_inflation: float = field(default=4.0, metadata=why(
+        "a data cell's median RTT this many times the job's RTT floor (the lowest median "
+        "any of its data cells showed) means a standing queue on its path", "x"))
+    rtt_excess_us: float = field(default=500.0, metadata=why(
+        "and at least this much above the floor: 500 us of queue is 60 KB at 1 Gbit/s, "
+        "600 KB at 10 Gbit/s, more than a shallow ToR buffer holds per port", "us"))
+    place_explains: float = field(default=0.8, metadata=why(
+        "a place (a node's port, a ToR's uplink) is named when it lies on the path of at "
+        "least this share of the bad cells; else the finding says the network is impaired "
+        "and lists the cells", "fraction"))
+    microburst_util: float = field(default=0.9, metadata=why(
+        "a 100 us bin at this share of the link's speed is a burst at line rate", "fraction"))
+    # -- steps: the job's own baseline --------------------------------------------------
+    warmup_steps: int = field(default=2, metadata=why(
+        "steps left out of the baseline at the start: DDP builds its buckets and the "
+        "allocator warms up in them", "steps"))
+    baseline_steps: int = field(default=8, metadata=why(
+        "steps whose median is the job's baseline (step time, grad sync, data load, "
+        "spread); taken from the first stretch with no finding open", "steps"))
+    recent_steps: int = field(default=3, metadata=why(
+        "a rank's recent behaviour is the median of its last steps: three make one slow "
+        "checkpoint step an outlier, not the median", "steps"))
+    slowdown: float = field(default=0.5, metadata=why(
+        "steps this much slower than the baseline are a slowdown to explain: a healthy "
+        "lab run drifts by up to +28 % over its run (checkpoints, page cache, "
+        "neighbours), so a smaller share would be its own noise", "fraction"))
+    explains: float = field(default=0.5, metadata=why(
+        "a cause is named for a slowdown only when its evidence accounts for at least "
+        "this share of the time the steps lost", "fraction"))
+    critical_share: float = field(default=0.3, metadata=why(
+        "a cause that costs at least this share of every step is critical", "fraction"))
+    straggler_ratio: float = field(default=3.0, metadata=why(
+        "a rank whose compute (step minus grad sync) is this many times the others' "
+        "median is late to every collective: one slow rank holds a ring at its pace, so "
+        "the factor must stand out of per-rank noise, which stays within 2x", "x"))
+    straggler_min_share: float = field(default=0.1, metadata=why(
+        "and late by at least this share of the baseline step (smaller lateness does not "
+        "matter to the job)", "fraction"))
+    input_ratio: float = field(default=2.0, metadata=why(
+        "data loading per step this many times its baseline marks the input as slow",
+        "x"))
+    input_min_share: float = field(default=0.1, metadata=why(
+        "and adding at least this share of the baseline step", "fraction"))
+    # -- trends ---------------------------------------------------------------------------
+    jitter_window_steps: int = field(default=10, metadata=why(
+        "steps over which the spread (median absolute deviation) of step time is taken",
+        "steps"))
+    jitter_floor: float = field(default=0.05, metadata=why(
+        "the baseline spread is at least this share of the baseline step: below it, "
+        "spread is timer resolution, not jitter", "fraction"))
+    jitter_allowance: float = field(default=1.5, metadata=why(
+        "CUSUM allowance: spread up to this factor over the baseline adds nothing "
+        "(log-ratio cusum, Page 1954)", "x"))
+    jitter_alarm: float = field(default=2.0, metadata=why(
+        "CUSUM threshold on the summed log-ratio excess: a spread doubled for about seven "
+        "windows, or tripled for three", ""))
+    duty_cycle: float = field(default=0.5, metadata=why(
+        "D = grad-sync time / step time above this: communication dominates the step "
+        "(the seed model's network-bound criterion)", "fraction"))
+    duty_rise: float = field(default=0.15, metadata=why(
+        "D this much above the job's own baseline D, with no network finding to explain "
+        "it, turns network_bound into a warning", "fraction"))
+    # -- telemetry ------------------------------------------------------------------------
+    silent_seconds: float = field(default=5.0, metadata=why(
+        "a node of a running job without a window for this long, while the job's other "
+        "nodes report: its agent's windows come every second", "s"))
+
+
+DEFAULT = Thresholds()
+
+
+def render_markdown(t: Thresholds = DEFAULT) -> str:
+    out = ["| threshold | value | why |", "|---|---|---|"]
+    for f in dataclasses.fields(t):
+        unit = f.metadata.get("unit", "")
+        out.append(f"| `{f.name}` | {getattr(t, f.name)} {unit} | {f.metadata['why']} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_markdown())
