@@ -1,12 +1,11 @@
 """`fabricscope lab ...`: build labs, inject faults, run DDP, run commands on nodes.
 
-    fabricscope lab up    --name NAME --nodes N [--link-rate RATE] [--no-link-shaping]
-                          [--wire-frames] [--json]
+    fabricscope lab up    --name NAME --nodes N [--tors K] [--link-rate RATE]
+                          [--no-link-shaping] [--wire-frames] [--json]
     fabricscope lab down  --name NAME | --all
     fabricscope lab list  [--json]
-    fabricscope lab fault --name NAME --node I loss PCT [--direction both|tx|rx]
-    fabricscope lab fault --name NAME --node I shape --rate R --burst B [--limit L | --latency T]
-    fabricscope lab fault --name NAME [--node I] clear    (same: lab clear --name NAME [--node I])
+    fabricscope lab fault --name NAME (--node I | --uplink TOR) loss|shape ...,
+                          --node I cpu PCT, storage ..., clear     (lab/cli_faults.py)
     fabricscope lab train --name NAME --steps K [--model-mb M] [--batch B] [--json-summary]
         [--data-mb D] [--checkpoint-every N]     (reads/checkpoints via a data server)
     fabricscope lab exec  --name NAME --node I -- CMD...
@@ -26,6 +25,10 @@ import sys
 import time
 
 from fabricscope.errors import UserError
+from lab.cli_faults import add_fault_parsers, cmd_clear, cmd_fault_loss, cmd_fault_shape
+from lab.cli_faults import describe_faults
+
+__all__ = ["add_arguments", "cmd_clear", "cmd_fault_loss", "cmd_fault_shape", "register"]
 
 log = logging.getLogger("lab")
 
@@ -45,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("up", help="create a lab (clears a stale lab of the same name first)")
     p.add_argument("--name", required=True, help="lab name (1-32 of [A-Za-z0-9_-])")
     p.add_argument("--nodes", type=int, required=True, help="number of nodes")
+    p.add_argument("--tors", type=int, default=1,
+                   help="top-of-rack switches (default 1: one bridge); K > 1: K leaf bridges "
+                        "under a spine, nodes in contiguous blocks (the first N mod K ToRs take "
+                        "one node more)")
     p.add_argument("--link-rate", metavar="RATE",
                    help="link speed, e.g. 1gbit: recorded, and applied as TBF on both ends of "
                         "every link (default: unshaped veths, link rate unknown)")
@@ -66,29 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("fault", help="inject or clear a fault on a node's switch port")
-    p.add_argument("--name", required=True, help="lab name")
-    p.add_argument("--node", type=int, help="node index (0-based)")
-    fsub = p.add_subparsers(dest="fault_kind", metavar="FAULT", required=True)
-    f = fsub.add_parser("loss", help="drop PCT%% of frames at random (nftables)")
-    f.add_argument("pct", metavar="PCT", help="loss percent, e.g. 2 or 0.5 (0 removes)")
-    f.add_argument("--direction", choices=["both", "tx", "rx"], default="both",
-                   help="tx: frames the node sends; rx: frames sent to it; both (default)")
-    f.set_defaults(func=cmd_fault_loss)
-    f = fsub.add_parser("shape", help="TBF on the switch port (egress toward the node)")
-    f.add_argument("--rate", required=True, help="e.g. 100mbit")
-    f.add_argument("--burst", required=True, help="bucket size, e.g. 32kb")
-    g = f.add_mutually_exclusive_group()
-    g.add_argument("--limit", help="queue size in bytes, e.g. 64kb (default: burst + 2 ms at rate)")
-    g.add_argument("--latency", help="queue size as time at the rate, e.g. 5ms")
-    f.set_defaults(func=cmd_fault_shape)
-    f = fsub.add_parser("clear", help="remove the node's faults (every node's without --node)")
-    f.set_defaults(func=cmd_clear)
-
-    p = sub.add_parser("clear", help="remove faults of a node, or of every node")
-    p.add_argument("--name", required=True, help="lab name")
-    p.add_argument("--node", type=int, help="node index (default: every node)")
-    p.set_defaults(func=cmd_clear)
+    add_fault_parsers(sub)
 
     p = sub.add_parser("train", help="run PyTorch DDP (gloo), one rank per node")
     p.add_argument("--name", required=True, help="lab name")
@@ -122,19 +107,26 @@ def cmd_up(args) -> int:
     from lab.units import format_rate
     start = time.monotonic()
     lab = up(args.name, args.nodes, link_rate=args.link_rate, shape_links=args.shape_links,
-             wire_frames=args.wire_frames)
+             wire_frames=args.wire_frames, tors=args.tors)
     took = time.monotonic() - start
     if args.json:
         print(json.dumps(lab.to_dict()))
         return 0
     shaped = " (shaped)" if lab.link_shaped else (" (recorded only)" if lab.link_rate_bps else "")
-    print(f"lab {lab.name}: {len(lab.nodes)} nodes on bridge {lab.bridge}, subnet {lab.subnet}, "
+    where = f"{len(lab.tors)} ToRs under spine" if lab.spine else "bridge"
+    print(f"lab {lab.name}: {len(lab.nodes)} nodes on {where} {lab.bridge}, subnet {lab.subnet}, "
           f"gateway {lab.gateway}, link rate {format_rate(lab.link_rate_bps)}{shaped}"
           f"{', wire frames' if lab.wire_frames else ''}; "
           f"up in {took:.2f} s")
+    if lab.spine:
+        print(f"  spine {lab.spine}")
+        for t in lab.tors:
+            print(f"  {t.name}: bridge {t.bridge}, uplink {t.uplink} == {t.spine_port}, "
+                  f"nodes {', '.join(str(i) for i in t.nodes)}")
     for n in lab.nodes:
         print(f"  node {n.index} {n.name}: netns {n.netns}, nic {n.ifname} {n.address} {n.mac}, "
-              f"switch port {n.port}, markers {n.markers_dir}")
+              f"switch port {n.port} on {n.tor}, markers {n.markers_dir}")
+    print(f"  topology {lab.topology_path}")
     return 0
 
 
@@ -159,70 +151,11 @@ def cmd_list(args) -> int:
     if not labs:
         print("no labs")
         return 0
-    print(f"{'NAME':<20} {'NODES':>5} {'SUBNET':<18} {'BRIDGE':<11} {'LINK':<8} FAULTS")
+    print(f"{'NAME':<20} {'NODES':>5} {'TORS':>4} {'SUBNET':<18} {'BRIDGE':<11} {'LINK':<8} "
+          "FAULTS")
     for lab in labs:
-        faults = "; ".join(f"node{i}: {_describe_fault(f)}" for i, f in sorted(lab.faults.items()))
-        print(f"{lab.name:<20} {len(lab.nodes):>5} {lab.subnet:<18} {lab.bridge:<11} "
-              f"{format_rate(lab.link_rate_bps):<8} {faults or '-'}")
-    return 0
-
-
-def _describe_fault(fault: dict) -> str:
-    from lab.units import format_rate
-    parts = []
-    if "loss" in fault:
-        parts.append(f"loss {fault['loss']['pct']:g}% {fault['loss']['direction']}")
-    if "shape" in fault:
-        s = fault["shape"]
-        parts.append(f"shape {format_rate(s['rate_bps'])} burst {s['burst']}B limit {s['limit']}B")
-    return ", ".join(parts)
-
-
-def _need_node(args) -> int:
-    if args.node is None:
-        raise UserError("this fault needs a node", "give --node I (0-based) before the fault name")
-    return args.node
-
-
-def cmd_fault_loss(args) -> int:
-    from lab.faults import loss
-    from lab.topology import load
-    text = args.pct.strip().rstrip("%")
-    try:
-        pct = float(text)
-    except ValueError:
-        raise UserError(f"loss {args.pct!r} is not a number", "give a percentage, e.g. 2 or 0.5") \
-            from None
-    lab = load(args.name)
-    node = lab.node(_need_node(args))
-    loss(lab, node.index, pct, args.direction)
-    print(f"lab {lab.name} node {node.index}: " +
-          (f"loss {pct:g}% ({args.direction}) on switch port {node.port}" if pct
-           else f"no loss on switch port {node.port}"))
-    return 0
-
-
-def cmd_fault_shape(args) -> int:
-    from lab.faults import shape
-    from lab.topology import load
-    from lab.units import format_rate
-    lab = load(args.name)
-    node = lab.node(_need_node(args))
-    p = shape(lab, node.index, args.rate, args.burst, limit=args.limit, latency=args.latency)
-    print(f"lab {lab.name} node {node.index}: tbf rate {format_rate(p['rate_bps'])} burst "
-          f"{p['burst']}B limit {p['limit']}B on switch port {node.port}")
-    return 0
-
-
-def cmd_clear(args) -> int:
-    from lab.faults import clear
-    from lab.topology import load
-    lab = load(args.name)
-    if args.node is not None:
-        lab.node(args.node)
-    clear(lab, args.node)
-    which = f"node {args.node}" if args.node is not None else "every node"
-    print(f"lab {lab.name}: faults cleared on {which}")
+        print(f"{lab.name:<20} {len(lab.nodes):>5} {len(lab.tors):>4} {lab.subnet:<18} "
+              f"{lab.bridge:<11} {format_rate(lab.link_rate_bps):<8} {describe_faults(lab) or '-'}")
     return 0
 
 

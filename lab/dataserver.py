@@ -1,6 +1,6 @@
 """A stand-in for remote storage: dataset shards to read, a checkpoint store to write.
 
-    python -m lab.dataserver --listen ADDR:PORT [--metrics-listen ADDR:PORT]
+    python -m lab.dataserver --listen ADDR:PORT [--metrics-listen ADDR:PORT] [--lab NAME]
 
 Real training reads its data from, and writes its checkpoints to, a storage
 service (NFS, object store, a data-loader fleet). None exists in the lab, so
@@ -23,6 +23,11 @@ counts it (bad_requests). On start it prints one JSON line {"listening":
 served as Prometheus metrics (fabricscope_lab_dataserver_*). Under a launcher
 that sets FABRICSCOPE_LAB_PARENT it leaves when the launcher dies.
 
+With --lab NAME it is that lab's storage and can be slowed while it runs: the
+lab's storage fault (lab.faults.storage: a rate and/or a per-request delay, see
+lab/storage_fault.py) applies to every request that starts after it was set; the
+server prints {"storage_fault": {...}} when it sees the fault change.
+
 Python side: DataClient (one persistent connection) and running_dataserver(lab)
 (the server inside a lab node's namespace, always stopped by pid on exit).
 """
@@ -41,9 +46,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass
 
 from fabricscope.errors import UserError
+from lab.storage_fault import Pacer, StorageFault, pacer_for
 
 MAGIC = b"FSDS"
 OP_GET, OP_PUT = b"G", b"P"
@@ -105,12 +112,15 @@ class _Handler(socketserver.BaseRequestHandler):
                 # Counted before the reply goes out: a client that has its reply
                 # finds the request in any later snapshot (handler threads are not
                 # joined at exit). A reply that then fails counts as aborted too.
+                fault = self.server.fault()
                 if op == OP_GET:
                     self.server.add(gets=1, bytes_sent=length)
-                    _send_zeros(sock, length)
+                    _pause(fault.delay_s)
+                    _send_zeros(sock, length, pacer_for(fault))
                 else:
-                    got = _drain(sock, length, scratch)
+                    got = _drain(sock, length, scratch, pacer_for(fault))
                     self.server.add(puts=1, bytes_received=got)
+                    _pause(fault.delay_s)
                     sock.sendall(ACK.pack(got))
         except (ConnectionError, OSError):
             self.server.add(aborted=1)
@@ -121,9 +131,12 @@ class DataServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     request_queue_size = 64
 
-    def __init__(self, address: tuple[str, int]):
+    def __init__(self, address: tuple[str, int], fault=StorageFault):
+        """fault: called at the start of every request for the StorageFault to apply
+        (default: none)."""
         super().__init__(address, _Handler)
         self.stats = Stats()
+        self.fault = fault
         self._lock = threading.Lock()
 
     def add(self, **deltas: int) -> None:
@@ -149,23 +162,37 @@ def _recv_exact(sock: socket.socket, n: int, at_boundary: bool = False) -> bytes
     return bytes(buf)
 
 
-def _send_zeros(sock: socket.socket, length: int) -> None:
+def _pause(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+def _send_zeros(sock: socket.socket, length: int, pacer: Pacer | None = None) -> None:
+    """Send `length` zero bytes; with a pacer, each chunk only once the rate allows it."""
     zeros = memoryview(_ZEROS)
-    left = length
-    while left:
-        n = min(left, CHUNK)
+    step = pacer.chunk(CHUNK) if pacer else CHUNK
+    sent = 0
+    while sent < length:
+        n = min(length - sent, step)
+        if pacer:
+            pacer.wait(sent + n)
         sock.sendall(zeros[:n])
-        left -= n
+        sent += n
 
 
-def _drain(sock: socket.socket, length: int, scratch: bytearray) -> int:
-    """Read exactly `length` bytes into nowhere; ConnectionError if the peer stops early."""
+def _drain(sock: socket.socket, length: int, scratch: bytearray,
+           pacer: Pacer | None = None) -> int:
+    """Read exactly `length` bytes into nowhere; ConnectionError if the peer stops early.
+    With a pacer, reads no faster than its rate (the peer's sends back up behind it)."""
     view, got = memoryview(scratch), 0
+    step = pacer.chunk(len(scratch)) if pacer else len(scratch)
     while got < length:
-        k = sock.recv_into(view, min(len(scratch), length - got))
+        k = sock.recv_into(view, min(step, length - got))
         if k == 0:
             raise ConnectionError(f"peer closed after {got} of {length} bytes")
         got += k
+        if pacer:
+            pacer.wait(got)
     return got
 
 
@@ -191,12 +218,15 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Lab stand-in for dataset/checkpoint storage.")
     parser.add_argument("--listen", required=True, help="ADDR:PORT (port 0: pick a free one)")
     parser.add_argument("--metrics-listen", help="ADDR:PORT for Prometheus /metrics")
+    parser.add_argument("--lab", metavar="NAME",
+                        help="the lab whose storage this is: apply its storage fault")
     args = parser.parse_args(argv)
     from lab.train_worker import exit_with_parent
     try:
         host, port = parse_addr(args.listen, allow_port_zero=True)
+        fault = _lab_fault(args.lab) if args.lab else StorageFault
         try:
-            server = DataServer((host, port))
+            server = DataServer((host, port), fault)
         except OSError as exc:
             raise UserError(f"cannot listen on {args.listen}: {exc.strerror}",
                             "give a local address and a free port (or port 0)") from None
@@ -221,6 +251,17 @@ def main(argv: list[str] | None = None) -> int:
         server.server_close()
     print(json.dumps({"stopped": server.snapshot()}), flush=True)
     return 0
+
+
+def _lab_fault(lab: str):
+    """The lab's storage fault as the server reads it: a Watcher on its state file."""
+    from lab import naming
+    from lab.storage_fault import Watcher
+
+    def announce(fault: StorageFault) -> None:
+        print(json.dumps({"storage_fault": fault.to_dict()}), flush=True)
+
+    return Watcher(naming.state_file(naming.check_name(lab)), announce).current
 
 
 # -- client ---------------------------------------------------------------------------------
@@ -273,8 +314,9 @@ def running_dataserver(lab, node_index: int | None = 0, timeout_s: float = 60.0,
 
     node_index None: in the root namespace on the lab's gateway (bridge) address, a
     peer that is no rank's node, so every rank's transfers cross its NIC (a server on
-    node 0 serves rank 0 over that namespace's loopback). Always stopped by pid on
-    exit (SIGTERM, SIGKILL after grace_s), also on errors."""
+    node 0 serves rank 0 over that namespace's loopback). It applies the lab's
+    storage fault (lab.faults.storage), also one set while it runs. Always stopped
+    by pid on exit (SIGTERM, SIGKILL after grace_s), also on errors."""
     from lab.stack import await_condition
     from fabricscope.services import terminate
     from lab import exec_argv
@@ -288,7 +330,7 @@ def running_dataserver(lab, node_index: int | None = 0, timeout_s: float = 60.0,
     env = {**os.environ, "FABRICSCOPE_LAB_PARENT": str(os.getpid()), "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([REPO_ROOT] + [
                p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-    argv = [sys.executable, "-m", "lab.dataserver",
+    argv = [sys.executable, "-m", "lab.dataserver", "--lab", lab.name,
             "--listen", f"{node.address if node else lab.gateway}:0"]
     argv = exec_argv(node, argv) if node else argv
     with os.fdopen(fd, "wb") as log:

@@ -4,16 +4,25 @@ Everything a lab creates on the host is named from a 6-hex-digit hash of the lab
 name, so two labs never collide and a lab can be torn down even without its state
 file:
 
-    bridge            fs<h6>br          e.g. fs3f9a0cbr   (root namespace)
-    switch port I     fs<h6>p<I>        e.g. fs3f9a0cp1   (root namespace, bridge-side veth)
+    gateway bridge    fs<h6>br          e.g. fs3f9a0cbr   (one ToR: the ToR, tor0)
+    spine bridge      fs<h6>sp          e.g. fs3f9a0csp   (K ToRs, K > 1: holds the gateway)
+    ToR K bridge      fs<h6>t<K>        e.g. fs3f9a0ct1   (K ToRs, K > 1)
+    uplink K          fs<h6>ut<K> == fs<h6>us<K>          (veth: ToR-side end == spine-side end)
+    switch port I     fs<h6>p<I>        e.g. fs3f9a0cp1   (root namespace, ToR-side veth)
     node NIC I        fs<h6>n<I>        e.g. fs3f9a0cn1   (inside the node's netns)
     netns I           fs-<name>-n<I>    e.g. fs-demo-n1
     nft table         bridge fabricscope_<h6>
     state             $FABRICSCOPE_LAB_DIR/<name>.json    (default /run/fabricscope/labs)
     per-node dir      $FABRICSCOPE_LAB_DIR/<name>/node<I>/ (markers/, train.log)
+    topology file     $FABRICSCOPE_LAB_DIR/<name>/topology.yaml (fabricscope/topology.py)
+    ToR K             tor<K>            (its name in the topology file, for the collector)
+
+Every interface name fits IFNAMSIZ (15 characters) for 64 nodes and ToRs.
+Nodes hang off the ToRs in contiguous blocks (tor_blocks): with N nodes on K
+ToRs the first N mod K ToRs take one node more than the others.
 
 Addresses come from 198.18.0.0/15 (RFC 2544 benchmarking space): each lab takes
-one free /24 (512 of them), nodes get .1, .2, ... and the bridge (gateway) .254.
+one free /24 (512 of them), nodes get .1, .2, ... and the gateway bridge .254.
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ MAX_NODES = 64            # well below the 253 host addresses of a /24; veths co
 DEFAULT_DIR = "/run/fabricscope/labs"
 NFT_FAMILY = "bridge"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
-IFNAME_RE = re.compile(r"^fs[0-9a-f]{6}(?:br|p\d+|n\d+)$")
+IFNAME_RE = re.compile(r"^fs[0-9a-f]{6}(?:br|sp|t\d+|ut\d+|us\d+|p\d+|n\d+)$")
+BRIDGE_RE = re.compile(r"^fs[0-9a-f]{6}(?:br|sp|t\d+)$")
 NFT_TABLE_RE = re.compile(r"^fabricscope_[0-9a-f]{6}$")
 NETNS_RE = re.compile(r"^fs-[A-Za-z0-9][A-Za-z0-9_-]{0,31}-n\d+$")
 
@@ -56,12 +66,56 @@ def check_nodes(nodes) -> int:
     return nodes
 
 
+def check_tors(tors, nodes: int) -> int:
+    """A valid ToR count for `nodes` nodes: 1 (one bridge) up to one ToR per node."""
+    if isinstance(tors, bool) or not isinstance(tors, int) or not 1 <= tors <= nodes:
+        raise UserError(f"ToR count {tors!r} is out of range for {nodes} node(s)",
+                        f"give --tors between 1 and {nodes} (the node count)")
+    return tors
+
+
+def tor_blocks(nodes: int, tors: int) -> list[list[int]]:
+    """Node indices on each ToR: contiguous blocks, the first `nodes % tors` ToRs
+    one node larger (7 nodes on 3 ToRs: [0, 1, 2], [3, 4], [5, 6])."""
+    size, extra = divmod(nodes, tors)
+    blocks, start = [], 0
+    for k in range(tors):
+        end = start + size + (1 if k < extra else 0)
+        blocks.append(list(range(start, end)))
+        start = end
+    return blocks
+
+
 def lab_hash(name: str) -> str:
     return hashlib.sha1(name.encode()).hexdigest()[:6]
 
 
 def bridge_name(name: str) -> str:
     return f"fs{lab_hash(name)}br"
+
+
+def spine_name(name: str) -> str:
+    return f"fs{lab_hash(name)}sp"
+
+
+def tor_name(index: int) -> str:
+    """The ToR's name for the topology file and the collector: 'tor<K>'."""
+    return f"tor{index}"
+
+
+def tor_bridge_name(name: str, index: int, tors: int) -> str:
+    """ToR `index`'s bridge: the gateway bridge itself when it is the only ToR."""
+    return bridge_name(name) if tors == 1 else f"fs{lab_hash(name)}t{index}"
+
+
+def uplink_name(name: str, index: int) -> str:
+    """ToR-side end of ToR `index`'s uplink (its egress: frames toward the spine)."""
+    return f"fs{lab_hash(name)}ut{index}"
+
+
+def uplink_peer_name(name: str, index: int) -> str:
+    """Spine-side end of ToR `index`'s uplink (its egress: frames toward the ToR)."""
+    return f"fs{lab_hash(name)}us{index}"
 
 
 def port_name(name: str, index: int) -> str:
@@ -89,9 +143,12 @@ def nft_table(name: str) -> str:
 def mac(name: str, index: int, side: str) -> str:
     """Deterministic locally administered MAC: 02:h:h:h:<side>:<index>.
 
-    side: 'node' (00), 'port' (01) or 'bridge' (fe, index ignored)."""
+    side: 'node' (00), 'port' (01), 'uplink' (02: ToR-side end), 'uplink_peer' (03:
+    spine-side end), 'tor' (fd: a ToR bridge of several) or 'bridge' (fe, index
+    ignored: the gateway bridge)."""
     h = lab_hash(name)
-    side_byte = {"node": 0x00, "port": 0x01, "bridge": 0xFE}[side]
+    side_byte = {"node": 0x00, "port": 0x01, "uplink": 0x02, "uplink_peer": 0x03,
+                 "tor": 0xFD, "bridge": 0xFE}[side]
     last = 0 if side == "bridge" else index
     return f"02:{h[0:2]}:{h[2:4]}:{h[4:6]}:{side_byte:02x}:{last:02x}"
 
@@ -144,3 +201,7 @@ def node_dir(name: str, index: int) -> str:
 
 def markers_dir(name: str, index: int) -> str:
     return os.path.join(node_dir(name, index), "markers")
+
+
+def topology_path(name: str) -> str:
+    return os.path.join(lab_dir(name), "topology.yaml")

@@ -1,12 +1,18 @@
-"""The lab's nftables table: one `bridge` family table per lab, one pair of chains per node.
+"""The lab's nftables table: one `bridge` family table per lab, one pair of chains
+per node and per uplink.
 
     table bridge fabricscope_<h6>
       chain pre   hook prerouting   iifname <port I> jump node<I>_tx   (frames node I sends)
       chain post  hook postrouting  oifname <port I> jump node<I>_rx   (frames sent to node I)
-      chain node<I>_tx, node<I>_rx  empty, or the node's fault rules
+                                    oifname <ToR-side end of K's uplink> jump tor<K>_up
+                                    oifname <spine-side end of K's uplink> jump tor<K>_down
+      chain node<I>_tx, node<I>_rx, tor<K>_up, tor<K>_down   empty, or the fault's rules
 
-Faults only flush and refill a node's own two chains, atomically (`nft -f -`), so
-other nodes' counters keep counting.
+A bridge-family hook sees the frames of every bridge of the root namespace, so one
+table covers the ToRs and the spine: `tor<K>_up` sees the frames ToR K forwards
+toward the spine, `tor<K>_down` those the spine forwards toward ToR K. Faults
+only flush and refill their own chains, atomically (`nft -f -`), so the others'
+counters keep counting.
 """
 
 from __future__ import annotations
@@ -42,17 +48,25 @@ def tables() -> list[tuple[str, str]]:
             for t in list_json("tables") if "table" in t]
 
 
-def create_table_script(table: str, ports: list[str]) -> str:
+def create_table_script(table: str, ports: list[str],
+                        uplinks: list[tuple[str, str, str]] = ()) -> str:
+    """The lab's table; ports: node I's switch port at index I; uplinks: (ToR name,
+    ToR-side end, spine-side end) per ToR with an uplink."""
     # "table X; delete table X; table X {...}" replaces a leftover table atomically
     lines = [f"table {FAMILY} {table}", f"delete table {FAMILY} {table}",
              f"table {FAMILY} {table} {{"]
     for i in range(len(ports)):
         lines += [f"  chain node{i}_tx {{ }}", f"  chain node{i}_rx {{ }}"]
+    for tor, _, _ in uplinks:
+        lines += [f"  chain {tor}_up {{ }}", f"  chain {tor}_down {{ }}"]
     lines.append("  chain pre { type filter hook prerouting priority -200; policy accept;")
     lines += [f'    iifname "{p}" jump node{i}_tx' for i, p in enumerate(ports)]
     lines.append("  }")
     lines.append("  chain post { type filter hook postrouting priority 200; policy accept;")
     lines += [f'    oifname "{p}" jump node{i}_rx' for i, p in enumerate(ports)]
+    for tor, tor_end, spine_end in uplinks:
+        lines += [f'    oifname "{tor_end}" jump {tor}_up',
+                  f'    oifname "{spine_end}" jump {tor}_down']
     lines += ["  }", "}"]
     return "\n".join(lines) + "\n"
 
@@ -70,13 +84,24 @@ def loss_threshold(pct: float) -> int:
 
 def node_rules_script(table: str, index: int, loss_pct: float | None, direction: str) -> str:
     """Flush node `index`'s chains and, with a loss, refill them (direction: both, tx, rx)."""
-    lines = [f"flush chain {FAMILY} {table} node{index}_tx",
-             f"flush chain {FAMILY} {table} node{index}_rx"]
-    if loss_pct:
-        thr = loss_threshold(loss_pct)
-        for chain in (("tx", "rx") if direction == "both" else (direction,)):
-            lines.append(f"add rule {FAMILY} {table} node{index}_{chain} numgen random mod 10000 "
-                         f'< {thr} counter drop comment "loss {loss_pct:g}%"')
+    chains = ("tx", "rx") if direction == "both" else (direction,)
+    return rules_script(table, [f"node{index}_tx", f"node{index}_rx"],
+                        [f"node{index}_{c}" for c in chains] if loss_pct else [], loss_pct)
+
+
+def uplink_rules_script(table: str, tor: str, loss_pct: float | None, direction: str) -> str:
+    """Flush ToR `tor`'s uplink chains and, with a loss, refill them (both, up, down)."""
+    chains = ("up", "down") if direction == "both" else (direction,)
+    return rules_script(table, [f"{tor}_up", f"{tor}_down"],
+                        [f"{tor}_{c}" for c in chains] if loss_pct else [], loss_pct)
+
+
+def rules_script(table: str, flush: list[str], lossy: list[str], loss_pct: float | None) -> str:
+    """Flush the chains `flush`, then give each of `lossy` a random-drop rule."""
+    lines = [f"flush chain {FAMILY} {table} {chain}" for chain in flush]
+    for chain in lossy:
+        lines.append(f"add rule {FAMILY} {table} {chain} numgen random mod 10000 "
+                     f'< {loss_threshold(loss_pct)} counter drop comment "loss {loss_pct:g}%"')
     return "\n".join(lines) + "\n"
 
 

@@ -109,7 +109,13 @@ def end_processes(names: list[str], grace_s: float = 3.0) -> int:
 
     Left alive, they would keep the namespace (and its veth, and so the switch port)
     in existence after the lab is gone."""
-    pids = netns_pids(names)
+    return end_pids(netns_pids(names), ", ".join(names), grace_s)
+
+
+def end_pids(pids: list[int], where: str, grace_s: float = 3.0) -> int:
+    """SIGTERM these processes (of a lab: in its namespaces or cgroups), SIGKILL what
+    is left after grace_s; returns how many there were."""
+    pids = sorted(set(pids))
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
@@ -122,7 +128,7 @@ def end_processes(names: list[str], grace_s: float = 3.0) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     if pids:
-        log.info("ended %d process(es) left in %s", len(pids), ", ".join(names))
+        log.info("ended %d process(es) left in %s", len(pids), where)
     return len(pids)
 
 

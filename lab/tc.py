@@ -52,16 +52,34 @@ def clear_root(ipr, index: int) -> None:
             raise
 
 
+def reset_root(ipr, index: int, link_tbf: dict | None) -> None:
+    """Back to the lab's default: the link-rate TBF (link_tbf) or no qdisc (None)."""
+    if link_tbf:
+        set_tbf(ipr, index, link_tbf)
+    else:
+        clear_root(ipr, index)
+
+
 def root_qdisc(ipr, index: int) -> dict:
-    """The root qdisc of link `index`: {'kind', 'rate_bps', 'limit', 'buffer_ticks'} for TBF."""
+    """The root qdisc of link `index`: {'kind', 'bytes', 'packets', 'drops', 'overlimits'}
+    (the qdisc's own counters, since it was installed) and, for TBF, 'rate_bps',
+    'limit' and 'buffer_ticks'."""
     for msg in ipr.get_qdiscs(index=index):
         if msg["parent"] != 0xFFFFFFFF:
             continue
         kind = msg.get_attr("TCA_KIND")
-        out = {"kind": kind}
+        out = {"kind": kind, **_counters(msg)}
         if kind == "tbf":
             parms = msg.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")
             out.update(rate_bps=parms["rate"] * 8, limit=parms["limit"],
                        buffer_ticks=parms["buffer"])
         return out
     return {"kind": None}
+
+
+def _counters(msg) -> dict:
+    stats = msg.get_attr("TCA_STATS2")
+    basic = (stats.get_attr("TCA_STATS_BASIC") if stats else None) or {}
+    queue = (stats.get_attr("TCA_STATS_QUEUE") if stats else None) or {}
+    return {"bytes": basic.get("bytes", 0), "packets": basic.get("packets", 0),
+            "drops": queue.get("drops", 0), "overlimits": queue.get("overlimits", 0)}

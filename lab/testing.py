@@ -47,7 +47,7 @@ def _sigterm(signum, frame):
 
 @contextlib.contextmanager
 def running_lab(name: str | None = None, nodes: int = 2, link_rate=None, shape_links: bool = True,
-                wire_frames: bool = False):
+                wire_frames: bool = False, tors: int = 1):
     """up(name or a fresh unique name, nodes, ...) for the block; down() always."""
     name = name or unique_name()
     swapped = False
@@ -60,7 +60,7 @@ def running_lab(name: str | None = None, nodes: int = 2, link_rate=None, shape_l
         try:
             down_orphans()          # labs of test runs that died where no teardown ran
             lab = up(name, nodes, link_rate=link_rate, shape_links=shape_links,
-                     wire_frames=wire_frames, owner_pid=os.getpid())
+                     wire_frames=wire_frames, owner_pid=os.getpid(), tors=tors)
             yield lab
         finally:
             down(name)

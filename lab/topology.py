@@ -1,19 +1,36 @@
-"""Create, load and remove labs: N network namespaces on one Linux bridge.
+"""Create, load and remove labs: N network namespaces on one or K Linux bridges.
+
+One ToR (default), as `lab up --nodes N`:
 
     root namespace                                     node I (netns fs-<name>-n<I>)
     bridge fs<h6>br 198.18.K.254/24 -- port fs<h6>p<I> == veth == fs<h6>n<I> 198.18.K.(I+1)/24
 
-The bridge is the top-of-rack switch (STP off, no forwarding delay: ports forward
-as soon as they are up, like edge ports); its address is the gateway, so the root
-namespace (collector, InfluxDB) and every node reach each other. Nodes get no
+Leaf-spine, `lab up --nodes N --tors K` (K > 1):
+
+    spine fs<h6>sp 198.18.K.254/24 -- us<K> == uplink veth == ut<K> -- ToR bridge fs<h6>t<K>
+        ToR K bridge -- port fs<h6>p<I> == veth == node I, for the nodes of ToR K
+
+A bridge is a switch (STP off: one L2 subnet shaped as a tree has no loop; no
+forwarding delay: ports forward as soon as they are up, like edge ports). Nodes
+hang off the ToRs in contiguous blocks (lab.naming.tor_blocks). The gateway
+address is on the bridge above every node (the only ToR, else the spine), so the
+root namespace (collector, InfluxDB, the data server) sits behind the spine and
+reaches every node, and cross-ToR traffic crosses two uplinks. Nodes get no
 default route: lab traffic cannot leave the subnet. The lab is IPv4 only: IPv6
-is disabled on the bridge, the ports and in the nodes, so no DAD/MLD chatter
-shows up in the agents' counters. RPS on every veth keeps each flow in order.
+is disabled on the bridges, ports, uplinks and in the nodes, so no DAD/MLD
+chatter shows up in the agents' counters. RPS on every veth keeps each flow in
+order. With a shaped link rate, TBF sits on both ends of every link, uplinks too.
 
 By default the veths pass GSO skbs (up to 64 KB) as a host hands them to a NIC
 doing TSO, so a loss rule drops whole GSO bursts: 2 % loss is 2 % of skbs, about
-2 % of bytes, but in bursts. `wire_frames` limits every veth to one segment per
-skb: loss and TBF then act per wire frame, as on a real switch, at ~10x the CPU.
+2 % of bytes, but in bursts. `wire_frames` limits every veth (uplinks too) to
+one segment per skb: loss and TBF then act per wire frame, as on a real switch,
+at ~10x the CPU.
+
+`lab up` also writes <lab dir>/topology.yaml (node -> ToR, the format production
+generates from node labels; fabricscope/topology.py reads it) and makes one CPU
+cgroup per node (lab.cgroups) for the CPU fault. Teardown removes all of it,
+found by the lab's derived names, so it also works without the state file.
 
 State lives in $FABRICSCOPE_LAB_DIR/<name>.json (default /run/fabricscope/labs);
 every change holds an exclusive flock on $FABRICSCOPE_LAB_DIR/.lock, so
@@ -23,114 +40,22 @@ concurrent `lab up`s pick distinct subnets.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import errno
 import fcntl
-import ipaddress
 import json
 import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 
 from fabricscope.errors import UserError
-from lab import naming, nft, nsops, tc
+from fabricscope.topology import write_topology
+from lab import cgroups, links, naming, nft, nsops, tc
+from lab.model import Lab, LabNode, LabTor, plan
 from lab.units import parse_rate
 
 log = logging.getLogger(__name__)
 
 NO_IPV6 = {"net/ipv6/conf/all/disable_ipv6": "1", "net/ipv6/conf/default/disable_ipv6": "1"}
-
-
-@dataclass
-class LabNode:
-    """One node: a network namespace with one NIC plugged into the lab's bridge."""
-
-    index: int
-    name: str            # node name for agents and the collector: "node<I>"
-    netns: str           # network namespace name (`ip netns exec <netns> ...`)
-    ifname: str          # the node's NIC, inside the netns
-    port: str            # its switch port: the bridge-side veth, in the root namespace
-    address: str         # the NIC's IPv4 address, no prefix
-    mac: str             # the NIC's MAC
-    port_mac: str        # the switch port's MAC
-    dir: str             # per-node state directory (train.log)
-    markers_dir: str     # FABRICSCOPE_MARKERS_DIR for training processes on this node
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class Lab:
-    """A lab as recorded in its state file (see lab/__init__.py for the JSON)."""
-
-    name: str
-    bridge: str
-    gateway: str
-    subnet: str
-    prefixlen: int
-    link_rate_bps: int | None
-    nodes: list[LabNode]
-    nft_table: str = ""
-    dir: str = ""
-    link_shaped: bool = False          # link rate applied as TBF (else recorded only)
-    wire_frames: bool = False          # gso_max_segs 1 on every veth (see up())
-    faults: dict[int, dict] = field(default_factory=dict)   # node index -> {"loss":..,"shape":..}
-    created: float = 0.0
-    # the process whose `running_lab` block owns the lab (0: `lab up`, kept until
-    # `lab down`): a lab whose owner died without tearing it down is an orphan
-    owner_pid: int = 0
-
-    def node(self, index) -> LabNode:
-        if isinstance(index, bool) or not isinstance(index, int) \
-                or not 0 <= index < len(self.nodes):
-            raise UserError(f"lab {self.name!r} has no node {index!r}",
-                            f"give a node index between 0 and {len(self.nodes) - 1}")
-        return self.nodes[index]
-
-    @property
-    def world_size(self) -> int:
-        return len(self.nodes)
-
-    def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
-        data["faults"] = {str(k): v for k, v in sorted(self.faults.items())}
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Lab":
-        data = dict(data)
-        data["nodes"] = [LabNode(**n) for n in data["nodes"]]
-        data["faults"] = {int(k): v for k, v in (data.get("faults") or {}).items()}
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    def save(self) -> None:
-        os.makedirs(naming.state_dir(), exist_ok=True)
-        path = naming.state_file(self.name)
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as fh:
-            json.dump(self.to_dict(), fh, indent=1)
-            fh.write("\n")
-        os.replace(tmp, path)
-
-
-def plan(name: str, nodes: int, subnet, link_rate_bps: int | None = None) -> Lab:
-    """The Lab that `up` would build on `subnet` (pure: touches nothing)."""
-    naming.check_name(name)
-    naming.check_nodes(nodes)
-    net = ipaddress.ip_network(subnet)
-    members = [LabNode(index=i, name=naming.node_name(name, i), netns=naming.netns_name(name, i),
-                       ifname=naming.node_ifname(name, i), port=naming.port_name(name, i),
-                       address=naming.node_address(net, i), mac=naming.mac(name, i, "node"),
-                       port_mac=naming.mac(name, i, "port"), dir=naming.node_dir(name, i),
-                       markers_dir=naming.markers_dir(name, i))
-               for i in range(nodes)]
-    return Lab(name=name, bridge=naming.bridge_name(name), gateway=naming.gateway_address(net),
-               subnet=str(net), prefixlen=net.prefixlen, link_rate_bps=link_rate_bps,
-               nodes=members, nft_table=naming.nft_table(name), dir=naming.lab_dir(name))
 
 
 def require_root(what: str = "lab commands") -> None:
@@ -206,18 +131,20 @@ def _host_networks(ipr) -> list[str]:
 
 
 def up(name: str, nodes: int, link_rate=None, shape_links: bool = True,
-       wire_frames: bool = False, owner_pid: int = 0) -> Lab:
+       wire_frames: bool = False, owner_pid: int = 0, tors: int = 1) -> Lab:
     """Create lab `name` with `nodes` nodes (clearing a stale lab of that name first).
 
     link_rate: '1gbit', bit/s as int, or None. It is recorded as the nodes' link
     speed and, with shape_links (default), applied as TBF on both ends of every
-    link (switch port egress and node NIC egress). wire_frames: one TCP segment
-    per skb on every veth (gso_max_segs 1), so loss and shaping act per wire frame
-    as on a real switch; costs about 10x the CPU per byte. Returns the Lab."""
+    link (switch port egress and node NIC egress, both ends of every uplink).
+    wire_frames: one TCP segment per skb on every veth (gso_max_segs 1), so loss
+    and shaping act per wire frame as on a real switch; costs about 10x the CPU
+    per byte. tors: 1 (one bridge) or K leaf bridges under a spine. Returns the Lab."""
     from pyroute2 import IPRoute, NetlinkError
 
     naming.check_name(name)
     naming.check_nodes(nodes)
+    naming.check_tors(tors, nodes)
     rate = parse_rate(link_rate) if link_rate is not None else None
     link_tbf = tc.tbf_params(rate) if (rate is not None and shape_links) else None
     require_root("`lab up`")
@@ -229,7 +156,7 @@ def up(name: str, nodes: int, link_rate=None, shape_links: bool = True,
         _teardown(name)
         with IPRoute() as ipr:
             used = [lab.subnet for lab in list_labs()] + _host_networks(ipr)
-        lab = plan(name, nodes, naming.allocate_subnet(used), rate)
+        lab = plan(name, nodes, naming.allocate_subnet(used), rate, tors=tors)
         lab.link_shaped = link_tbf is not None
         lab.wire_frames = bool(wire_frames)
         lab.created = time.time()
@@ -253,15 +180,40 @@ def _build(lab: Lab, link_tbf: dict | None) -> None:
     for node in lab.nodes:
         os.makedirs(node.markers_dir, exist_ok=True)
     with IPRoute() as ipr:
-        ipr.link("add", ifname=lab.bridge, kind="bridge", address=naming.mac(lab.name, 0, "bridge"),
-                 br_stp_state=0, br_forward_delay=0, br_mcast_snooping=0)
-        br = ipr.link_lookup(ifname=lab.bridge)[0]
-        nsops.set_sysctl(f"/proc/sys/net/ipv6/conf/{lab.bridge}/disable_ipv6", "1")
-        ipr.addr("add", index=br, address=lab.gateway, prefixlen=lab.prefixlen)
-        ipr.link("set", index=br, state="up")
+        bridges = {}
+        for tor in lab.tors:
+            mac = (naming.mac(lab.name, tor.index, "tor") if lab.spine
+                   else naming.mac(lab.name, 0, "bridge"))
+            bridges[tor.name] = links.add_bridge(ipr, tor.bridge, mac)
+        if lab.spine:
+            spine = links.add_bridge(ipr, lab.spine, naming.mac(lab.name, 0, "bridge"))
+            for tor in lab.tors:
+                _add_uplink(ipr, lab, tor, bridges[tor.name], spine, link_tbf)
+        ipr.addr("add", index=ipr.link_lookup(ifname=lab.bridge)[0], address=lab.gateway,
+                 prefixlen=lab.prefixlen)
         for node in lab.nodes:
-            _add_node(ipr, lab, node, br, link_tbf)
-    nft.run(nft.create_table_script(lab.nft_table, [n.port for n in lab.nodes]))
+            _add_node(ipr, lab, node, bridges[node.tor], link_tbf)
+    nft.run(nft.create_table_script(lab.nft_table, [n.port for n in lab.nodes],
+                                    [(t.name, t.uplink, t.spine_port) for t in lab.tors
+                                     if t.uplink]))
+    write_topology(lab.topology(), lab.topology_path)
+    for node, path in zip(lab.nodes, cgroups.create(lab.name, len(lab.nodes))):
+        node.cgroup = path
+
+
+def _add_uplink(ipr, lab: Lab, tor: LabTor, tor_bridge: int, spine_bridge: int,
+                link_tbf: dict | None) -> None:
+    """ToR `tor`'s uplink: a veth from its bridge (end tor.uplink) to the spine's
+    (end tor.spine_port), configured like a switch port."""
+    tor_end, spine_end = links.add_veth(
+        ipr, tor.uplink, naming.mac(lab.name, tor.index, "uplink"),
+        tor.spine_port, naming.mac(lab.name, tor.index, "uplink_peer"), lab.wire_frames)
+    links.disable_ipv6(tor.spine_port)
+    links.plug(ipr, tor_end, tor_bridge)
+    links.plug(ipr, spine_end, spine_bridge)
+    if link_tbf:
+        tc.set_tbf(ipr, tor_end, link_tbf)
+        tc.set_tbf(ipr, spine_end, link_tbf)
 
 
 def _add_node(ipr, lab: Lab, node: LabNode, bridge_index: int, link_tbf: dict | None) -> None:
@@ -269,22 +221,10 @@ def _add_node(ipr, lab: Lab, node: LabNode, bridge_index: int, link_tbf: dict | 
 
     netns.create(node.netns)
     nsops.ns_sysctl(node.netns, NO_IPV6)      # before the NIC arrives: it inherits "default"
-    # wire_frames: gso_max_segs 1 hands the veths one wire-sized frame per skb, so nft
-    # loss and TBF act per frame instead of per GSO burst of up to 64 KB.
-    gso = {"gso_max_segs": 1} if lab.wire_frames else {}
-    ipr.link("add", ifname=node.port, kind="veth", address=node.port_mac,
-             peer={"ifname": node.ifname, "address": node.mac, **gso}, **gso)
-    port, nic = ipr.link_lookup(ifname=node.port)[0], ipr.link_lookup(ifname=node.ifname)[0]
-    # RPS keeps each flow on one CPU's backlog: veth hands frames to the backlog of
-    # whichever CPU the sender runs on, and a sender migrating between CPUs would
-    # reorder its own flow (hundreds of spurious fast retransmits per DDP step).
-    # Set while both ends are in the root namespace's sysfs; it survives the move.
-    mask = naming.cpu_mask(os.cpu_count() or 1)
-    for dev in (node.port, node.ifname):
-        nsops.set_sysctl(f"/sys/class/net/{dev}/queues/rx-0/rps_cpus", mask)
-    nsops.set_sysctl(f"/proc/sys/net/ipv6/conf/{node.port}/disable_ipv6", "1")
+    port, nic = links.add_veth(ipr, node.port, node.port_mac, node.ifname, node.mac,
+                               lab.wire_frames)
     ipr.link("set", index=nic, net_ns_fd=node.netns)
-    ipr.link("set", index=port, master=bridge_index, state="up")
+    links.plug(ipr, port, bridge_index)
     if link_tbf:
         tc.set_tbf(ipr, port, link_tbf)
     with IPRoute(netns=node.netns) as ns:
@@ -299,8 +239,9 @@ def _add_node(ipr, lab: Lab, node: LabNode, bridge_index: int, link_tbf: dict | 
 def down(name: str) -> bool:
     """Remove lab `name` entirely; idempotent. True when anything was there.
 
-    Also ends processes still running inside the lab's namespaces (SIGTERM, then
-    SIGKILL after 3 s): they would keep the namespaces and links alive."""
+    Also ends processes still running inside the lab's namespaces or its nodes'
+    cgroups (SIGTERM, then SIGKILL after 3 s): they would keep the namespaces,
+    links and cgroups alive."""
     naming.check_name(name)
     require_root("`lab down`")
     with state_lock():
@@ -309,8 +250,8 @@ def down(name: str) -> bool:
 
 def down_all() -> list[str]:
     """Remove every lab with a state file, then orphaned fabricscope netns, links,
-    nft tables and lab directories (matched by strict name patterns). Returns the
-    names of the labs removed."""
+    cgroups, nft tables and lab directories (matched by strict name patterns).
+    Returns the names of the labs removed."""
     from pyroute2 import IPRoute
 
     require_root("`lab down --all`")
@@ -320,15 +261,16 @@ def down_all() -> list[str]:
             _teardown(lab.name)
             removed.append(lab.name)
         orphans = [n for n in nsops.netns_names() if naming.NETNS_RE.match(n)]
-        nsops.end_processes(orphans)
+        orphan_cgroups = [n for n in cgroups.lab_names() if naming.NAME_RE.match(n)]
+        nsops.end_pids(nsops.netns_pids(orphans)
+                       + [p for n in orphan_cgroups for p in cgroups.lab_pids(n)],
+                       "orphaned lab namespaces and cgroups")
         with IPRoute() as ipr:
-            links = [m.get_attr("IFLA_IFNAME") or "" for m in ipr.get_links()]
-            # ports first (each takes its peer along), then bridges
-            for ifname in sorted((n for n in links if naming.IFNAME_RE.match(n)),
-                                 key=lambda n: n.endswith("br")):
-                _del_link(ipr, ifname)
+            links.delete_in_order(ipr, [n for n in _link_names(ipr) if naming.IFNAME_RE.match(n)])
         for ns_name in orphans:
             nsops.remove_netns(ns_name)
+        for lab_name in orphan_cgroups:
+            cgroups.remove(lab_name)
         for family, table in nft.tables():
             if family == nft.FAMILY and naming.NFT_TABLE_RE.match(table):
                 nft.delete_table(table)
@@ -340,18 +282,8 @@ def down_all() -> list[str]:
     return removed
 
 
-def _del_link(ipr, ifname: str) -> bool:
-    from pyroute2 import NetlinkError
-    idx = ipr.link_lookup(ifname=ifname)
-    if not idx:
-        return False
-    try:
-        ipr.link("del", index=idx[0])
-    except NetlinkError as exc:
-        if exc.code not in (errno.ENODEV, errno.ENOENT):
-            raise
-        return False
-    return True
+def _link_names(ipr) -> list[str]:
+    return [m.get_attr("IFLA_IFNAME") or "" for m in ipr.get_links()]
 
 
 def _teardown(name: str) -> bool:
@@ -362,16 +294,13 @@ def _teardown(name: str) -> bool:
     h, prefix = naming.lab_hash(name), f"fs-{name}-n"
     ns_names = [n for n in nsops.netns_names()
                 if n.startswith(prefix) and n[len(prefix):].isdigit()]
-    found = False
-    nsops.end_processes(ns_names)
+    nsops.end_pids(nsops.netns_pids(ns_names) + cgroups.lab_pids(name), f"lab {name}")
     with IPRoute() as ipr:
-        for msg in ipr.get_links():
-            ifname = msg.get_attr("IFLA_IFNAME") or ""
-            if ifname.startswith(f"fs{h}p") and ifname[len(f"fs{h}p"):].isdigit():
-                found |= _del_link(ipr, ifname)    # deleting the port deletes its peer too
+        found = links.delete_in_order(ipr, [n for n in _link_names(ipr)
+                                            if n.startswith(f"fs{h}") and naming.IFNAME_RE.match(n)])
         for ns_name in ns_names:
             found |= nsops.remove_netns(ns_name)
-        found |= _del_link(ipr, naming.bridge_name(name))
+    found |= cgroups.remove(name)
     found |= nft.delete_table(naming.nft_table(name))
     if os.path.isdir(naming.lab_dir(name)):
         shutil.rmtree(naming.lab_dir(name), ignore_errors=True)
@@ -380,3 +309,7 @@ def _teardown(name: str) -> bool:
         os.unlink(naming.state_file(name))
         found = True
     return found
+
+
+__all__ = ["Lab", "LabNode", "LabTor", "down", "down_all", "down_orphans", "list_labs", "load",
+           "plan", "require_root", "state_lock", "up"]

@@ -10,7 +10,9 @@ Each rank is `ip netns exec <netns> <this python> -m lab.train_worker ...` with
 RANK, WORLD_SIZE, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, MASTER_ADDR (node 0's address),
 MASTER_PORT, GLOO_SOCKET_IFNAME (the node's NIC), FABRICSCOPE_MARKERS_DIR (the
 node's markers dir) and OMP_NUM_THREADS=1 in its environment; `extra_env` is
-applied last. Rank 0's stdout is the step stream; every rank's stderr (and the
+applied last. Each rank joins its node's CPU cgroup (Lab nodes' `cgroup`, see
+lab/cgroups.py) in the child before exec, so a CPU fault on the node throttles
+every instruction of the rank and nothing else on the node. Rank 0's stdout is the step stream; every rank's stderr (and the
 other ranks' stdout) goes to <node dir>/train.log. When one rank fails, the
 others are ended (SIGTERM, SIGKILL after 3 s), and the run's returncode is the
 failed rank's.
@@ -69,7 +71,7 @@ class TrainingRun:
     """A running DDP job, Popen-like. Use it as a context manager (ends ranks on exit)."""
 
     def __init__(self, lab: Lab, argv: list[list[str]], envs: list[dict], timeout_s: float | None,
-                 io_log_dir: str | None = None):
+                 io_log_dir: str | None = None, cgroups: list[str] | None = None):
         self.lab = lab
         self.io_log_dir = io_log_dir
         self.returncode: int | None = None
@@ -94,10 +96,9 @@ class TrainingRun:
                 open(self.log_paths[rank], "wb").close()     # truncate, then append:
                 log = open(self.log_paths[rank], "ab")       # rank 0's reader appends too
                 logs.append(log)
-                self.procs.append(subprocess.Popen(
-                    args, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE if rank == 0 else log, stderr=log,
-                    start_new_session=True))
+                self.procs.append(start_rank(
+                    args, env, cgroups[rank] if cgroups else "",
+                    stdout=subprocess.PIPE if rank == 0 else log, stderr=log))
         except BaseException:
             for proc in self.procs:
                 _signal(proc, signal.SIGKILL)
@@ -246,6 +247,16 @@ class TrainingRun:
                 + f" (log: {self.log_paths[rank]})")
 
 
+def start_rank(argv: list[str], env: dict | None, cgroup: str, stdout, stderr) -> subprocess.Popen:
+    """Start one rank's process (argv: already wrapped to run in its node's netns) in
+    its own session and, when `cgroup` is given, in that cgroup from its first
+    instruction (see lab.cgroups.joiner)."""
+    from lab.cgroups import joiner
+    return subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+                            stdout=stdout, stderr=stderr, start_new_session=True,
+                            preexec_fn=joiner(cgroup) if cgroup else None)
+
+
 def _trained(log_path: str) -> bool:
     try:
         with open(log_path, "rb") as f:
@@ -382,4 +393,5 @@ def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: d
         env = rank_env(lab, node.index, port)
         env.update(extra_env or {})
         envs.append(env)
-    return TrainingRun(lab, argv, envs, timeout_s, io_log_dir=log_dir)
+    return TrainingRun(lab, argv, envs, timeout_s, io_log_dir=log_dir,
+                       cgroups=[n.cgroup for n in lab.nodes])

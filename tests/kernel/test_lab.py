@@ -358,3 +358,17 @@ def test_cli_up_json_exec_fault_train_timeout_and_down():
         assert "nothing to remove" in cli("down", "--name", name).stdout
     finally:
         cli("down", "--name", name, check=False)
+
+
+def test_one_tor_lab_is_the_single_bridge_with_a_topology_file_and_cpu_cgroups():
+    from fabricscope.topology import load_topology
+    from lab import cgroups
+    with running_lab(nodes=2) as lab:
+        (tor,) = lab.tors
+        assert (tor.name, tor.bridge, tor.uplink, lab.spine) == ("tor0", lab.bridge, "", "")
+        assert len(host_state(lab)["links"]) == 3           # bridge + two ports, no uplinks
+        topo = load_topology(lab.topology_path)
+        assert (topo.tors, topo.nodes) == (("tor0",), {"node0": "tor0", "node1": "tor0"})
+        if cgroups.detect() is not None:
+            assert [os.path.isdir(n.cgroup) for n in lab.nodes] == [True, True]
+            assert all(cgroups.quota(n.cgroup) is None for n in lab.nodes)
