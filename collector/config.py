@@ -64,6 +64,19 @@ class CollectorConfig:
         "batches), so long-lived streams rebalance across replicas; 0: never"))
     metrics_host: str = field(default="0.0.0.0", metadata=doc("address for /metrics and /readyz"))
     metrics_port: int = field(default=9472, metadata=doc("port for /metrics and /readyz; 0 picks one"))
+    diagnosis: bool = field(default=True, metadata=doc(
+        "run the diagnosis engine: every diagnosis_interval_s it reads the jobs this replica "
+        "owns back from InfluxDB (InfluxQL on influx_url; 2.x needs its v1 compatibility "
+        "API and a DBRP mapping for the bucket), writes findings and exports them"))
+    diagnosis_interval_s: float = field(default=1.0, metadata=doc(
+        "seconds between two evaluations of every owned job"))
+    replica_id: str = field(default="", metadata=doc(
+        "this replica's name among the collectors sharing the jobs (heartbeats, "
+        "ownership); empty: host name and gRPC port"))
+    topology_file: str = field(default="", metadata=doc(
+        "YAML file naming each node's top-of-rack switch (fabricscope/topology.py; in "
+        "production generated from node labels), so findings can be placed on a ToR's "
+        "uplink; empty: nodes' ToRs unknown, findings placed on nodes"))
 
     def check(self) -> None:
         self.listen_host_port()
@@ -95,6 +108,9 @@ class CollectorConfig:
         if self.tls_client_ca and not self.tls_cert:
             raise UserError("tls_client_ca needs tls_cert and tls_key (mutual TLS is TLS)",
                             "set --tls-cert and --tls-key too")
+        if self.diagnosis_interval_s <= 0:
+            raise UserError("diagnosis_interval_s must be positive",
+                            "set --diagnosis-interval-s to e.g. 1")
         if not 0 <= self.metrics_port <= 65535:
             raise UserError(f"metrics_port {self.metrics_port} is not a port",
                             "use 0..65535 (0 picks a free one)")

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import grpc
 
 from collector.auth import TokenTable
+from collector.diagnosis import start_diagnosis
 from collector.delivery import Delivery
 from collector.metrics import CollectorMetrics
 from collector.sinks import make_sink
@@ -113,6 +114,7 @@ class Collector:
         self.delivery: Delivery | None = None
         self._server: grpc.aio.Server | None = None
         self._http: SelfMetricsServer | None = None
+        self.diagnosis = None          # diagnosis.live.LiveDiagnosis when config.diagnosis
         self.port = 0
 
     @property
@@ -169,6 +171,9 @@ class Collector:
             raise UserError(f"cannot listen on {cfg.listen}: {exc}",
                             "pick a free address with --listen (port 0 picks one)") from None
         await self._server.start()
+        if cfg.diagnosis:
+            self.diagnosis = start_diagnosis(cfg, self.metrics.registry, self.port)
+            await self.diagnosis.start()
 
     async def _start_sink(self, spooling: bool) -> None:
         try:
@@ -183,6 +188,9 @@ class Collector:
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop accepting, let streams finish for grace_s, then close. Safe to call twice."""
         self.readiness.mark_not_ready("stopping")
+        diagnosis, self.diagnosis = self.diagnosis, None
+        if diagnosis is not None:
+            await diagnosis.stop()
         server, self._server = self._server, None
         if server is not None:
             await server.stop(grace_s)

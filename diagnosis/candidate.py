@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diagnosis.finding import PLACE_KEYS, Advice, Evidence
+from diagnosis.finding import Advice, Evidence, finding_key
 
 
 @dataclass
@@ -27,7 +27,7 @@ class Candidate:
 
     @property
     def key(self) -> tuple:
-        return (self.cause,) + tuple(self.place.get(k) or None for k in PLACE_KEYS)
+        return finding_key(self.cause, self.place)
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,10 @@ class Finding:
         return self.end_ns is None
 
     @property
+    def key(self) -> tuple:
+        return finding_key(self.cause, self.place)
+
+    @property
     def where(self) -> str:
         """The place for a person: 'node1 (eth0)', 'tor0 uplink', 'storage 198.18.0.254:9000'."""
         p = self.place
@@ -176,6 +180,11 @@ class Finding:
                    explained_share=float(row.get("explained_share") or 0.0),
                    retransmit_amplification=row.get("retransmit_amplification"),
                    victims=json.loads(row.get("victims") or "[]"), id=row["id"])
+
+
+def finding_key(cause: str, place: dict) -> tuple:
+    """What makes two evaluations' findings the same: the cause and the place."""
+    return (cause,) + tuple(place.get(k) or None for k in PLACE_KEYS)
 
 
 def finding_id(job: str, cause: str, place: dict, start_ns: int) -> str:

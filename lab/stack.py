@@ -76,6 +76,7 @@ class Proc:
     name: str
     popen: subprocess.Popen
     log_path: Path
+    urls: dict = field(default_factory=dict)    # what it serves ("grpc", "metrics")
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -107,6 +108,7 @@ class Stack:
     influx: object | None = None     # fabricscope.services.InfluxServer
     collector: Proc | None = None
     collector_addr: str = ""
+    collector_metrics_url: str = ""
     agents: dict[int, Proc] = field(default_factory=dict)
 
     def agent_url(self, node_index: int, path: str) -> str:
@@ -131,19 +133,34 @@ def metric_value(text: str, name: str, labels: dict | None = None) -> float:
     return total
 
 
-def start_collector(stack: Stack, influx_url: str, extra_args: list[str] = ()) -> None:
+def start_collector(stack: Stack, influx_url: str, extra_args: list[str] = (),
+                    name: str = "collector") -> Proc:
+    """A collector process on the lab's gateway (a free port), reading the lab's
+    topology file; the first one started is the stack's `collector`."""
     listen = f"{stack.lab.gateway}:0"
-    proc = start_proc("collector", _FABRICSCOPE + [
+    topology = getattr(stack.lab, "topology_path", "")
+    proc = start_proc(name, _FABRICSCOPE + [
         "collector", "--listen", listen, "--influx-url", influx_url, "--influx-api", "v1",
-        "--metrics-host", "127.0.0.1", "--metrics-port", "0", *extra_args], stack.workdir)
-    stack.collector = proc
+        "--metrics-host", "127.0.0.1", "--metrics-port", "0",
+        *(["--topology-file", topology] if topology and os.path.exists(topology) else []),
+        *extra_args], stack.workdir)
 
-    def bound():
-        if not proc.alive():
-            raise UserError(f"collector exited: {proc.log_tail(5)}", "see the log above")
-        m = re.search(r"collector listening on (\S+:\d+)", proc.log_path.read_text(errors="replace"))
-        return m.group(1) if m else None
-    stack.collector_addr = await_condition(bound, 60, "the collector to listen")
+    def logged(pattern: str):
+        def found():
+            if not proc.alive():
+                raise UserError(f"{name} exited: {proc.log_tail(5)}", "see the log above")
+            m = re.search(pattern, proc.log_path.read_text(errors="replace"))
+            return m.group(1) if m else None
+        return found
+    addr = await_condition(logged(r"collector listening on (\S+:\d+)"), 60,
+                           f"the {name} to listen")
+    metrics = await_condition(logged(r"collector metrics on (http://\S+/metrics)"), 60,
+                              f"the {name}'s /metrics")
+    proc.urls = {"grpc": addr, "metrics": metrics}
+    if stack.collector is None:
+        stack.collector, stack.collector_addr = proc, addr
+        stack.collector_metrics_url = metrics
+    return proc
 
 
 def start_agent(stack: Stack, node, extra_args: list[str] = ()) -> Proc:

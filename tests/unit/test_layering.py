@@ -19,7 +19,7 @@ import fabricscope
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the packages above the core
-LEAVES = ("agent", "collector", "lab", "bench", "demo", "diagnosis")
+LEAVES = ("agent", "collector", "lab", "bench", "demo", "diagnosis", "surface")
 
 
 def core_modules() -> list[str]:

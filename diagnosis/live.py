@@ -1,0 +1,158 @@
+"""The engine inside the collector: every second, the jobs this replica owns are read
+back from the store, evaluated, and their findings written and exported.
+
+Replicas hold nothing another could not rebuild: each writes a heartbeat
+(collector_heartbeat) every tick, the replicas with a recent one share the jobs
+out by rendezvous hashing (each job goes to the replica whose hash of
+(job, replica) is highest, so a replica that stops loses only its own jobs),
+and a replica that takes a job over reads its history from the store: its
+baseline steps, its open findings (which it continues under the same id). A
+finding is one point (time = its start; fabricscope/measurements/diagnosis.py),
+so two replicas that briefly both own a job write the same point, not two
+findings. The agents of one job may land on any replicas: the owner reads all
+of them from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+
+from diagnosis.engine import JobEngine
+from diagnosis.evidence import SECOND
+from diagnosis.finding import Finding
+from diagnosis.graph import GRAPH_EVERY_NS, graph_records
+from diagnosis.metrics import DiagnosisMetrics
+from diagnosis.source import StoreSource
+from diagnosis.store import Store, StoreError, quote
+from fabricscope.records import Record
+
+log = logging.getLogger("collector.diagnosis")
+
+HEARTBEAT_TTL_S = 5          # a replica without a heartbeat this long is gone
+JOB_ACTIVE_S = 60            # a job with steps this recently is analysed
+READ_BACK_S = 10             # each tick rereads this much (records arrive late)
+TAKEOVER_S = 600             # a new owner reads this much history once
+
+
+def owner(job: str, replicas: list[str]) -> str:
+    """Rendezvous hashing: the replica with the highest hash of (job, replica)."""
+    return max(replicas, key=lambda r: hashlib.sha1(f"{job}\0{r}".encode()).digest())
+
+
+class LiveDiagnosis:
+    def __init__(self, store: Store, metrics: DiagnosisMetrics, replica_id: str,
+                 tor_of=lambda node: None, interval_s: float = 1.0, clock=time.time_ns):
+        self.store, self.metrics, self.replica_id = store, metrics, replica_id
+        self.source = StoreSource(store)
+        self.tor_of, self.interval_s, self.clock = tor_of, interval_s, clock
+        self.engines: dict[str, JobEngine] = {}
+        self.read_until: dict[str, int] = {}
+        self.graph_at: dict[str, int] = {}
+        self.started_ns = clock()
+        self._task: asyncio.Task | None = None
+        self._warned = False
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="diagnosis")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await asyncio.to_thread(self.tick)
+                self._warned = False
+            except StoreError as exc:
+                self.metrics.errors.labels("store").inc()
+                if not self._warned:
+                    log.warning("diagnosis: %s; retrying every tick", exc.cause)
+                    self._warned = True
+            except Exception:       # an engine bug must not stop the collector
+                self.metrics.errors.labels("engine").inc()
+                log.exception("diagnosis tick failed")
+            await asyncio.sleep(max(0.05, self.interval_s - (time.monotonic() - started)))
+
+    # -- one tick ----------------------------------------------------------------------
+    def tick(self) -> list[Finding]:
+        now = self.clock()
+        with self.metrics.tick_seconds.time():
+            replicas = self._heartbeat(now)
+            jobs = self.source.jobs(now - JOB_ACTIVE_S * SECOND, now + SECOND)
+            mine = {j: m for j, m in jobs.items() if owner(j, replicas) == self.replica_id}
+            changed, records, lag = [], [], 0.0
+            for job in [j for j in self.engines if j not in mine]:
+                if job not in jobs:            # ended: its findings end with it
+                    ended = self.engines[job].close_all()
+                    changed += ended
+                    records += [f.to_record() for f in ended]
+                self._release(job)
+            for job, members in mine.items():
+                engine = self.engines.get(job) or self._take(job, now)
+                since = self.read_until.get(job, now - READ_BACK_S * SECOND)
+                ev = self.source.read(members, since - READ_BACK_S * SECOND, now + SECOND,
+                                      steps_from_ns=since - READ_BACK_S * SECOND)
+                self.read_until[job] = now
+                engine.feed(ev)
+                found = engine.evaluate(now)
+                self.metrics.evaluations.inc()
+                changed += found
+                records += [f.to_record() for f in found]
+                latest = engine.ev.latest_second()
+                if latest is not None:
+                    lag = max(lag, now / SECOND - (latest + 1))
+                if engine.last_snapshot is not None and \
+                        now - self.graph_at.get(job, 0) >= GRAPH_EVERY_NS:
+                    self.graph_at[job] = now
+                    records += graph_records(engine.last_snapshot, engine.findings(),
+                                             self.tor_of, now)
+                self.metrics.set_job(job, engine.gauges)
+            self.store.write(records)
+            for f in changed:
+                self.metrics.show(f)
+            self.metrics.jobs_owned.set(len(self.engines))
+            self.metrics.lag.set(lag)
+        return changed
+
+    def _heartbeat(self, now: int) -> list[str]:
+        self.store.write([Record("collector_heartbeat", now, {"replica": self.replica_id},
+                                 {"jobs_owned": len(self.engines),
+                                  "started_ns": int(self.started_ns)})])
+        rows = self.store.query(
+            f"SELECT last(jobs_owned) FROM collector_heartbeat WHERE time > "
+            f"{now - HEARTBEAT_TTL_S * SECOND} GROUP BY replica")
+        live = sorted({r["_tags"].get("replica") for r in rows} | {self.replica_id})
+        self.metrics.replicas.set(len(live))
+        return live
+
+    def _take(self, job: str, now: int) -> JobEngine:
+        """Own a job: its history from the store, its open findings continued."""
+        engine = JobEngine(job, tor_of=self.tor_of, clock=self.clock)
+        members = self.source.jobs(now - TAKEOVER_S * SECOND, now + SECOND).get(job)
+        if members is not None:
+            engine.feed(self.source.read(members, now - READ_BACK_S * SECOND, now + SECOND,
+                                         steps_from_ns=now - TAKEOVER_S * SECOND))
+        for row in self.store.query(f"SELECT * FROM finding WHERE job = {quote(job)} AND "
+                                    f"time > {now - TAKEOVER_S * SECOND}"):
+            f = Finding.from_row({**row, **row.get("_tags", {})})
+            if f.open:
+                engine.open[f.key] = f
+        self.engines[job] = engine
+        self.read_until[job] = now
+        log.info("diagnosis: analysing job %s (%d open findings taken over)", job,
+                 len(engine.open))
+        return engine
+
+    def _release(self, job: str) -> None:
+        self.engines.pop(job, None)
+        self.read_until.pop(job, None)
+        self.graph_at.pop(job, None)
+        self.metrics.forget_job(job)
+        log.info("diagnosis: job %s is another replica's or has ended", job)

@@ -1,0 +1,213 @@
+"""Alerts on the diagnosis engine's findings: one per cause (stragglers share one).
+
+The engine opens a finding only once its evidence has held (docs/DIAGNOSIS.md), so
+these rules wait 10 s, not minutes: long enough to ride out a scrape missed while
+the job's ownership moves between collector replicas, short enough that the page
+follows the finding within one scrape and evaluation of it. Severity is the
+finding's own, except for microburst and network_bound, which are context (info).
+"""
+
+from __future__ import annotations
+
+from surface.cases import finding_cases
+from surface.model import FROM_FINDING, Alert, Case, Expect, Rule, Runbook, board
+from surface.promql import FindingSeries, finding_open
+
+FOR = "10s"
+GROUP = "fabricscope-findings"
+EXPLAIN = ("`fabricscope explain ID` (ID: the alert's `id` label): the evidence, the causes "
+           "it ruled out and the advice.")
+DIAGNOSE = ("`fabricscope diagnose --job J` (J: the alert's `job` label): the job's other "
+            "open findings; one at the same place or its ToR changes the reading.")
+
+
+def _on_finding(name: str, cause: str, summary: str, description: str, runbook: Runbook,
+                board: str, place: FindingSeries, band: str = FROM_FINDING,
+                other_cause: str = "input_stall", extra: tuple[Case, ...] = ()) -> Alert:
+    fixed = None if band == FROM_FINDING else band
+    return Alert(name, GROUP, summary, description,
+                 rules=(Rule(finding_open(cause), FOR, band),), runbook=runbook, board=board,
+                 cases=finding_cases(place, FOR, band=fixed, other_cause=other_cause) + extra,
+                 causes=(cause,))
+
+
+_LOSSY = FindingSeries("lossy_link", "warning", node="node1", interface="eth0", tor="tor0",
+                       id="a1b2c3d4e5f6")
+
+LOSSY_LINK = _on_finding(
+    "FabricscopeLossyLink", "lossy_link",
+    "Lossy link at {place} in job {job}",
+    "The diagnosis engine found a link that drops frames independent of load at {place} "
+    "(finding {id}); every collective of job {job} resends over it. "
+    "Evidence: `fabricscope explain {id}`.",
+    Runbook(
+        "A port, optic or cable drops frames whatever the load. The engine tells it from "
+        "congestion by the shape of the loss: retransmits spread evenly in time and across "
+        "the flows through one endpoint, with RTT near its floor (congestion loss clusters "
+        "in the bursts and inflates RTT). Every collective crosses the ring, so one bad "
+        "link slows every rank; with Linux's 200 ms minimum RTO one tail loss can add "
+        "200 ms to a step.",
+        (EXPLAIN, DIAGNOSE,
+         f"{board('topology')}: the node's port edge is red. {board('fabric')}: its "
+         "retransmits go on between the bursts, not only inside them.",
+         "On the node and its switch port: `ethtool -S IFACE` error counters (CRC, symbol, "
+         "`rx_missed_errors`) grow while the job runs."),
+        ("Reseat or replace the optic or cable of that port, or move the node to another "
+         "port; drain the node if that cannot happen soon, since the whole ring waits.",
+         "Until then, make each loss cheaper: `ip route change ROUTE rto_min 5ms` on the "
+         "job's nodes (or the `tcp_rto_min_us` sysctl where the kernel has it)."),
+    ),
+    "fabric", _LOSSY,
+    extra=(Case("the finding moves to another collector replica and keeps firing",
+                {_LOSSY.series("collector-0"): "1x20 stale",
+                 _LOSSY.series("collector-1"): "_x20 1x60"},
+                at="25s", expect=(Expect(_LOSSY.labels()),)),))
+
+BUFFER_SATURATION = _on_finding(
+    "FabricscopeBufferSaturation", "buffer_saturation",
+    "Switch buffer overflows under job {job}'s bursts at {place}",
+    "Synchronised bursts of job {job} overflow a buffer at {place} (finding {id}): loss "
+    "clusters inside the bursts and RTT grows with the queue. "
+    "Evidence: `fabricscope explain {id}`.",
+    Runbook(
+        "Training traffic is a square wave: every rank sends its gradients at the same "
+        "moment. Where those bursts at line rate exceed a port's buffer (incast at a ToR, "
+        "an oversubscribed uplink) frames drop inside the bursts: retransmits cluster in "
+        "the hot 100 us bins, RTT rises with the queue, a shaped port's backlog and drops "
+        "grow. Unlike a lossy link it depends on load: smaller or paced bursts stop it.",
+        (EXPLAIN,
+         "In the evidence: retransmits inside bursts (`retrans_in_bursts` of `diag_node`), "
+         "RTT p99 far above its floor, qdisc drops or backlog on the place.",
+         DIAGNOSE,
+         f"{board('topology')}: the ToR or uplink edge is red. {board('fabric')}: "
+         "microbursts at line rate when the retransmits happen."),
+        ("Mark before dropping: enable ECN (or lower its marking threshold) on the ToR "
+         "queues the job uses, with `net.ipv4.tcp_ecn=1` on the hosts; on RoCE check PFC "
+         "headroom and DCQCN.",
+         "Pace the senders a little below the port rate: `tc qdisc replace dev IFACE root fq "
+         "maxrate RATE`.",
+         "Make the bursts smaller: a smaller DDP `bucket_cap_mb` (default 25) spreads the "
+         "gradient sync over the backward pass.",
+         "Place the job on racks whose uplinks have headroom."),
+    ),
+    "fabric", FindingSeries("buffer_saturation", "critical", interface="uplink", tor="tor0",
+                            id="b1b2c3d4e5f6"))
+
+MICROBURST = _on_finding(
+    "FabricscopeMicroburst", "microburst",
+    "Microbursts without loss at {place} in job {job}",
+    "Job {job} sends at line rate in short bursts at {place} without loss or queueing "
+    "(finding {id}). Normal for training; delivered only next to a warning or critical "
+    "alert at the same place, as context.",
+    Runbook(
+        "Bursts at line rate that neither drop nor queue: the normal shape of gradient "
+        "synchronisation. Alertmanager holds this info alert back (FabricscopeInfoInhibitor) "
+        "unless a warning or critical alert fires for the same job at the same place; "
+        "there it says that the place carries line-rate bursts.",
+        (EXPLAIN, DIAGNOSE + " The warning or critical alert it came with is the one to "
+         "act on.",
+         f"{board('fabric')}: the node's 100 us bins reach line rate in the sync "
+         "phase, with no retransmits inside them."),
+        ("Nothing on its own.",
+         "Next to FabricscopeBufferSaturation at the same place, follow that runbook: these "
+         "bursts are what overflows."),
+    ),
+    "fabric", FindingSeries("microburst", "info", node="node1", interface="eth0", tor="tor0",
+                            id="c1b2c3d4e5f6"), band="info")
+
+NETWORK_BOUND = _on_finding(
+    "FabricscopeNetworkBound", "network_bound",
+    "Job {job} is network bound",
+    "Communication takes more than half of job {job}'s step (duty cycle above 0.5, "
+    "finding {id}): the network, not compute, sets its pace. Delivered only next to a "
+    "warning or critical alert of the job, as context.",
+    Runbook(
+        "The share of a step spent in collectives (duty cycle D = communication time / "
+        "step time) is above 0.5: faster compute would not speed the job up, a faster or "
+        "better used network would. An info alert: it is held back unless a warning or "
+        "critical alert fires for the same job.",
+        (EXPLAIN, DIAGNOSE,
+         f"{board('job')}: grad-sync time against compute time per step."),
+        ("Overlap more communication with compute: tune DDP `bucket_cap_mb` (default 25).",
+         "Synchronise less often: gradient accumulation over more micro-batches.",
+         "Use the links better: NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD (product <= 64) "
+         "on socket transports; NCCL_IB_QPS_PER_CONNECTION and NCCL_CROSS_NIC on IB.",
+         "Place the ranks closer (one ToR) so the ring avoids oversubscribed uplinks."),
+    ),
+    "job", FindingSeries("network_bound", "info", id="d1b2c3d4e5f6"), band="info")
+
+_COMPUTE = FindingSeries("straggler_compute", "warning", node="node3", tor="tor1", rank="2",
+                         id="e1b2c3d4e5f6")
+_NETWORK = FindingSeries("straggler_network", "critical", node="node2", interface="eth0",
+                         tor="tor0", rank="1", id="e2b2c3d4e5f6")
+
+STRAGGLER_RANK = Alert(
+    "FabricscopeStragglerRank", GROUP,
+    "Straggler at {place} holds back job {job} ({cause})",
+    "Rank {rank} at {place} holds the whole ring of job {job} back ({cause}, finding {id}). "
+    "Who waited, and how long: `fabricscope explain {id}`.",
+    rules=(Rule(finding_open("straggler_compute", "straggler_network"), FOR, FROM_FINDING),),
+    runbook=Runbook(
+        "One rank is late and every other rank waits for it in the next collective. "
+        "`straggler_compute`: the rank enters its collectives late while its network is "
+        "healthy (the others' collective time grows, its own does not). "
+        "`straggler_network`: the rank's link slows the ring for everyone and its own "
+        "flows carry the loss or the delay.",
+        (EXPLAIN + " `victims` lists the ranks that waited.",
+         DIAGNOSE,
+         f"{board('collectives')}: time inside AllReduce per rank; a compute "
+         "straggler waits least (it arrives last), a network straggler's ring hop is the "
+         "slow one."),
+        ("Compute: look at the node (thermal throttling, a noisy neighbour, data loader "
+         "workers on the training CPUs, another process on its GPU); pin the rank's CPUs; "
+         "cordon the node and restart the job elsewhere if it stays slow.",
+         "Network: follow FabricscopeLossyLink for its port; check NIC and GPU affinity "
+         "(NCCL_IB_HCA) and NCCL_CROSS_NIC."),
+    ),
+    board="collectives",
+    cases=finding_cases(_COMPUTE, FOR) + finding_cases(_NETWORK, FOR)[:1],
+    causes=("straggler_compute", "straggler_network"))
+
+INPUT_STALL = _on_finding(
+    "FabricscopeInputStall", "input_stall",
+    "Input stall in job {job} at {place}",
+    "Data loading delays the steps of job {job} at {place} (finding {id}): ranks wait for "
+    "their input, not for the network of their collectives. "
+    "Evidence: `fabricscope explain {id}`.",
+    Runbook(
+        "The data_load phases of the job's steps (the training processes' transfers "
+        "outside their collectives, mostly received, e.g. from the dataset store) grew and "
+        "delay the steps; the collectives did not.",
+        (EXPLAIN + " The `peer` label names the store the rank reads from.",
+         DIAGNOSE,
+         f"{board('job')}: data-load time per step against its baseline, per "
+         "rank."),
+        ("More input in flight: DataLoader `num_workers` and `prefetch_factor`.",
+         "Look at the store behind the peer (its load, its disks) and the path to it.",
+         "Cache or stage the dataset on the nodes."),
+    ),
+    "job", FindingSeries("input_stall", "warning", node="node2", peer="198.18.0.254:9000",
+                         rank="1", id="f1b2c3d4e5f6"), other_cause="lossy_link")
+
+UNEXPLAINED_SLOWDOWN = _on_finding(
+    "FabricscopeUnexplainedSlowdown", "unexplained_slowdown",
+    "Job {job} is slower than its baseline, cause unclear",
+    "The steps of job {job} are slower than the job's own baseline and no cause's evidence "
+    "explains most of the lost time (finding {id}). What was seen and ruled out: "
+    "`fabricscope explain {id}`.",
+    Runbook(
+        "The engine measures the job slower than its own first steps but no cause's "
+        "evidence explains most of the lost time. It keeps the evidence it has and the "
+        "causes it ruled out.",
+        (EXPLAIN, DIAGNOSE,
+         "`fabricscope compare --around` at the last annotation (a tuning change, a "
+         "deploy; `fabricscope annotate`): what changed before and after.",
+         f"{board('job')}: which phase of the step grew."),
+        ("Undo the last change to the job or the fabric if the slowdown started with it.",
+         "Look where fabricscope cannot: GPU kernels, the model code, the framework "
+         "version."),
+    ),
+    "job", FindingSeries("unexplained_slowdown", "warning", id="a9b2c3d4e5f6"))
+
+FINDING_ALERTS = (LOSSY_LINK, BUFFER_SATURATION, MICROBURST, NETWORK_BOUND, STRAGGLER_RANK,
+                  INPUT_STALL, UNEXPLAINED_SLOWDOWN)
