@@ -1,4 +1,5 @@
-"""A load generator speaking the real protocol: many agents' shippers in one process.
+"""Load generators speaking the real protocol: many agents' shippers in one process, or
+pre-built messages for benchmarks.
 
     result = asyncio.run(run_load(LoadSpec(target="127.0.0.1:9470", agents=250,
                                            batches=8, records=50)))
@@ -12,20 +13,30 @@ n of agent i at base + n µs), so InfluxDB can be checked point by point:
 `count(n)` per node must equal batches x records. Records are encoded as lines
 before the clock starts (Shipper.send_lines), so the timed part is batch
 serialization, the transport and the collector. Memory-only spools (nothing on disk).
+
+`run_prebuilt(spec)` is the same fleet at almost no CPU of its own, for benchmarks
+of the collector on a machine it shares with the generator: every agent's batches
+are serialized and gzipped (level 6, what gRPC's gzip uses) before the clock starts,
+and a minimal gRPC client (RawStream, HTTP/2 by h2) sends them as they are,
+compressed messages on one stream per agent, at most max_in_flight unacknowledged.
+The collector receives exactly the bytes the shippers would send, and does all of
+its own work (decompression, decoding, validation, writing, acking).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
 import time
 from dataclasses import dataclass, field
 
 from agent.metrics import AgentMetrics
-from agent.shipper import Backoff, Shipper
+from agent.shipper import METHOD, Backoff, Shipper
 from agent.sources.synthetic import make_record
 from agent.spool import BatchSpool
 from fabricscope.lineschema import canonical_line
+from fabricscope.wire import make_batch, pb
 
 PERIOD_NS = 1000
 
@@ -61,6 +72,7 @@ class LoadResult:
     retries: int                # RETRY acks (slow-down or sink failure)
     bytes_sent: int             # serialized batch bytes (before gzip)
     seconds: float              # first send to last ack
+    generator_cpu_s: float = 0.0  # this process's CPU time in those seconds
 
     @property
     def records_per_s(self) -> float:
@@ -128,14 +140,146 @@ async def _run_load(spec: LoadSpec) -> LoadResult:
     tasks = [asyncio.create_task(_agent(spec, i, batches[i], metrics[i], start))
              for i in range(spec.agents)]
     await asyncio.sleep(0)
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     start.set()
     await asyncio.wait_for(asyncio.gather(*tasks), spec.timeout_s + 60)
-    seconds = time.perf_counter() - began
+    seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
     dropped = int(_total(metrics, "fabricscope_agent_records_dropped_total"))
     sent = spec.total_records
     return LoadResult(
         records=sent, acked_records=sent - dropped, dropped=dropped,
         batches_ok=int(_total(metrics, "fabricscope_agent_batches_acked_total", status="ok")),
         retries=int(_total(metrics, "fabricscope_agent_batches_acked_total", status="retry")),
-        bytes_sent=int(_total(metrics, "fabricscope_agent_sent_bytes_total")), seconds=seconds)
+        bytes_sent=int(_total(metrics, "fabricscope_agent_sent_bytes_total")), seconds=seconds,
+        generator_cpu_s=cpu)
+
+
+
+async def run_prebuilt(spec: LoadSpec) -> LoadResult:
+    """The fleet's batches, built and gzipped before the clock (and the streams opened),
+    sent and acknowledged within it by RawStream."""
+    host, _, port = spec.target.rpartition(":")
+    fleet = [[grpc_message(make_batch(node=spec.node(i), agent_id=f"loadgen-{i}", seq=seq,
+                                      lines=lines).SerializeToString())
+              for seq, lines in enumerate(build_batches(spec, i), 1)]
+             for i in range(spec.agents)]
+    streams = [RawStream(host, int(port)) for _ in fleet]
+    try:
+        await asyncio.gather(*(stream.open() for stream in streams))
+        began, cpu = time.perf_counter(), time.process_time()
+        answers = await asyncio.wait_for(asyncio.gather(*(
+            stream.exchange(messages, spec.max_in_flight)
+            for stream, messages in zip(streams, fleet))), spec.timeout_s)
+        seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+    finally:
+        for stream in streams:
+            stream.close()
+    acks = [ack for agent in answers for ack in agent]
+    ok = sum(ack.status == pb.Ack.OK for ack in acks)
+    return LoadResult(records=spec.total_records, acked_records=ok * spec.records,
+                      dropped=spec.total_records - ok * spec.records, batches_ok=ok,
+                      retries=sum(ack.status == pb.Ack.RETRY for ack in acks),
+                      bytes_sent=sum(len(m) for messages in fleet for m in messages),
+                      seconds=seconds, generator_cpu_s=cpu)
+
+
+def grpc_message(payload: bytes) -> bytes:
+    """A gRPC length-prefixed message, compressed as gRPC's gzip does it (zlib's default
+    level, gzip framing)."""
+    body = gzip.compress(payload, compresslevel=6)
+    return b"\x01" + len(body).to_bytes(4, "big") + body
+
+
+class RawStream:
+    """One agent's Collector/Stream call over its own HTTP/2 connection (h2), sending
+    pre-built messages: a minimal gRPC client whose cost per batch is a few h2 calls.
+
+    Only what this stream needs: no retries, no reconnects; a stream that ends early, a
+    reset or a gRPC error status raises RuntimeError."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self._conn = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._stream_id = 0
+
+    async def open(self) -> None:
+        import h2.config
+        import h2.connection
+        self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        self._conn = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=True, header_encoding="utf-8"))
+        self._conn.initiate_connection()
+        self._stream_id = self._conn.get_next_available_stream_id()
+        self._conn.send_headers(self._stream_id, [
+            (":method", "POST"), (":scheme", "http"), (":path", METHOD),
+            (":authority", f"{self.host}:{self.port}"), ("content-type", "application/grpc"),
+            ("te", "trailers"), ("grpc-encoding", "gzip"),
+            ("grpc-accept-encoding", "identity,gzip")])
+        await self._flush()
+
+    async def exchange(self, messages: list[bytes], max_in_flight: int) -> list:
+        """Send every message, at most max_in_flight unacknowledged; the Acks, in order."""
+        acks: list = []
+        outgoing = bytearray()
+        sent = 0
+        incoming = bytearray()
+        while len(acks) < len(messages):
+            while sent < len(messages) and sent - len(acks) < max_in_flight:
+                outgoing += messages[sent]
+                sent += 1
+            self._send_some(outgoing)
+            await self._flush()
+            data = await self._reader.read(1 << 16)
+            if not data:
+                raise RuntimeError(f"collector closed the connection after {len(acks)} acks")
+            self._receive(data, incoming, acks)
+        self._conn.end_stream(self._stream_id)
+        await self._flush()
+        return acks
+
+    def _send_some(self, outgoing: bytearray) -> None:
+        """As much of `outgoing` as HTTP/2 flow control allows now, in frames."""
+        conn, sid = self._conn, self._stream_id
+        while outgoing:
+            size = min(len(outgoing), conn.local_flow_control_window(sid),
+                       conn.max_outbound_frame_size)
+            if size <= 0:
+                return
+            conn.send_data(sid, bytes(outgoing[:size]))
+            del outgoing[:size]
+
+    def _receive(self, data: bytes, incoming: bytearray, acks: list) -> None:
+        import h2.events
+        for event in self._conn.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                self._conn.acknowledge_received_data(event.flow_controlled_length,
+                                                     event.stream_id)
+                incoming += event.data
+                acks += _messages(incoming)
+            elif isinstance(event, h2.events.TrailersReceived):
+                status = dict(event.headers).get("grpc-status", "?")
+                raise RuntimeError(f"stream ended with grpc-status {status}: "
+                                   f"{dict(event.headers).get('grpc-message', '')}")
+            elif isinstance(event, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
+                raise RuntimeError(f"collector ended the stream: {event}")
+
+    async def _flush(self) -> None:
+        self._writer.write(self._conn.data_to_send())
+        await self._writer.drain()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _messages(incoming: bytearray) -> list:
+    """The complete gRPC messages at the front of `incoming` (removed), as Acks."""
+    out = []
+    while len(incoming) >= 5 and len(incoming) >= 5 + int.from_bytes(incoming[1:5], "big"):
+        size = int.from_bytes(incoming[1:5], "big")
+        body = bytes(incoming[5:5 + size])
+        out.append(pb.Ack.FromString(gzip.decompress(body) if incoming[0] else body))
+        del incoming[:5 + size]
+    return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 from dataclasses import dataclass, field
 
 from collector.sinks.base import SinkRejected
@@ -88,7 +89,7 @@ class Coalescer:
     async def _send_merged(self, taken: list[_Request]) -> None:
         try:
             self.requests += 1
-            await self._write([line for r in taken for line in r.lines])
+            await self._write(list(itertools.chain.from_iterable(r.lines for r in taken)))
         except SinkRejected as exc:
             if len(taken) == 1:
                 _settle(taken[0], exc)

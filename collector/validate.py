@@ -4,7 +4,8 @@ Batch-level problems (wrong schema_version, empty node or one that cannot be a
 tag value, seq 0) refuse the whole batch. Otherwise each record is checked on
 its own. A line (Batch.lines, what agents send) must be the canonical line of a
 valid record for the batch's node within the time window
-(fabricscope.lineschema: one regular expression per measurement; the line is
+(fabricscope.lineschema: the whole batch against one regular expression first, and
+when that does not accept it, each line against its measurement's; the line is
 written as received, the `node` tag must be in it). A Record message is checked
 in this order: it has a
 value in every field; its `node` tag equals batch.node (added when missing);
@@ -121,9 +122,17 @@ def _validator() -> LineValidator:
 
 def _check_lines(batch, now_ns: int, limits: Limits, out: Checked) -> None:
     node = lineproto._escaped(batch.node, False)    # checked by _batch_problem
-    check = _validator().check
+    validator = _validator()
+    received = list(batch.lines)       # protobuf makes a new str at every access
+    latest = validator.check_all(received, node, now_ns, limits.max_future_ns,
+                                 limits.max_age_ns)
+    if latest:                         # every line valid: the common case, in one pass
+        out.lines.extend(received)
+        out.max_time_ns = max(out.max_time_ns, latest)
+        return
+    check = validator.check
     first, lines, latest = len(batch.records), out.lines, out.max_time_ns
-    for index, line in enumerate(batch.lines, first):
+    for index, line in enumerate(received, first):
         ts, verdict = check(line, node, now_ns, limits.max_future_ns, limits.max_age_ns)
         if verdict is not None:
             out.refuse(verdict.reason, f"record {index}: {verdict.detail}")

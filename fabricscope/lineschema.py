@@ -18,6 +18,14 @@ compared with the batch's node and the timestamp with the accepted window. A
 line that does not match is diagnosed by `diagnose` (slow path, only for
 refused lines) to give the same reasons collector.validate uses for records.
 
+A whole batch is first tried at once (`LineValidator.check_all`): its lines,
+joined, against one expression of every measurement's lines with the batch's
+node in place, and the window checked on the lowest and highest timestamp. That
+costs one call into the regex engine per batch instead of a Python call, a match
+object and four comparisons per line (5x faster on the load generator's lines);
+it accepts a subset of what `check` accepts, and a batch it does not accept is
+checked line by line.
+
 Equivalence with the record path (schema.validate + lineproto.encode) is
 property-tested in tests/unit/test_transport_lineschema.py.
 """
@@ -41,10 +49,22 @@ _VALUES = {
     # Up to 18 digits, or 19 starting 1-8: always inside int64. Integers of magnitude
     # >= 9e18 (int64 ends at 9.22e18) take the slow path and are refused as unencodable.
     int: r"-?(?:0|[1-9][0-9]{0,17}|[1-8][0-9]{18})i",
-    float: r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:e[+-][0-9]{2,3})?",
+    float: r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+|)(?:e[+-][0-9]{2,3}|)",
     str: r'"(?:[^"\\]|\\["\\])*"',
     bool: r"(?:true|false)",
 }
+# What check_all accepts, a subset of _VALUES that needs no second look: strings without
+# a newline (so the joined batch has one line per newline), floats in the shapes of
+# Python's repr that cannot overflow a double (<= 16 integer digits, or one digit and an
+# exponent up to e+307), and below, timestamps of exactly 19 digits (2001-2286), whose
+# order as text is their order as numbers.
+_BATCH_VALUES = {
+    **_VALUES,
+    str: r'"(?:[^"\\\n]|\\["\\])*"',
+    float: r"-?(?:(?:0|[1-9][0-9]{0,15})(?:\.[0-9]+|)"
+           r"|[1-9](?:\.[0-9]+|)e(?:-[0-9]{2,3}|\+(?:[0-2]?[0-9]{2}|30[0-7])))",
+}
+_TS_DIGITS = 19
 _INT64_MAX = (1 << 63) - 1
 _HEAD = re.compile(r"((?:[^, \\]|\\[, ])+)[, ]")
 
@@ -64,13 +84,17 @@ def _escape_key(text: str) -> str:
     return re.escape(lineproto._name(text, "key", key=True))
 
 
-def _fields_pattern(fields: dict) -> str:
-    """A non-empty, sorted subset: one alternative per first field present."""
+def _fields_pattern(fields: dict, values: dict = _VALUES) -> str:
+    """A non-empty, sorted subset: one alternative per first field present.
+
+    Optional parts here and in the tags are written `(?:x|)`, not `(?:x)?`: the same
+    language, but Python's engine runs a branch about twice as fast as a repeat of a
+    group (measured on 21-field tcp_flow lines)."""
     names = sorted(fields)
-    part = {n: _escape_key(n) + "=" + _VALUES[fields[n].type] for n in names}
+    part = {n: _escape_key(n) + "=" + values[fields[n].type] for n in names}
     alternatives = []
     for i, first in enumerate(names):
-        alternatives.append(part[first] + "".join(f"(?:,{part[n]})?" for n in names[i + 1:]))
+        alternatives.append(part[first] + "".join(f"(?:,{part[n]}|)" for n in names[i + 1:]))
     return "(?:" + "|".join(alternatives) + ")"
 
 
@@ -80,9 +104,34 @@ def _measurement_regex(m: schema.Measurement) -> re.Pattern:
     for key in sorted(tags):
         group = "(?P<node>" if key == "node" else "(?:"
         piece = f",{_escape_key(key)}={group}{_TAG_VALUE})"
-        out.append(f"(?:{piece})?" if key in m.optional_tags else piece)
+        out.append(f"(?:{piece}|)" if key in m.optional_tags else piece)
     out.append(" " + _fields_pattern(m.fields) + r" (?P<ts>[1-9][0-9]{0,18})")
     return re.compile("".join(out), re.DOTALL)
+
+
+def _batch_line_pattern(m: schema.Measurement) -> str:
+    """One line of `m` as check_all accepts it: the node tag required and equal to the
+    batch's (the backreference to the text's first line), values as in _BATCH_VALUES."""
+    out = [re.escape(_measurement_head(m.name))]
+    for key in sorted(m.all_tags()):
+        if key == "node":
+            out.append(",node=(?P=node)")
+            continue
+        piece = f",{_escape_key(key)}=(?:{_TAG_VALUE})"
+        out.append(f"(?:{piece}|)" if key in m.optional_tags else piece)
+    out.append(" " + _fields_pattern(m.fields, _BATCH_VALUES)
+               + rf" [1-9][0-9]{{{_TS_DIGITS - 1}}}")
+    return "".join(out)
+
+
+def _batch_regex(measurements: list[schema.Measurement]) -> re.Pattern:
+    """The batch's node, then one or more lines, each after a newline. Measurements are
+    grouped by first letter so that a line tries a handful of names, not all."""
+    groups: dict[str, list[str]] = {}
+    for m in measurements:
+        groups.setdefault(m.name[0], []).append(_batch_line_pattern(m))
+    line = "|".join("(?:" + "|".join(group) + ")" for group in groups.values())
+    return re.compile(rf"(?P<node>[^\n]*)(?:\n(?:{line}))+")
 
 
 @dataclass(frozen=True)
@@ -97,8 +146,31 @@ class LineValidator:
     """Compiled once per schema; check() is safe to call from any thread."""
 
     def __init__(self) -> None:
-        self._regex = {m.name: _measurement_regex(m) for m in schema.measurements().values()
-                       if _measurement_head(m.name) == m.name}
+        plain = [m for m in schema.measurements().values()
+                 if _measurement_head(m.name) == m.name]
+        self._measurements = {m.name: m for m in plain}
+        # Per-line expressions are compiled when a line first needs one (valid batches
+        # pass check_all alone): compiling all of them costs as much as the batch's.
+        self._regex: dict[str, re.Pattern] = {}
+        self._batch = _batch_regex(plain)
+
+    def check_all(self, lines: list[str], node_escaped: str, now_ns: int, max_future_ns: int,
+                  max_age_ns: int) -> int:
+        """The latest timestamp when every line is valid (check() accepts each one), 0
+        when this fast check cannot say so: then check the lines one by one. `lines`
+        must not be empty."""
+        text = "\n".join(lines)
+        # One newline per line (node + "\n" + each line): no line may hide a newline,
+        # which would make the regex's lines differ from the batch's.
+        if text.count("\n") != len(lines) - 1 \
+                or self._batch.fullmatch(node_escaped + "\n" + text) is None:
+            return 0
+        stamps = [line[-_TS_DIGITS:] for line in lines]
+        oldest, latest = int(min(stamps)), int(max(stamps))
+        if latest > now_ns + max_future_ns or latest > _INT64_MAX \
+                or oldest < now_ns - max_age_ns:
+            return 0
+        return latest
 
     def check(self, line: str, node_escaped: str, now_ns: int, max_future_ns: int,
               max_age_ns: int) -> tuple[int, LineVerdict | None]:
@@ -106,7 +178,7 @@ class LineValidator:
 
         `node_escaped`: the batch's node as it appears in a tag (lineproto-escaped)."""
         # Schema measurement names need no escaping, so the name ends at the first comma.
-        regex = self._regex.get(line.partition(",")[0])
+        regex = self._line_regex(line.partition(",")[0])
         match = regex.fullmatch(line) if regex is not None else None
         if match is None:
             return 0, diagnose(line)
@@ -125,6 +197,13 @@ class LineValidator:
             return 0, LineVerdict("time_past", f"{line.partition(',')[0]}: timestamp "
                                   f"{(now_ns - ts) / 1e9:.0f} s in the past")
         return ts, None
+
+    def _line_regex(self, name: str) -> re.Pattern | None:
+        regex = self._regex.get(name)
+        if regex is None and name in self._measurements:
+            # Threads may race to compile the same one: the results are equal.
+            regex = self._regex[name] = _measurement_regex(self._measurements[name])
+        return regex
 
 
 # A float literal the regex accepts may still overflow a double (1e+309, or a mantissa

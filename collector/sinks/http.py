@@ -6,6 +6,9 @@ and failures become short one-line reasons.
 
 from __future__ import annotations
 
+import ipaddress
+import urllib.parse
+
 import urllib3
 
 from collector.sinks.base import HTTP_THREADS, SinkError, one_line
@@ -24,6 +27,21 @@ def reason(exc: BaseException) -> str:
     if any(isinstance(err, (urllib3.exceptions.TimeoutError, TimeoutError)) for err in chain):
         return "timed out"
     return one_line(exc)
+
+
+def on_loopback(url: str) -> bool:
+    """Whether `url` names this host (localhost, 127.0.0.0/8, ::1).
+
+    The sinks send to such a server uncompressed: gzip only saves network bytes, which
+    loopback does not carry, and costs the collector about as much per line as
+    validating it (and InfluxDB its decompression)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class Http:

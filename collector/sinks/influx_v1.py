@@ -1,4 +1,5 @@
-"""InfluxDB 1.x sink: POST gzipped line protocol to /write?db=...&precision=ns.
+"""InfluxDB 1.x sink: POST line protocol to /write?db=...&precision=ns, gzipped unless
+InfluxDB is on this host (collector.sinks.http.on_loopback).
 
 Creates the database at start (`CREATE DATABASE` is a no-op when it exists) and
 again when a write finds it gone. Status mapping: 204 written; 400 refused for
@@ -15,7 +16,7 @@ import re
 import urllib.parse
 
 from collector.sinks.base import Sink, SinkError, SinkRejected, one_line, unreachable
-from collector.sinks.http import Http
+from collector.sinks.http import Http, on_loopback
 
 _DROPPED = re.compile(r"dropped=(\d+)")
 
@@ -37,6 +38,7 @@ class InfluxV1Sink(Sink):
         self._write_url = f"{self.url}/write?" + urllib.parse.urlencode(
             {"db": config.influx_db, "precision": "ns"})
         self._need_database = True
+        self.gzip = not on_loopback(self.url)
 
     def _start_sync(self) -> None:
         try:
@@ -62,10 +64,12 @@ class InfluxV1Sink(Sink):
     def _write_sync(self, lines: list[str]) -> None:
         if self._need_database:
             self._create_database()
-        body = gzip.compress("\n".join(lines).encode(), compresslevel=1)
-        status, answer = self._http.request(
-            "POST", self._write_url, body=body,
-            headers={"Content-Encoding": "gzip", "Content-Type": "text/plain; charset=utf-8"})
+        body = "\n".join(lines).encode()
+        headers = {"Content-Type": "text/plain; charset=utf-8"}
+        if self.gzip:
+            body = gzip.compress(body, compresslevel=1)
+            headers["Content-Encoding"] = "gzip"
+        status, answer = self._http.request("POST", self._write_url, body=body, headers=headers)
         if status == 204:
             return
         text = influx_error(answer)

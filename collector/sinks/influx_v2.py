@@ -3,7 +3,8 @@
 Speaks to InfluxDB 2.x/3.x, 1.8+ (`bucket` = database/retention-policy) and
 VictoriaMetrics. The bucket must exist (creating one needs an org id and admin
 rights the collector should not hold). Lines come pre-encoded by
-fabricscope.lineproto, so the client only gzips and sends them. Status mapping
+fabricscope.lineproto, so the client only gzips (unless the server is on this host,
+as in the v1 sink) and sends them. Status mapping
 as in the v1 sink: 400 (and 422, used by InfluxDB 3 for bad points) is
 permanent, anything else and network failures are temporary.
 """
@@ -15,7 +16,7 @@ from influxdb_client.client.write_api import SYNCHRONOUS
 from influxdb_client.rest import ApiException
 
 from collector.sinks.base import Sink, SinkError, SinkRejected, unreachable
-from collector.sinks.http import Http, reason
+from collector.sinks.http import Http, on_loopback, reason
 from collector.sinks.influx_v1 import influx_error
 
 
@@ -25,7 +26,7 @@ class InfluxV2Sink(Sink):
         self._client = InfluxDBClient(url=self.url, token=config.influx_token or None,
                                       org=config.influx_org,
                                       timeout=int(config.influx_timeout_s * 1000),
-                                      enable_gzip=True)
+                                      enable_gzip=not on_loopback(self.url))
         self._api = self._client.write_api(write_options=SYNCHRONOUS)
         self._http = Http(config.influx_timeout_s)
 

@@ -11,6 +11,8 @@ import pytest
 from collector.config import CollectorConfig
 from collector.server import CollectorThread
 from collector.sinks import SinkError, SinkRejected, make_sink
+from collector.sinks.http import on_loopback
+from collector.sinks.influx_v1 import InfluxV1Sink
 from fabricscope.errors import UserError
 from fabricscope.records import Record
 from fabricscope.selfmetrics import Readiness, SelfMetricsServer
@@ -55,6 +57,25 @@ def test_v1_escaped_names_and_values_round_trip_through_influxd(influx):
             row["f"]) == (T0, "a,b=c d", "é中", 1, 'q"u\\o\nte', True, 1.5)
     assert influx.field_types("odd measure,x", DB) == \
         {"field,k y": "integer", "s": "string", "b": "boolean", "f": "float"}
+
+
+@pytest.mark.parametrize("url, local", [
+    ("http://127.0.0.1:8086", True), ("http://127.0.0.2:8086", True), ("http://localhost", True),
+    ("http://[::1]:8086/", True), ("http://198.18.0.1:8086", False),
+    ("https://influx.example:8086", False), ("http://[2001:db8::1]:8086", False)])
+def test_bodies_to_a_server_on_this_host_travel_uncompressed(url, local):
+    assert on_loopback(url) is local
+    assert InfluxV1Sink(config(url)).gzip is not local
+
+
+@pytest.mark.parametrize("gzip", [False, True])
+def test_v1_writes_plain_and_gzipped_bodies(influx, gzip):
+    async def scenario(sink):
+        sink.gzip = gzip                  # 127.0.0.1: plain unless told otherwise
+        await sink.write([Record("m", T0 + i, {"k": "a b"}, {"v": i}) for i in range(7)])
+
+    run(with_sink(config(influx.url), scenario))
+    assert influx.query('SELECT sum("v") FROM "m"', DB)[0]["sum"] == 21
 
 
 def test_v1_writes_in_chunks_of_batch_lines(influx):

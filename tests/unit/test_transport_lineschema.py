@@ -42,7 +42,9 @@ def records(draw, valid: bool = False):
     m = schema.measurements()[draw(st.sampled_from(MEASUREMENTS))]
     tags = {}
     for key in m.all_tags():
-        if key in m.optional_tags and draw(st.booleans()):
+        # An agent tags every line with its node, also where the schema makes it
+        # optional (annotation, finding): the line path requires it, the record path adds it.
+        if key in m.optional_tags and key != "node" and draw(st.booleans()):
             continue
         text = safe_text if valid else tag_text
         tags[key] = "n1" if key == "node" and valid else draw(
@@ -218,3 +220,51 @@ def test_a_large_finite_float_after_a_quote_in_a_tag_is_accepted():
     overflow = line.replace("1e+300", "1e+999")
     assert VALIDATOR.check(overflow, "n1", NOW, LIMITS.max_future_ns,
                            LIMITS.max_age_ns)[1].reason == "unencodable"
+
+
+def check_all(lines: list[str], node: str = "n1") -> int:
+    return VALIDATOR.check_all(lines, node, NOW, LIMITS.max_future_ns, LIMITS.max_age_ns)
+
+
+def one_by_one(lines: list[str], node: str = "n1") -> int:
+    """check_all's promise, from check(): the latest timestamp, 0 if a line is refused."""
+    stamps = [VALIDATOR.check(line, node, NOW, LIMITS.max_future_ns, LIMITS.max_age_ns)
+              for line in lines]
+    return 0 if any(verdict for _, verdict in stamps) else max(ts for ts, _ in stamps)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(records(valid=True), min_size=1, max_size=6))
+def test_a_batch_of_canonical_lines_passes_the_fast_check_at_once(batch):
+    lines = [line_path(r) for r in batch]
+    # What the fast check leaves to check(): newlines in strings, floats near the
+    # double's limit (e+308).
+    assume(all("\n" not in line and "e+308" not in line for line in lines))
+    assert check_all(lines) == one_by_one(lines) == max(r.time_ns for r in batch)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(records(valid=True), min_size=1, max_size=4), st.integers(0, 3),
+       st.integers(0, 200), st.sampled_from(["insert", "delete", "replace"]),
+       st.characters(codec="utf-8", exclude_categories=("Cs",)))
+def test_the_fast_check_accepts_only_what_check_accepts(batch, which, where, how, char):
+    lines = [line_path(r) for r in batch]
+    line = lines[which % len(lines)]
+    at = where % (len(line) + 1)
+    lines[which % len(lines)] = {"insert": line[:at] + char + line[at:],
+                                 "delete": line[:at] + line[at + 1:],
+                                 "replace": line[:at] + char + line[at + 1:]}[how]
+    fast = check_all(lines)
+    assert fast in (0, one_by_one(lines))
+
+
+def test_the_fast_check_leaves_doubtful_batches_to_check():
+    line = f"synthetic,node=n1,stream=0 n=1i,value=0.5 {NOW}"
+    assert check_all([line, line]) == NOW
+    assert check_all([line + "\n" + line]) == 0                # two lines in one
+    assert check_all([line, line.replace("node=n1", "node=n2")]) == 0
+    assert check_all([line], node="n") == 0                    # n is a prefix of n1
+    assert check_all([line.replace(f" {NOW}", f" {NOW + 7200 * 10**9}")]) == 0
+    assert check_all([line.replace(f" {NOW}", " 1700")]) == 0  # short: check() decides
+    string = f'gloo_phase,job=j,node=n1,phase=p,rank=0 peer="a\nb" {NOW}'
+    assert check_all([string]) == 0 and one_by_one([string]) == NOW
