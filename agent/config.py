@@ -89,8 +89,10 @@ class AgentConfig:
         "waits for it; on a node whose CPUs are all busy its drains fall behind, and what "
         "kernel maps then overwrite is counted)"))
     batch_max_records: int = field(default=5000, metadata=doc("most records in one batch"))
-    flush_interval_s: float = field(default=1.0, metadata=doc(
-        "longest time a record waits before its batch is sent"))
+    flush_interval_s: float = field(default=0.2, metadata=doc(
+        "longest time a record waits before its batch is sent: a poll's records go out "
+        "together as one batch shortly after the poll (the diagnosis engine's latency "
+        "includes this wait)"))
     queue_max_records: int = field(default=200_000, metadata=doc(
         "records of unacknowledged batches kept in memory: with spool_dir a cache (the "
         "others are read back from disk when sent); without, the cap (when full the oldest "

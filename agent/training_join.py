@@ -32,9 +32,10 @@ owner's pid, tcp_transfer: runs of bytes without a gap). Put together:
    lack rank, nranks and comm_id; the NCCL_DEBUG log's `Init COMPLETE` line of the
    same pid and communicator handle (nccl_log_comm) has them.
 
-Records that join wait HOLD_S in the stage (their partners may be drained in a
-later poll: a transfer is reported when the flow's next one starts, and the tcp
-probes hold a record up to a /proc rescan for its owner); a training process's
+Records that join wait in the stage for their partners until the next poll (a
+retransmit inside a collective's window, or the collective windows around a
+transfer, happened before the record was made, so the next poll has drained
+them; the tcp probes hold a record until its owner is known); a training process's
 transfer waits on, up to WINDOW_WAIT_S, until that process's collective windows
 up to its end have arrived (counted as transfers_awaited); everything else passes
 straight through. Windows, steps and retransmits are remembered for HORIZON_S per
@@ -49,7 +50,7 @@ from dataclasses import dataclass, field
 
 from fabricscope.records import Record
 
-HOLD_S = 2.0          # seconds a joined record waits for its partners
+HOLD_S = 0.0          # seconds a joined record waits at least (besides one poll)
 WINDOW_WAIT_S = 10.0  # at most this long a training transfer waits for its windows
 HORIZON_S = 60.0      # seconds of windows, steps and retransmits kept per process
 TAIL_S = 0.02         # default tail_s: the agent passes config tcp_transfer_tail_us
@@ -156,7 +157,8 @@ class TrainingJoin:
         self.transfers_per_s = transfers_per_s
         self._budget_second, self._budget_used = -1, 0
         self.hold_s, self.horizon_ns = hold_s, int(horizon_s * 1e9)
-        self._held: deque[tuple[float, Record]] = deque()
+        self._held: deque[tuple[float, int, Record]] = deque()   # (arrived, poll, record)
+        self._polls = 0
         self._awaiting: list[tuple[float, Record]] = []   # transfers past hold_s, no windows yet
         self.window_wait_s = max(hold_s, WINDOW_WAIT_S)
         self._votes: dict[int, str] = {}     # id(held transfer) -> pid it voted "inside" for
@@ -178,6 +180,7 @@ class TrainingJoin:
 
     def feed(self, records: list[Record], now_s: float) -> list[Record]:
         """Take a poll's records; return those ready to go on (others are held)."""
+        self._polls += 1
         out = []
         windows_from: set[str] = set()       # pids with new collective windows
         fresh: list[Record] = []             # transfers of this poll
@@ -199,7 +202,7 @@ class TrainingJoin:
                 self._unvoted.setdefault(r.tags.get("pid", ""), {})[id(r)] = r
                 fresh.append(r)
             if r.measurement in _HELD:
-                self._held.append((now_s, r))
+                self._held.append((now_s, self._polls, r))
             else:
                 out.append(r)
         # transfers wait for a vote "inside" until windows covering them arrive (a
@@ -214,17 +217,28 @@ class TrainingJoin:
                 self._awaiting.append((arrived, r))
             else:
                 out += self._release(r)
-        while self._held and now_s - self._held[0][0] >= self.hold_s:
-            arrived, r = self._held.popleft()
-            if self._awaits_windows(r, arrived, now_s):
+        keep: deque[tuple[float, int, Record]] = deque()
+        for arrived, poll, r in self._held:
+            if not self._ripe(r, arrived, poll, now_s):
+                keep.append((arrived, poll, r))
+            elif self._awaits_windows(r, arrived, now_s):
                 self._awaiting.append((arrived, r))
                 self.counters["transfers_awaited"] += 1
             else:
                 out += self._release(r)
+        self._held = keep
         if now_s - self._trimmed_s >= 1.0:
             self._trimmed_s = now_s
             self._trim()
         return out
+
+    def _ripe(self, r: Record, arrived_s: float, poll: int, now_s: float) -> bool:
+        """A record has had its partners once a later poll was fed (and hold_s, when
+        set, has passed): a retransmit inside a collective's window, or a transfer's
+        collective windows, happened before the record was made, so the next poll
+        has drained them (the tcp probes tag a record with its owner before they hand
+        it out); a transfer still missing its windows then waits for them."""
+        return poll < self._polls and now_s - arrived_s >= self.hold_s
 
     def flush(self) -> list[Record]:
         """At shutdown: release everything held, joined with what is known."""
@@ -233,7 +247,7 @@ class TrainingJoin:
             out += self._release(r)
         self._awaiting = []
         while self._held:
-            out += self._release(self._held.popleft()[1])
+            out += self._release(self._held.popleft()[2])
         return out
 
     def _awaits_windows(self, r: Record, arrived_s: float, now_s: float) -> bool:

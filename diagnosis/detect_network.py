@@ -135,11 +135,17 @@ def _finding(snap: Snapshot, located: Located, share: float) -> Candidate | None
 def _first_bad_ns(snap: Snapshot, located: Located) -> int:
     """The first second of the window in which one of the place's bad hops resent
     anything (lossy) or carried data (delayed): where the evidence begins."""
-    w, ev = snap.window, snap.evidence
+    w, ev, t = snap.window, snap.evidence, snap.thresholds
+    per_second = -(-t.loss_min_segs // t.eval_seconds)
     for s in range(w.start_s, w.end_s):
         for b in located.cells:
             sec = ev.cells.get(b.cell.key, {}).get(s)
-            if sec and ((b.lossy and sec.retrans_segs) or (b.delayed and sec.bytes_acked)):
+            if sec is None:
+                continue
+            sent = sec.bytes_acked + sec.retrans_bytes
+            lossy = sec.retrans_segs >= per_second and sent and \
+                sec.retrans_bytes / sent >= t.loss_ratio
+            if (b.lossy and lossy) or (b.delayed and not b.lossy and sec.bytes_acked):
                 return s * 1_000_000_000
     return w.start_ns
 

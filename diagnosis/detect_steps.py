@@ -31,12 +31,22 @@ def _compute(step) -> float:
     return max(0.0, (step.seconds or 0.0) - step.sync_seconds)
 
 
-def _every_step_late(top, rest) -> bool:
-    """The slow rank is slow in each of its recent steps (twice the others' median in
-    the same step), not in one step whose outlier carried the median."""
-    for i, step in enumerate(top.steps):
-        same = [r.steps[i] for r in rest if i < len(r.steps)]
-        if same and _compute(step) < 2 * statistics.median(_compute(s) for s in same):
+def _same_step(step, steps):
+    """The step of another rank that is the same training step: the one whose start
+    lies nearest (ranks' records arrive at different times, so list positions do not
+    match), within half a step."""
+    best = min(steps, key=lambda s: abs(s.time_ns - step.time_ns), default=None)
+    if best is None or abs(best.time_ns - step.time_ns) > (step.seconds or 0) * 5e8:
+        return None
+    return best
+
+
+def _every_step_late(top, rest, count: int) -> bool:
+    """The slow rank is slow in each of its last `count` steps (twice the others'
+    median in the same step), not in one step whose outlier carried the median."""
+    for step in top.steps[-count:]:
+        same = [s for s in (_same_step(step, r.steps) for r in rest) if s is not None]
+        if not same or _compute(step) < 2 * statistics.median(_compute(s) for s in same):
             return False
     return True
 
@@ -55,14 +65,16 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
     late = top.compute - others
     base_step = b.step_s if b else statistics.median(r.seconds for r in snap.ranks.values())
     if not (top.compute >= t.straggler_ratio * max(others, 1e-3)
-            and late >= t.straggler_min_share * base_step and _every_step_late(top, rest)):
+            and late >= t.straggler_min_share * base_step
+            and _every_step_late(top, rest, t.straggler_steps)):
         return [], [RuledOut("straggler_compute", f"no rank computes much longer than the "
                              f"others (slowest {top.compute:.3f} s, rank {top.rank}; median "
                              f"{others:.3f} s per step)")]
     if not network_clean_at(snap, top.node):
         return [], [RuledOut("straggler_compute", f"rank {top.rank} is slow, but its node "
                              f"{top.node}'s hops lose frames: the network finding explains it")]
-    lo, hi = _steps_span(snap)
+    _lo, hi = _steps_span(snap)
+    lo = top.steps[-t.straggler_steps].time_ns        # its first late step
     added = snap.step_added_s
     explained = 1.0 if added and not snap.lossy else (min(1.0, late / added) if added else 0.0)
     victims = [{"rank": r.rank, "node": r.node,
@@ -141,7 +153,7 @@ def input_stall(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
                       share_of_step=round(share, 4), explained_share=round(explained, 3),
                       victims=[{"rank": r.rank, "node": r.node,
                                 "waited_s": round(r.data_load - b.data_load_s, 3)}
-                               for r in snap.ranks.values()],
+                               for r in snap.ranks.values() if r.data_load is not None],
                       facts={"load_s": snap.data_load_s, "step_s": snap.step_s or b.step_s,
                              "peer": peer})], []
 

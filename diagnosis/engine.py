@@ -95,8 +95,8 @@ class JobEngine:
             return []
         snap = self.snapshot(latest + 1)
         candidates, ruled_out = self._detect(snap)
-        if any(severity_rank(c.severity) >= 1 for c in candidates):
-            self.bad_ns.append((snap.window.start_ns, snap.window.end_ns))
+        self.bad_ns += [(c.bad_from_ns, c.bad_until_ns) for c in candidates
+                        if severity_rank(c.severity) >= 1]
         self._update_gauges(snap)
         self.last_snapshot = snap
         return self._lifecycle(snap, candidates, ruled_out, now_ns)
@@ -117,7 +117,7 @@ class JobEngine:
             snap.step_s = statistics.median(r.seconds for r in ranks.values())
             snap.sync_s = statistics.median(r.sync for r in ranks.values())
             snap.compute_s = statistics.median(r.compute for r in ranks.values())
-            snap.data_load_s = statistics.median(r.data_load for r in ranks.values())
+            snap.data_load_s = median_or_none(r.data_load for r in ranks.values())
             snap.steps_end_ns = max(r.steps[-1].end_ns for r in ranks.values())
         return snap
 
@@ -307,6 +307,14 @@ def _carried_clean(snap: Snapshot, f: Finding) -> bool:
 
 
 def _apply(f: Finding, c: Candidate, ruled_out: list[dict]) -> None:
+    """Update a finding with this evaluation's candidate. Its account (summary,
+    evidence, impact, advice) is that of its strongest evaluation so far, so the tail
+    of a fault (its last retransmits on one hop) does not overwrite what it did at
+    its worst; its severity only rises."""
+    f.last_seen_ns = max(f.last_seen_ns, c.bad_until_ns)   # start stays: it is the point's time
+    if severity_rank(c.severity) < severity_rank(f.severity) or \
+            (f.evidence and _strength(c) < f.step_seconds_added and c.severity == f.severity):
+        return
     f.severity = c.severity
     f.summary = c.summary
     f.evidence = c.evidence
@@ -317,7 +325,10 @@ def _apply(f: Finding, c: Candidate, ruled_out: list[dict]) -> None:
     f.explained_share = c.explained_share
     f.retransmit_amplification = c.retransmit_amplification
     f.victims = c.victims
-    f.last_seen_ns = max(f.last_seen_ns, c.bad_until_ns)   # start stays: it is the point's time
+
+
+def _strength(c: Candidate) -> float:
+    return c.step_seconds_added
 
 
 __all__ = ["JobEngine", "Gauges", "median_or_none"]

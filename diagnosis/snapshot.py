@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from diagnosis.evidence import CellTotals, JobEvidence, NodeTotals, Step, Window
+from diagnosis.evidence import SECOND, CellTotals, JobEvidence, NodeTotals, Step, Window
 from diagnosis.thresholds import Thresholds
 
 
@@ -24,8 +24,8 @@ class RankRecent:
     seconds: float
     sync: float
     compute: float
-    data_load: float            # seconds of data loading per step (median)
-    checkpoint: float
+    data_load: float | None     # seconds of data loading per step (median; None: unknown)
+    checkpoint: float | None
 
     @property
     def duty(self) -> float:
@@ -88,26 +88,60 @@ class Snapshot:
 
 
 def phase_seconds(ev: JobEvidence, rank: str, step: Step, kind: str) -> float:
-    return sum(p.seconds for p in ev.phases.get(rank, {}).values()
-               if p.phase == kind and step.time_ns <= p.time_ns < step.end_ns)
+    """Seconds of the step spent in `kind` phases: per peer, from the first phase's
+    start to the last one's end. A slow store streams a read in pieces (each a
+    transfer of its own, the pauses between them longer than the agent's transfer
+    gap); the read lasts from its first byte to its last, pauses included."""
+    spans: dict[str, list[float]] = {}
+    for p in ev.phases.get(rank, {}).values():
+        if p.phase == kind and step.time_ns <= p.time_ns < step.end_ns:
+            start, end = p.time_ns / SECOND, p.time_ns / SECOND + p.seconds
+            lo_hi = spans.setdefault(p.peer, [start, end])
+            lo_hi[0], lo_hi[1] = min(lo_hi[0], start), max(lo_hi[1], end)
+    return sum(hi - lo for lo, hi in spans.values())
 
 
 def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRecent]:
-    """Each rank's last `count` complete steps ending before until_ns, as medians."""
+    """Each rank's last `count` complete steps ending before until_ns, as medians.
+
+    Phases arrive later than steps (a transfer is reported when its flow's next one
+    starts), so data loading and checkpoints are the medians of the last `count`
+    steps that ended before the rank's latest phase began: steps whose phases are
+    all in (None while there are none)."""
     out = {}
     for rank, table in ev.steps.items():
-        done = sorted((s for s in table.values() if s.seconds is not None
-                       and s.end_ns <= until_ns), key=lambda s: s.time_ns)[-count:]
+        steps = sorted((s for s in table.values() if s.seconds is not None
+                        and s.end_ns <= until_ns), key=lambda s: s.time_ns)
+        done = steps[-count:]
         if len(done) < count:
             continue
+        phases = ev.phases.get(rank, {})
+        settled_ns = max((p.time_ns for p in phases.values()), default=0)
+        settled = [s for s in steps if s.end_ns <= settled_ns]
         out[rank] = RankRecent(
             rank, done[-1].node, done,
             statistics.median(s.seconds for s in done),
             statistics.median(s.sync_seconds for s in done),
             statistics.median(max(0.0, s.seconds - s.sync_seconds) for s in done),
-            statistics.median(phase_seconds(ev, rank, s, "data_load") for s in done),
-            statistics.median(phase_seconds(ev, rank, s, "checkpoint") for s in done))
+            _phase_median(ev, rank, settled, "data_load", PHASE_STEPS),
+            _phase_median(ev, rank, settled, "checkpoint", PHASE_STEPS))
     return out
+
+
+#: steps with a phase that say how long the rank's reads take now: phases come a step
+#: late (a transfer is reported when its flow's next one starts), so two, and the
+#: shorter of the two, so that one read slowed by a descheduled reader is no trend
+PHASE_STEPS = 2
+
+
+def _phase_median(ev: JobEvidence, rank: str, steps: list[Step], kind: str,
+                  count: int) -> float | None:
+    """The shortest `kind` time of the last `count` of these steps that had one: the
+    agent reports a read's pieces only from one that is large enough or follows
+    another closely, so a slow store's read may go unreported in some steps; a step
+    without one says nothing about how long its read took (None when none has one)."""
+    spans = [x for x in (phase_seconds(ev, rank, s, kind) for s in steps) if x > 0][-count:]
+    return min(spans) if len(spans) == count else None
 
 
 def classify_cells(cells: list[CellTotals], floor_of, t: Thresholds):

@@ -73,6 +73,10 @@ class Thresholds:
         "a rank whose compute (step minus grad sync) is this many times the others' "
         "median is late to every collective: one slow rank holds a ring at its pace, so "
         "the factor must stand out of per-rank noise, which stays within 2x", "x"))
+    straggler_steps: int = field(default=2, metadata=why(
+        "the slow rank is late (twice the others' compute in the same step) in each of "
+        "its last steps: two in a row rule out one descheduled step, and with the "
+        "median over recent_steps a rank is named two steps after it slowed", "steps"))
     straggler_min_share: float = field(default=0.1, metadata=why(
         "and late by at least this share of the baseline step (smaller lateness does not "
         "matter to the job)", "fraction"))

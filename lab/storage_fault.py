@@ -11,8 +11,12 @@ volume or an object store's per-connection throughput; ranks reading at once
 each get it). Pacing pays before it sends: a chunk goes out (or is read) only once the clock
 allows every byte up to its end at the rate, so a request of L bytes lasts at
 least L / rate plus the delay, however slow the machine; it can only last longer.
-Chunks are 10 ms worth at the rate (at least one full frame, at most the server's
-I/O chunk), so the stream is smooth, as a throttled disk or a busy object store is.
+Chunks are 2 ms worth at the rate and at least one BLOCK (at most the server's I/O
+chunk): a throttled store serves a slow read block by block, each block at the
+wire's speed with the pause the rate needs after it. A block is larger than the
+agent's smallest reported transfer (tcp_transfer_min_bytes, 64 KiB), so every
+piece of a slow read is a transfer of its own and the read's span (first block
+to last) is seen whole, however long the pauses.
 
 The fault lives in the lab's state file (`Lab.storage_fault`, set by
 lab.faults.storage); the data server of a lab (`--lab NAME`) re-reads it only
@@ -30,8 +34,8 @@ from dataclasses import dataclass
 
 from lab.units import parse_rate, parse_time
 
-PACE_STEP_S = 0.010
-MIN_CHUNK = 1500
+PACE_STEP_S = 0.002
+MIN_CHUNK = 80_000     # BLOCK: above the agent's 64 KiB transfer minimum
 
 
 @dataclass(frozen=True)

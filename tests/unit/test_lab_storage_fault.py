@@ -38,9 +38,10 @@ def test_bad_storage_faults_are_user_errors(rate, delay):
         StorageFault.parse(rate, delay)
 
 
-def test_chunks_are_10_ms_at_the_rate_within_bounds():
-    assert chunk_bytes(20_000_000, MiB) == 25_000          # 2.5 MB/s x 10 ms
-    assert chunk_bytes(100_000, MiB) == MIN_CHUNK          # never under one frame
+def test_chunks_are_2_ms_at_the_rate_within_bounds():
+    assert chunk_bytes(1_000_000_000, MiB) == 250_000      # 125 MB/s x 2 ms
+    assert chunk_bytes(20_000_000, MiB) == MIN_CHUNK       # never under one block ...
+    assert MIN_CHUNK > 65536                               # ... a transfer the agent reports
     assert chunk_bytes(10**12, MiB) == MiB                 # never over the I/O chunk
 
 

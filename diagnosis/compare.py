@@ -1,0 +1,215 @@
+"""Before and after a change: did it help? (`fabricscope compare`)
+
+Per metric, the samples of two windows: per step (step time, grad sync, data
+load, bus bandwidth; the job's reference rank, its lowest) or per second (the
+job's nodes' retransmit ratio, bursts, peak 100 us utilisation, the RTT tail of
+its data flows). Per-step samples are autocorrelated and not normal, so:
+- the test is Mann-Whitney U (two-sided, normal approximation with the tie
+  correction), a rank test that assumes no distribution; the p-values of all
+  metrics are Holm-corrected together, so comparing two windows of a healthy
+  run stays quiet;
+- the 95 % interval of the change of the median is a moving-block bootstrap
+  (blocks of n^(1/3) consecutive samples keep the autocorrelation);
+- step time drifts inside a healthy run (checkpoints, caches, neighbours), so
+  each window's drift (the difference of the medians of its two halves) is
+  shown, and a change counts only when it exceeds the larger drift: a verdict
+  never rests on a p-value alone.
+Verdicts: better, worse, no change, or insufficient (fewer than MIN_SAMPLES).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from diagnosis.store import Store, quote, regex_of
+from diagnosis.timespan import Span
+
+MIN_SAMPLES = 5
+ALPHA = 0.05
+BOOTSTRAP = 2000
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    lower_is_better: bool
+
+
+METRICS = [Metric("step_time", "s", True), Metric("grad_sync_time", "s", True),
+           Metric("data_load_time", "s", True), Metric("busbw", "GB/s", False),
+           Metric("retransmit_ratio", "fraction", True), Metric("bursts", "/s", True),
+           Metric("peak_utilization", "fraction", True), Metric("rtt_p99", "us", True)]
+
+
+@dataclass
+class Result:
+    metric: str
+    unit: str
+    n_before: int
+    n_after: int
+    before_median: float | None
+    after_median: float | None
+    change_pct: float | None
+    ci95: list | None
+    p_value: float | None
+    p_holm: float | None
+    drift_before: float | None
+    drift_after: float | None
+    verdict: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# -- statistics ----------------------------------------------------------------------------
+
+def mann_whitney(a: list[float], b: list[float]) -> float:
+    """Two-sided p-value of Mann-Whitney U (normal approximation, tie-corrected)."""
+    n1, n2 = len(a), len(b)
+    values = np.concatenate([np.asarray(a, float), np.asarray(b, float)])
+    order = values.argsort(kind="mergesort")
+    ranks = np.empty(len(values))
+    sorted_vals = values[order]
+    i = 0
+    ties = 0.0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and sorted_vals[j + 1] == sorted_vals[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        t = j - i + 1
+        ties += t ** 3 - t
+        i = j + 1
+    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2
+    mu = n1 * n2 / 2
+    n = n1 + n2
+    sigma2 = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)))
+    if sigma2 <= 0:
+        return 1.0
+    z = (abs(u1 - mu) - 0.5) / math.sqrt(sigma2)          # continuity correction
+    return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
+
+
+def block_bootstrap_ci(a: list[float], b: list[float], rng: np.random.Generator
+                       ) -> tuple[float, float]:
+    """95 % interval of median(b) - median(a), moving-block bootstrap of each."""
+    def resample(x: np.ndarray) -> np.ndarray:
+        n = len(x)
+        block = max(1, round(n ** (1 / 3)))
+        starts = rng.integers(0, n - block + 1, size=(BOOTSTRAP, -(-n // block)))
+        idx = (starts[:, :, None] + np.arange(block)).reshape(BOOTSTRAP, -1)[:, :n]
+        return np.median(x[idx], axis=1)
+    x, y = np.asarray(a, float), np.asarray(b, float)
+    diff = resample(y) - resample(x)
+    return float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5))
+
+
+def drift(x: list[float]) -> float:
+    half = len(x) // 2
+    if half < 2:
+        return 0.0
+    return abs(statistics.median(x[half:]) - statistics.median(x[:half]))
+
+
+def holm(pvalues: list[float | None]) -> list[float | None]:
+    idx = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    out: list[float | None] = [None] * len(pvalues)
+    m, running = len(idx), 0.0
+    for k, (p, i) in enumerate(idx):
+        running = max(running, min(1.0, (m - k) * p))
+        out[i] = running
+    return out
+
+
+def compare_samples(samples: dict[str, tuple[list[float], list[float]]],
+                    seed: int = 0) -> list[Result]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for m in METRICS:
+        a, b = samples.get(m.name, ([], []))
+        if len(a) < MIN_SAMPLES or len(b) < MIN_SAMPLES:
+            rows.append(Result(m.name, m.unit, len(a), len(b),
+                               statistics.median(a) if a else None,
+                               statistics.median(b) if b else None, None, None, None, None,
+                               None, None, "insufficient"))
+            continue
+        ma, mb = statistics.median(a), statistics.median(b)
+        lo, hi = block_bootstrap_ci(a, b, rng)
+        rows.append(Result(m.name, m.unit, len(a), len(b), ma, mb,
+                           (mb - ma) / ma * 100 if ma else None, [lo, hi], mann_whitney(a, b),
+                           None, drift(a), drift(b), ""))
+    for r, p in zip(rows, holm([r.p_value for r in rows])):
+        r.p_holm = p
+    for m, r in zip(METRICS, rows):
+        if r.verdict:
+            continue
+        delta = r.after_median - r.before_median
+        allowance = max(r.drift_before, r.drift_after)
+        significant = r.p_holm is not None and r.p_holm < ALPHA and abs(delta) > allowance \
+            and not (r.ci95[0] <= 0 <= r.ci95[1])
+        if not significant:
+            r.verdict = "no change"
+        else:
+            r.verdict = "better" if (delta < 0) == m.lower_is_better else "worse"
+    return rows
+
+
+# -- samples from the store --------------------------------------------------------------
+
+def samples(store: Store, job: str, before: Span, after: Span) -> dict:
+    return {name: (values(store, job, name, before), values(store, job, name, after))
+            for name in (m.name for m in METRICS)}
+
+
+def _reference_rank(store: Store, job: str, span: Span) -> str | None:
+    rows = store.query(f"SELECT count(seconds) FROM gloo_step WHERE job = {quote(job)} AND "
+                       f"time >= {span.start_ns} AND time < {span.end_ns} GROUP BY rank")
+    ranks = [r["_tags"].get("rank") for r in rows if r.get("count")]
+    ranks = [r for r in ranks if r]
+    return min(ranks, key=lambda r: (len(r), r)) if ranks else None
+
+
+def _nodes(store: Store, job: str, span: Span) -> list[str]:
+    rows = store.query(f"SELECT count(seconds) FROM gloo_step WHERE job = {quote(job)} AND "
+                       f"time >= {span.start_ns} AND time < {span.end_ns} GROUP BY node")
+    return sorted({r["_tags"].get("node") for r in rows if r["_tags"].get("node")})
+
+
+def values(store: Store, job: str, metric: str, span: Span) -> list[float]:
+    t = f"time >= {span.start_ns} AND time < {span.end_ns}"
+    q = quote(job)
+    if metric in ("step_time", "grad_sync_time", "busbw", "data_load_time"):
+        rank = _reference_rank(store, job, span)
+        if rank is None:
+            return []
+        if metric == "data_load_time":
+            rows = store.query(f"SELECT sum(seconds) FROM gloo_phase WHERE job = {q} AND "
+                               f"rank = {quote(rank)} AND phase = 'data_load' AND {t} "
+                               "GROUP BY step")
+            return [float(r["sum"]) for r in rows if r.get("sum") is not None]
+        field = {"step_time": "seconds", "grad_sync_time": "sync_seconds",
+                 "busbw": "busbw_gbs"}[metric]
+        rows = store.query(f"SELECT {field} FROM gloo_step WHERE job = {q} AND "
+                           f"rank = {quote(rank)} AND {t}")
+        return [float(r[field]) for r in rows if r.get(field) is not None]
+    nodes = _nodes(store, job, span)
+    if not nodes:
+        return []
+    where = f"node =~ {regex_of(nodes)} AND {t}"
+    if metric == "retransmit_ratio":
+        rows = store.query(f"SELECT sum(retrans_segs) AS r, sum(segs_out) AS s FROM tcp_node "
+                           f"WHERE {where} GROUP BY time(1s) fill(none)")
+        return [r["r"] / r["s"] for r in rows if r.get("s")]
+    if metric in ("bursts", "peak_utilization"):
+        agg = "sum(bursts)" if metric == "bursts" else "max(peak_util)"
+        rows = store.query(f"SELECT {agg} AS v FROM nic_window WHERE {where} "
+                           "GROUP BY time(1s) fill(none)")
+        return [float(r["v"]) for r in rows if r.get("v") is not None]
+    rows = store.query(f"SELECT max(rtt_p99_us) AS v FROM tcp_flow WHERE job = {q} AND "
+                       f"bytes_acked >= 1000000 AND {t} GROUP BY time(1s) fill(none)")
+    return [float(r["v"]) for r in rows if r.get("v") is not None]
