@@ -77,7 +77,8 @@ def _finding(snap: Snapshot, located: Located, share: float) -> Candidate | None
     cause = _cause(located)
     sync_added = max(0.0, (snap.sync_s or 0.0) - b.sync_s) if b and snap.sync_s else 0.0
     if cause == "straggler_network" and not (
-            b and snap.sync_s and snap.sync_s >= b.sync_s * (1 + t.slowdown)
+            located.place.kind == "node"            # a rank's link; slow storage is input's
+            and b and snap.sync_s and snap.sync_s >= b.sync_s * (1 + t.slowdown)
             and not snap.lossy and len(located.cells) >= 2 and not located.contradicting):
         # delay alone is weak evidence: it must stretch the ring, without loss anywhere
         # (then back-pressure of the lossy hop inflates others), on a whole row or
@@ -152,6 +153,8 @@ def _first_bad_ns(snap: Snapshot, located: Located) -> int:
 
 def _where(located: Located) -> str:
     p = located.place
+    if p.kind == "peer":
+        return f"the path to {p.name}"
     return f"{p.name}'s uplink" if p.kind == "tor" else f"{p.name}'s port"
 
 

@@ -107,7 +107,10 @@ def _contributor(snap: Snapshot) -> tuple[dict, str | None]:
     return {"node": key.node, "peer": peer}, f"{key.node}->{peer}"
 
 
-def telemetry(snap: Snapshot, lost_before: dict[str, int]) -> list[Candidate]:
+def telemetry(snap: Snapshot, lost_before: dict[str, int],
+              known_ns: dict[str, int]) -> list[Candidate]:
+    """known_ns: when the engine first knew each node (a node whose agent has not
+    sent a window yet is silent only from then on)."""
     ev, t = snap.evidence, snap.thresholds
     out = []
     nodes = sorted(set(ev.node_of_rank.values()))
@@ -118,7 +121,8 @@ def telemetry(snap: Snapshot, lost_before: dict[str, int]) -> list[Candidate]:
                    for s in steps.values())
     for node in nodes:
         seen = ev.last_seen_ns.get(node)
-        if stepping and (seen is None or freshest - seen >= t.silent_seconds * SECOND):
+        quiet_since = seen if seen is not None else known_ns.get(node, freshest)
+        if stepping and freshest - quiet_since >= t.silent_seconds * SECOND:
             ago = (freshest - seen) / SECOND if seen else None
             text = f"for {ago:.0f} s" if ago is not None else "at all"
             out.append(Candidate(

@@ -28,7 +28,7 @@ from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.detect_trends import JitterTracker, mad, telemetry
 from diagnosis.evidence import SECOND, CellTotals, JobEvidence
 from diagnosis.finding import Finding, severity_rank
-from diagnosis.localize import Place
+from diagnosis.localize import Place, elements, path
 from diagnosis.snapshot import (Baseline, Snapshot, classify_cells, median_or_none,
                                 phase_seconds, recent_ranks)
 from diagnosis.thresholds import DEFAULT, Thresholds
@@ -75,6 +75,7 @@ class JobEngine:
     gauges: Gauges = field(default_factory=Gauges)
     last_snapshot: Snapshot | None = None
     slow_since_ns: int = 0
+    node_known_ns: dict = field(default_factory=dict)   # node -> when the engine first knew it
 
     def __post_init__(self) -> None:
         if self.ev is None:
@@ -186,9 +187,8 @@ class JobEngine:
     def _detect(self, snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
         strag, ruled = detect_steps.straggler(snap)
         stragglers = frozenset(c.place.get("node") for c in strag)
-        prefer = frozenset(Place("tor", f.place["tor"]) if f.place.get("tor") and
-                           not f.place.get("node") else Place("node", f.place.get("node") or "")
-                           for f in self.open.values() if f.cause in NETWORK_CAUSES)
+        prefer = frozenset(_place_of(f) for f in self.open.values()
+                           if f.cause in NETWORK_CAUSES)
         net, r1 = detect_network.detect(snap, self.tor_of, prefer, stragglers)
         inp, r3 = detect_steps.input_stall(snap)
         ruled += r1 + r3
@@ -203,7 +203,9 @@ class JobEngine:
             self.jitter.reset()
         out = net + strag + inp + ([] if busy else self.jitter.candidate(snap)) + \
             detect_steps.network_bound(snap, network_open)
-        out += telemetry(snap, self.lost_seen)
+        for node in set(self.ev.node_of_rank.values()):
+            self.node_known_ns.setdefault(node, snap.now_ns)
+        out += telemetry(snap, self.lost_seen, self.node_known_ns)
         self.lost_seen = dict(self.ev.lost_records)
         # what the named causes explain: this evaluation's, and those still open
         shares = {c.key: c.explained_share for c in causal}
@@ -292,18 +294,22 @@ class JobEngine:
                            and g.sync_slowdown > 1 else 0.0)
 
 
+def _place_of(f: Finding) -> Place:
+    p = f.place
+    if p.get("node"):
+        return Place("node", p["node"])
+    if p.get("tor"):
+        return Place("tor", p["tor"])
+    return Place("peer", p.get("peer") or "")
+
+
 def _carried_clean(snap: Snapshot, f: Finding) -> bool:
     """Data crossed the finding's place in this window and none of it was bad."""
-    node, tor = f.place.get("node"), f.place.get("tor")
+    tor_of = snap.notes.get("tor_of") or (lambda node: None)
+    els = elements(_place_of(f))
     bad = {id(c) for c in snap.lossy + snap.delayed}
-    for c in snap.data_cells:
-        ends = (c.key.node, c.peer_node)
-        if (node and node in ends) or (tor and not node and tor in ends) or \
-                (tor and not node and snap.notes.get("tor_of") and
-                 tor in {snap.notes["tor_of"](e) for e in ends if e}):
-            if id(c) not in bad:
-                return True
-    return False
+    return any(id(c) not in bad and path(c.key.node, c.peer_node, tor_of, c.key.peer) & els
+               for c in snap.data_cells)
 
 
 def _apply(f: Finding, c: Candidate, ruled_out: list[dict]) -> None:

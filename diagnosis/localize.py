@@ -37,6 +37,8 @@ class Place:
     def as_dict(self) -> dict:
         if self.kind == "tor":
             return {"tor": self.name, "interface": "uplink"}
+        if self.kind == "peer":
+            return {"peer": self.name}
         return {"node": self.name}
 
 
@@ -63,10 +65,16 @@ class Located:
     alternatives: list[Place] = field(default_factory=list)   # places that tied with it
 
 
-def path(src: str, dst: str | None, tor_of) -> set[tuple[str, str]]:
-    """Elements a transfer src -> dst crosses: (kind, name) with kind out/up/down/in."""
+def path(src: str, dst: str | None, tor_of, peer: str = "") -> set[tuple[str, str]]:
+    """Elements a transfer src -> dst crosses: (kind, name) with kind out/up/down/in;
+    to a peer outside the job (dst None: storage, the collector), src's port, its
+    ToR's uplink (outside hosts sit behind the spine) and the peer itself (ext)."""
     out = {("out", src)}
     if dst is None:
+        if tor_of(src) is not None:
+            out.add(("up", tor_of(src)))
+        if peer:
+            out.add(("ext", peer))
         return out
     out.add(("in", dst))
     a, b = tor_of(src), tor_of(dst)
@@ -75,14 +83,19 @@ def path(src: str, dst: str | None, tor_of) -> set[tuple[str, str]]:
     return out
 
 
-def _elements(place: Place) -> set[tuple[str, str]]:
+_KIND_OF = {"out": "node", "in": "node", "up": "tor", "down": "tor", "ext": "peer"}
+
+
+def elements(place: Place) -> set[tuple[str, str]]:
     if place.kind == "node":
         return {("out", place.name), ("in", place.name)}
+    if place.kind == "peer":
+        return {("ext", place.name)}
     return {("up", place.name), ("down", place.name)}
 
 
 def implicated(bad: BadCell, tor_of) -> set[tuple[str, str]]:
-    fwd = path(bad.src, bad.dst, tor_of)
+    fwd = path(bad.src, bad.dst, tor_of, bad.cell.key.peer)
     if bad.delayed and bad.dst is not None:
         return fwd | path(bad.dst, bad.src, tor_of)
     return fwd
@@ -92,7 +105,7 @@ def candidates(bad: list[BadCell], tor_of) -> list[Place]:
     places: set[Place] = set()
     for b in bad:
         for kind, name in implicated(b, tor_of):
-            places.add(Place("tor" if kind in ("up", "down") else "node", name))
+            places.add(Place(_KIND_OF[kind], name))
     return sorted(places, key=lambda p: (p.kind, p.name))
 
 
@@ -108,9 +121,10 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
     while remaining and len(found) < max_places:
         scored = []
         for place in candidates(remaining, tor_of):
-            els = _elements(place)
+            els = elements(place)
             mine = [b for b in remaining if implicated(b, tor_of) & els]
-            against = [c for c in clean if path(c.key.node, c.peer_node, tor_of) & els]
+            against = [c for c in clean
+                       if path(c.key.node, c.peer_node, tor_of, c.key.peer) & els]
             sides = sum(_plausible_side(place, b, tor_of) for b in mine)
             scored.append(((len(mine), -len(against), place in prefer, sides,
                             place.kind == "node"), place, mine, against))
@@ -130,10 +144,12 @@ def _plausible_side(place: Place, bad: BadCell, tor_of) -> int:
     agent sees (nic_qdisc), so a queue there is not a switch buffer. A frame that
     dies independent of load dies on the cable or optic it leaves through: the
     sender's port or the sending ToR's uplink."""
+    if place.kind == "peer":
+        return 1
     if place.kind == "node":
         if bad.delayed:
             return int(bad.dst == place.name)
         return int(bad.src == place.name)
-    if bad.lossy and not bad.delayed:
+    if bad.lossy:           # dropped on the way out of the rack: the uplink's queue
         return int(tor_of(bad.src) == place.name)
     return int(tor_of(bad.src) == place.name or tor_of(bad.dst) == place.name)

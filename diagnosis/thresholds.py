@@ -41,9 +41,11 @@ class Thresholds:
     rtt_inflation: float = field(default=4.0, metadata=why(
         "a data cell's median RTT this many times the job's RTT floor (the lowest median "
         "any of its data cells showed) means a standing queue on its path", "x"))
-    rtt_excess_us: float = field(default=500.0, metadata=why(
-        "and at least this much above the floor: 500 us of queue is 60 KB at 1 Gbit/s, "
-        "600 KB at 10 Gbit/s, more than a shallow ToR buffer holds per port", "us"))
+    rtt_excess_us: float = field(default=1000.0, metadata=why(
+        "and at least this much above the floor: 1 ms of queue is 125 KB at 1 Gbit/s and "
+        "1.25 MB at 10 Gbit/s, more than a shallow ToR buffer gives one port; below it a "
+        "busy host's own scheduling moves a flow's median RTT (up to ~1 ms measured on "
+        "the lab's loaded 4-node runs), which is no queue in the fabric", "us"))
     place_explains: float = field(default=0.8, metadata=why(
         "a place (a node's port, a ToR's uplink) is named when it lies on the path of at "
         "least this share of the bad cells; else the finding says the network is impaired "
@@ -105,9 +107,11 @@ class Thresholds:
         "D this much above the job's own baseline D, with no network finding to explain "
         "it, turns network_bound into a warning", "fraction"))
     # -- telemetry ------------------------------------------------------------------------
-    silent_seconds: float = field(default=5.0, metadata=why(
+    silent_seconds: float = field(default=15.0, metadata=why(
         "a node of a running job without a window for this long, while the job's other "
-        "nodes report: its agent's windows come every second", "s"))
+        "nodes report: its agent writes one every second, and an agent on a node whose "
+        "CPUs the training keeps busy (it runs at nice 10) ships seconds late at times, "
+        "which is delay, not a gap", "s"))
 
 
 DEFAULT = Thresholds()
