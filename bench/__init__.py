@@ -20,4 +20,5 @@ REGISTRY: dict[str, str] = {
     "wire-bytes": "bench.wire_bytes",
     "agent-footprint": "bench.agent_footprint",
     "startup": "bench.startup",
+    "diagnosis-matrix": "bench.diagnosis_matrix",
 }

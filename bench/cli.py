@@ -43,6 +43,9 @@ def run(args) -> int:
     if args.repeats is not None and args.repeats < 1:
         raise UserError("--repeats must be at least 1", "e.g. --repeats 5")
     bench = _load(args.name)
+    if hasattr(bench, "report"):         # not a ratio: a report of its own (diagnosis-matrix)
+        print(bench.report(args))
+        return 0
     try:
         result = run_bench(bench, args, args.repeats,
                            progress=lambda msg: print(msg, file=sys.stderr, flush=True))

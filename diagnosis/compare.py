@@ -180,6 +180,19 @@ def _nodes(store: Store, job: str, span: Span) -> list[str]:
     return sorted({r["_tags"].get("node") for r in rows if r["_tags"].get("node")})
 
 
+def load_spans(rows: list[dict]) -> list[float]:
+    """Per step, its reads' span from the first one's start to the last one's end (a
+    slow store's read comes in pieces; see diagnosis/snapshot.phase_seconds)."""
+    spans: dict = {}
+    for r in rows:
+        start = r["time"] / 1e9
+        end = start + float(r.get("seconds") or 0.0)
+        key = (r.get("step"), r.get("peer"))
+        lo, hi = spans.get(key, (start, end))
+        spans[key] = (min(lo, start), max(hi, end))
+    return [hi - lo for _, (lo, hi) in sorted(spans.items(), key=lambda kv: kv[1][0])]
+
+
 def values(store: Store, job: str, metric: str, span: Span) -> list[float]:
     t = f"time >= {span.start_ns} AND time < {span.end_ns}"
     q = quote(job)
@@ -188,10 +201,9 @@ def values(store: Store, job: str, metric: str, span: Span) -> list[float]:
         if rank is None:
             return []
         if metric == "data_load_time":
-            rows = store.query(f"SELECT sum(seconds) FROM gloo_phase WHERE job = {q} AND "
-                               f"rank = {quote(rank)} AND phase = 'data_load' AND {t} "
-                               "GROUP BY step")
-            return [float(r["sum"]) for r in rows if r.get("sum") is not None]
+            rows = store.query(f"SELECT seconds, step, peer FROM gloo_phase WHERE job = {q} "
+                               f"AND rank = {quote(rank)} AND phase = 'data_load' AND {t}")
+            return load_spans(rows)
         field = {"step_time": "seconds", "grad_sync_time": "sync_seconds",
                  "busbw": "busbw_gbs"}[metric]
         rows = store.query(f"SELECT {field} FROM gloo_step WHERE job = {q} AND "

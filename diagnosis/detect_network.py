@@ -58,9 +58,11 @@ def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
 
 
 def _cause(located: Located) -> str:
+    """Queueing before the drop is what tells an overflowing buffer from a bad link: the
+    lossy hops themselves must show the inflated RTT (half of them at least)."""
     lossy = [b for b in located.cells if b.lossy]
-    delayed = [b for b in located.cells if b.delayed]
-    if lossy and delayed:
+    queued = [b for b in lossy if b.delayed]
+    if lossy and 2 * len(queued) >= len(lossy):
         return "buffer_saturation"
     if lossy:
         return "lossy_link"

@@ -27,7 +27,7 @@ from diagnosis.advice import advise
 from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.detect_trends import JitterTracker, mad, telemetry
 from diagnosis.evidence import SECOND, CellTotals, JobEvidence
-from diagnosis.finding import Finding, severity_rank
+from diagnosis.finding import Finding, finding_key, severity_rank
 from diagnosis.localize import Place, elements, path
 from diagnosis.snapshot import (Baseline, Snapshot, classify_cells, median_or_none,
                                 phase_seconds, recent_ranks)
@@ -42,6 +42,10 @@ STEP_CAUSES = {"straggler_compute", "input_stall", "unexplained_slowdown", "netw
                "jitter_accumulation"}
 NETWORK_CAUSES = {"lossy_link", "buffer_saturation", "straggler_network"}
 EXPLAINING_CAUSES = NETWORK_CAUSES | {"straggler_compute", "input_stall"}
+#: causes read from one window of hops: a new finding needs two evaluations in a row
+#: that agree on cause and place (the first seconds of a fault can show its loss before
+#: its queue, or one of its hops before the others)
+CONFIRMED_CAUSES = NETWORK_CAUSES
 
 
 @dataclass
@@ -66,7 +70,6 @@ class JobEngine:
     ev: JobEvidence = None                          # type: ignore[assignment]
     baseline: Baseline | None = None
     rtt_floor_us: float | None = None
-    peer_floor_us: dict = field(default_factory=dict)
     open: dict = field(default_factory=dict)        # key -> Finding
     closed: dict = field(default_factory=dict)      # key -> Finding (recently closed)
     bad_ns: list = field(default_factory=list)      # [(start, end)] with a warning raised
@@ -75,6 +78,7 @@ class JobEngine:
     gauges: Gauges = field(default_factory=Gauges)
     last_snapshot: Snapshot | None = None
     slow_since_ns: int = 0
+    pending: set = field(default_factory=set)        # network keys seen once, not yet open
     node_known_ns: dict = field(default_factory=dict)   # node -> when the engine first knew it
 
     def __post_init__(self) -> None:
@@ -123,24 +127,23 @@ class JobEngine:
         return snap
 
     def _floor_of(self, cell: CellTotals) -> float | None:
+        """The RTT floor a cell's delay is judged against: the job's, for hops between
+        its nodes. A hop to a peer outside the job (storage, the collector) has no
+        floor: its RTT carries the server's own pace (a store busy writing a
+        checkpoint acknowledges late), which is no queue in the fabric; its loss
+        still counts, and a slow store is the input detector's."""
         if cell.peer_node is not None and cell.peer_node in self.ev.node_of_rank.values():
             return self.rtt_floor_us
-        return self.peer_floor_us.get(cell.key.peer)
+        return None
 
     def _learn_floors(self, cells: list[CellTotals]) -> None:
-        """The lowest median RTT a data cell showed: among the job's own nodes (one
-        floor), and per outside peer (the storage has its own path and server)."""
+        """The lowest median RTT a data hop between the job's nodes showed."""
         t = self.thresholds
         job_nodes = set(self.ev.node_of_rank.values())
         for c in cells:
-            if c.bytes_acked < t.cell_min_bytes or c.rtt_p50_us is None:
-                continue
-            if c.peer_node in job_nodes:
+            if c.bytes_acked >= t.cell_min_bytes and c.rtt_p50_us is not None \
+                    and c.peer_node in job_nodes:
                 self.rtt_floor_us = min(self.rtt_floor_us or c.rtt_p50_us, c.rtt_p50_us)
-            else:
-                peer = c.key.peer
-                self.peer_floor_us[peer] = min(self.peer_floor_us.get(peer, c.rtt_p50_us),
-                                               c.rtt_p50_us)
 
     def _find_baseline(self) -> Baseline | None:
         t, ev = self.thresholds, self.ev
@@ -190,6 +193,7 @@ class JobEngine:
         prefer = frozenset(_place_of(f) for f in self.open.values()
                            if f.cause in NETWORK_CAUSES)
         net, r1 = detect_network.detect(snap, self.tor_of, prefer, stragglers)
+        net = [self._same_cause(c) for c in net]
         inp, r3 = detect_steps.input_stall(snap)
         ruled += r1 + r3
         causal = [c for c in net + strag + inp if c.cause in EXPLAINING_CAUSES]
@@ -223,6 +227,20 @@ class JobEngine:
             out += slow
         return out, ruled
 
+    def _same_cause(self, c: Candidate) -> Candidate:
+        """A place keeps the network cause it was named with: a window in which an
+        overflowing queue's RTT medians dip (or a lossy link's rise) is the same fault,
+        not a new one (a new finding needs the place's old one closed first)."""
+        if c.cause not in NETWORK_CAUSES:
+            return c
+        for f in self.open.values():
+            if f.cause in NETWORK_CAUSES and f.cause != c.cause and \
+                    finding_key("-", f.place)[1:] == finding_key("-", c.place)[1:]:
+                c.cause = f.cause
+                c.summary = f.summary if c.step_seconds_added <= f.step_seconds_added \
+                    else c.summary
+        return c
+
     # -- lifecycle ---------------------------------------------------------------------
     def _clock_of(self, cause: str, snap: Snapshot) -> int:
         """The evidence time a finding of this cause is judged at."""
@@ -234,7 +252,12 @@ class JobEngine:
                    ruled_out: list[RuledOut], now_ns: int) -> list[Finding]:
         changed = []
         seen = set()
+        pending, self.pending = self.pending, set()
         for c in candidates:
+            if c.cause in CONFIRMED_CAUSES and c.key not in self.open and \
+                    c.key not in pending:
+                self.pending.add(c.key)     # a new network finding: seen twice first
+                continue
             c.advice = advise(c, self.backend)
             others = [{"cause": r.cause, "why": r.why} for r in ruled_out if r.cause != c.cause]
             f = self.open.get(c.key)

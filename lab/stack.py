@@ -109,6 +109,7 @@ class Stack:
     collector: Proc | None = None
     collector_addr: str = ""
     collector_metrics_url: str = ""
+    replicas: list[Proc] = field(default_factory=list)     # every collector, the first too
     agents: dict[int, Proc] = field(default_factory=dict)
 
     def agent_url(self, node_index: int, path: str) -> str:
@@ -163,7 +164,8 @@ def start_collector(stack: Stack, influx_url: str, extra_args: list[str] = (),
     return proc
 
 
-def start_agent(stack: Stack, node, extra_args: list[str] = ()) -> Proc:
+def start_agent(stack: Stack, node, extra_args: list[str] = (),
+                collector: str | None = None) -> Proc:
     from lab import exec_argv
     argv = exec_argv(node, _FABRICSCOPE + [
         "agent", "--node", f"node{node.index}", "--markers-dir", str(node.markers_dir),
@@ -171,7 +173,8 @@ def start_agent(stack: Stack, node, extra_args: list[str] = ()) -> Proc:
         # One spool per agent of this stack: labs running side by side never share one,
         # and nothing from an earlier run is resent to this run's collector.
         "--spool-dir", str(stack.workdir / f"spool-node{node.index}"),
-        *(["--collector", stack.collector_addr] if stack.collector_addr else []),
+        *(["--collector", collector or stack.collector_addr]
+          if (collector or stack.collector_addr) else []),
         *extra_args])
     proc = start_proc(f"agent-node{node.index}", argv, stack.workdir)
     stack.agents[node.index] = proc
@@ -202,25 +205,34 @@ def await_agent_polls(stack: Stack, polls: int,
 
 @contextlib.contextmanager
 def running_stack(lab, *, agents: bool = True, collector: bool = True,
-                  agent_args: list[str] = (), workdir: str | None = None):
-    """Start InfluxDB + collector + one agent per node (each optional); always tear down."""
+                  agent_args: list[str] = (), workdir: str | None = None,
+                  collectors: int = 1):
+    """Start InfluxDB + collector + one agent per node (each optional); always tear down.
+
+    collectors > 1: that many collector replicas on one InfluxDB (each its own
+    process and port, as a Deployment's pods), the agents dealt out among them
+    (node i to replica i mod N), so one job's agents land on different replicas."""
     from fabricscope.services import InfluxServer
     tmp = tempfile.TemporaryDirectory(prefix="fabricscope-stack-") if workdir is None else None
     stack = Stack(lab=lab, workdir=Path(workdir or tmp.name))
     try:
         if collector:
             stack.influx = InfluxServer().start()
-            start_collector(stack, stack.influx.url)
+            for i in range(collectors):
+                stack.replicas.append(start_collector(
+                    stack, stack.influx.url, name="collector" if i == 0 else f"collector{i}"))
         if agents:
             for node in lab.nodes:
-                start_agent(stack, node, list(agent_args))
+                target = stack.replicas[node.index % len(stack.replicas)].urls["grpc"] \
+                    if stack.replicas else None
+                start_agent(stack, node, list(agent_args), collector=target)
             await_agents_ready(stack)
         yield stack
     finally:
         for proc in stack.agents.values():
             proc.stop()
-        if stack.collector:
-            stack.collector.stop()
+        for proc in stack.replicas:
+            proc.stop()
         if stack.influx:
             stack.influx.stop()
         if tmp is not None:
