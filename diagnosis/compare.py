@@ -11,9 +11,10 @@ its data flows). Per-step samples are autocorrelated and not normal, so:
 - the 95 % interval of the change of the median is a moving-block bootstrap
   (blocks of n^(1/3) consecutive samples keep the autocorrelation);
 - step time drifts inside a healthy run (checkpoints, caches, neighbours), so
-  each window's drift (the difference of the medians of its two halves) is
-  shown, and a change counts only when it exceeds the larger drift: a verdict
-  never rests on a p-value alone.
+  each window's drift (its Theil-Sen trend carried over half its length: how far
+  its level moves by itself) is shown, and a change counts only when it exceeds
+  1.5 x the two windows' drifts together (what a steady drift alone makes two
+  adjacent windows differ by): a verdict never rests on a p-value alone.
 Verdicts: better, worse, no change, or insufficient (fewer than MIN_SAMPLES).
 """
 
@@ -29,6 +30,7 @@ from diagnosis.store import Store, quote, regex_of
 from diagnosis.timespan import Span
 
 MIN_SAMPLES = 5
+DRIFT_MARGIN = 1.5
 ALPHA = 0.05
 BOOTSTRAP = 2000
 
@@ -110,10 +112,16 @@ def block_bootstrap_ci(a: list[float], b: list[float], rng: np.random.Generator
 
 
 def drift(x: list[float]) -> float:
-    half = len(x) // 2
-    if half < 2:
+    """How far the window's own trend carries its level to its edge: |Theil-Sen slope|
+    (the median of the pairwise slopes, robust to outliers such as checkpoint steps)
+    x half the window's length. A steady drift shows here; noise without a trend
+    does not."""
+    n = len(x)
+    if n < 4:
         return 0.0
-    return abs(statistics.median(x[half:]) - statistics.median(x[:half]))
+    idx = range(n) if n <= 400 else range(0, n, n // 400 + 1)
+    slopes = [(x[j] - x[i]) / (j - i) for i in idx for j in idx if j > i]
+    return abs(statistics.median(slopes)) * n / 2
 
 
 def holm(pvalues: list[float | None]) -> list[float | None]:
@@ -149,7 +157,9 @@ def compare_samples(samples: dict[str, tuple[list[float], list[float]]],
         if r.verdict:
             continue
         delta = r.after_median - r.before_median
-        allowance = max(r.drift_before, r.drift_after)
+        # two adjacent windows of a steady drift differ by about the two windows' drifts
+        # together: a change must exceed that by half again
+        allowance = DRIFT_MARGIN * (r.drift_before + r.drift_after)
         significant = r.p_holm is not None and r.p_holm < ALPHA and abs(delta) > allowance \
             and not (r.ci95[0] <= 0 <= r.ci95[1])
         if not significant:

@@ -46,6 +46,7 @@ EXPLAINING_CAUSES = NETWORK_CAUSES | {"straggler_compute", "input_stall"}
 #: that agree on cause and place (the first seconds of a fault can show its loss before
 #: its queue, or one of its hops before the others)
 CONFIRMED_CAUSES = NETWORK_CAUSES
+AMBIGUOUS_EVALS = 4
 
 
 @dataclass
@@ -78,7 +79,7 @@ class JobEngine:
     gauges: Gauges = field(default_factory=Gauges)
     last_snapshot: Snapshot | None = None
     slow_since_ns: int = 0
-    pending: set = field(default_factory=set)        # network keys seen once, not yet open
+    pending: dict = field(default_factory=dict)      # network key -> evaluations in a row
     node_known_ns: dict = field(default_factory=dict)   # node -> when the engine first knew it
 
     def __post_init__(self) -> None:
@@ -252,12 +253,17 @@ class JobEngine:
                    ruled_out: list[RuledOut], now_ns: int) -> list[Finding]:
         changed = []
         seen = set()
-        pending, self.pending = self.pending, set()
+        pending, self.pending = self.pending, {}
         for c in candidates:
-            if c.cause in CONFIRMED_CAUSES and c.key not in self.open and \
-                    c.key not in pending:
-                self.pending.add(c.key)     # a new network finding: seen twice first
-                continue
+            if c.cause in CONFIRMED_CAUSES and c.key not in self.open:
+                times = pending.get(c.key, 0) + 1
+                # a new network finding: seen twice in a row first, and while other
+                # places explain its hops as well (one hop of a fault shows first),
+                # up to AMBIGUOUS_EVALS times, for the hops that tell them apart
+                need = AMBIGUOUS_EVALS if c.facts.get("alternatives") else 2
+                if times < need:
+                    self.pending[c.key] = times
+                    continue
             c.advice = advise(c, self.backend)
             others = [{"cause": r.cause, "why": r.why} for r in ruled_out if r.cause != c.cause]
             f = self.open.get(c.key)

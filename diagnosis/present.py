@@ -98,5 +98,6 @@ def compare_text(job: str, before, after, results) -> str:
                      f"{change:>9}{ci:>26}{num(r.p_holm):>10}{drift:>20}  {r.verdict}"
                      f"  (n {r.n_before}/{r.n_after})")
     lines += ["", "A change counts when its Holm-corrected Mann-Whitney p < 0.05, its "
-                  "bootstrap interval excludes 0 and it exceeds both windows' drift."]
+                  "bootstrap interval excludes 0 and it exceeds 1.5 x the two windows' drifts "
+                  "(each window's own trend over half its length)."]
     return "\n".join(lines) + "\n"
