@@ -21,4 +21,5 @@ REGISTRY: dict[str, str] = {
     "agent-footprint": "bench.agent_footprint",
     "startup": "bench.startup",
     "diagnosis-matrix": "bench.diagnosis_matrix",
+    "diagnosis-cost": "bench.diagnosis_cost",
 }

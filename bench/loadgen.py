@@ -21,11 +21,16 @@ and a minimal gRPC client (RawStream, HTTP/2 by h2) sends them as they are,
 compressed messages on one stream per agent, at most max_in_flight unacknowledged.
 The collector receives exactly the bytes the shippers would send, and does all of
 its own work (decompression, decoding, validation, writing, acking).
+
+`PacedStream` is that client for a schedule of the caller's: each message goes when
+the caller sends it (a fleet streaming in real time, bench/diagnosis_cost.py), and
+each Ack's latency is kept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import logging
 import time
@@ -183,10 +188,10 @@ async def run_prebuilt(spec: LoadSpec) -> LoadResult:
                       seconds=seconds, generator_cpu_s=cpu)
 
 
-def grpc_message(payload: bytes) -> bytes:
+def grpc_message(payload: bytes, level: int = 6) -> bytes:
     """A gRPC length-prefixed message, compressed as gRPC's gzip does it (zlib's default
-    level, gzip framing)."""
-    body = gzip.compress(payload, compresslevel=6)
+    level, gzip framing; `level` for a generator that must spend less)."""
+    body = gzip.compress(payload, compresslevel=level)
     return b"\x01" + len(body).to_bytes(4, "big") + body
 
 
@@ -283,3 +288,80 @@ def _messages(incoming: bytearray) -> list:
         out.append(pb.Ack.FromString(gzip.decompress(body) if incoming[0] else body))
         del incoming[:5 + size]
     return out
+
+
+class PacedStream(RawStream):
+    """A RawStream whose caller decides when each message goes (a real-time schedule):
+    send() puts one message on the wire now, as far as HTTP/2 flow control allows, and
+    a reader task takes the Acks as they come, with each one's latency (send to ack),
+    and sends what flow control held back. A failure of the stream is raised by the
+    next send() or by finish()."""
+
+    def __init__(self, host: str, port: int):
+        super().__init__(host, port)
+        self._pending = bytearray()
+        self._sent_at: list[float] = []
+        self.acks: list = []
+        self.latencies_s: list[float] = []
+        self._reader_task: asyncio.Task | None = None
+        self._failure: BaseException | None = None
+        self._acked = asyncio.Event()
+
+    async def open(self) -> None:
+        await super().open()
+        self._reader_task = asyncio.create_task(self._read())
+
+    @property
+    def sent(self) -> int:
+        return len(self._sent_at)
+
+    def send(self, message: bytes) -> None:
+        if self._failure is not None:
+            raise RuntimeError(f"stream failed: {self._failure}")
+        self._sent_at.append(time.perf_counter())
+        self._pending += message
+        self._send_some(self._pending)
+        self._writer.write(self._conn.data_to_send())
+
+    async def _read(self) -> None:
+        incoming = bytearray()
+        try:
+            while True:
+                data = await self._reader.read(1 << 16)
+                if not data:
+                    raise RuntimeError(f"collector closed the connection after "
+                                       f"{len(self.acks)} acks")
+                acks: list = []
+                self._receive(data, incoming, acks)
+                now = time.perf_counter()
+                for ack in acks:
+                    self.latencies_s.append(now - self._sent_at[len(self.acks)])
+                    self.acks.append(ack)
+                if acks:
+                    self._acked.set()
+                self._send_some(self._pending)
+                self._writer.write(self._conn.data_to_send())
+        except (RuntimeError, OSError) as exc:
+            self._failure = exc
+            self._acked.set()
+
+    async def finish(self, timeout_s: float) -> None:
+        """Wait for the Acks of everything sent, then end the stream."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.acks) < self.sent:
+            if self._failure is not None:
+                raise RuntimeError(f"stream failed: {self._failure}")
+            self._acked.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"{self.sent - len(self.acks)} batches unacknowledged "
+                                   f"after {timeout_s:.0f} s")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._acked.wait(), left)
+        self._conn.end_stream(self._stream_id)
+        await self._flush()
+
+    def close(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        super().close()

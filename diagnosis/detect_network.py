@@ -119,7 +119,7 @@ def _finding(snap: Snapshot, located: Located, share: float) -> Candidate | None
                 "waited_s": round(max(0.0, r.sync - b.sync_s), 3)}
                for r in snap.ranks.values()] if b else []
     return Candidate(
-        cause, severity, place, summary, _first_bad_ns(snap, located), snap.window.end_ns,
+        cause, severity, place, summary, *_bad_span_ns(snap, located),
         evidence=evidence, step_seconds_added=round(added, 4),
         share_of_step=round(share_of_step, 4),
         explained_share=round(min(1.0, added / snap.step_added_s), 3)
@@ -135,11 +135,15 @@ def _finding(snap: Snapshot, located: Located, share: float) -> Candidate | None
                "alternatives": [p.name for p in located.alternatives]})
 
 
-def _first_bad_ns(snap: Snapshot, located: Located) -> int:
-    """The first second of the window in which one of the place's bad hops resent
-    anything (lossy) or carried data (delayed): where the evidence begins."""
+def _bad_span_ns(snap: Snapshot, located: Located) -> tuple[int, int]:
+    """From the first second of the window in which one of the place's bad hops resent
+    anything (lossy) or carried data with its RTT inflated (delayed) to the end of the
+    last such second: where the evidence begins and ends (a fault that stops ends with
+    its last bad second, not with the windows that still sum it)."""
     w, ev, t = snap.window, snap.evidence, snap.thresholds
     per_second = -(-t.loss_min_segs // t.eval_seconds)
+    floor = snap.rtt_floor_us
+    bad = []
     for s in range(w.start_s, w.end_s):
         for b in located.cells:
             sec = ev.cells.get(b.cell.key, {}).get(s)
@@ -148,9 +152,14 @@ def _first_bad_ns(snap: Snapshot, located: Located) -> int:
             sent = sec.bytes_acked + sec.retrans_bytes
             lossy = sec.retrans_segs >= per_second and sent and \
                 sec.retrans_bytes / sent >= t.loss_ratio
-            if (b.lossy and lossy) or (b.delayed and not b.lossy and sec.bytes_acked):
-                return s * 1_000_000_000
-    return w.start_ns
+            queued = floor is not None and sec.bytes_acked and sec.rtt_p50_us is not None \
+                and sec.rtt_p50_us >= max(floor * t.rtt_inflation, floor + t.rtt_excess_us)
+            if (b.lossy and lossy) or (b.delayed and not b.lossy and queued):
+                bad.append(s)
+                break
+    if not bad:
+        return w.start_ns, w.end_ns
+    return bad[0] * 1_000_000_000, (bad[-1] + 1) * 1_000_000_000
 
 
 def _where(located: Located) -> str:

@@ -51,10 +51,6 @@ def _every_step_late(top, rest, count: int) -> bool:
     return True
 
 
-def network_clean_at(snap: Snapshot, node: str) -> bool:
-    return not any(node in (c.key.node, c.peer_node) for c in snap.lossy)
-
-
 def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
     t, b = snap.thresholds, snap.baseline
     if len(snap.ranks) < 2:
@@ -70,9 +66,6 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
         return [], [RuledOut("straggler_compute", f"no rank computes much longer than the "
                              f"others (slowest {top.compute:.3f} s, rank {top.rank}; median "
                              f"{others:.3f} s per step)")]
-    if not network_clean_at(snap, top.node):
-        return [], [RuledOut("straggler_compute", f"rank {top.rank} is slow, but its node "
-                             f"{top.node}'s hops lose frames: the network finding explains it")]
     _lo, hi = _steps_span(snap)
     lo = top.steps[-t.straggler_steps].time_ns        # its first late step
     added = snap.step_added_s
@@ -166,7 +159,9 @@ def network_bound(snap: Snapshot, network_open: bool) -> list[Candidate]:
     if duty <= t.duty_cycle:
         return []
     rose = b is not None and duty - b.duty >= t.duty_rise
-    severity = "warning" if rose and not network_open else "info"
+    # a higher D alone may be compute getting faster; it is a warning when the steps
+    # slowed with it and no network finding explains why
+    severity = "warning" if rose and snap.slow and not network_open else "info"
     lo, hi = _steps_span(snap)
     bytes_s = sum(c.bytes_acked for c in snap.data_cells) / max(
         1, snap.window.end_s - snap.window.start_s)

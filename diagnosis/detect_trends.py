@@ -100,7 +100,7 @@ def _contributor(snap: Snapshot) -> tuple[dict, str | None]:
         if len(secs) >= 2:
             scores.append((statistics.pstdev(secs), key))
     scores.sort(key=lambda s: s[0], reverse=True)
-    if not scores or (len(scores) > 1 and scores[0][0] < 2 * scores[1][0]):
+    if not scores or scores[0][0] <= 0 or (len(scores) > 1 and scores[0][0] < 2 * scores[1][0]):
         return {}, None
     key = scores[0][1]
     peer = snap.evidence.addr_node.get(key.peer, key.peer)

@@ -79,7 +79,7 @@ class JobEngine:
     gauges: Gauges = field(default_factory=Gauges)
     last_snapshot: Snapshot | None = None
     slow_since_ns: int = 0
-    pending: dict = field(default_factory=dict)      # network key -> evaluations in a row
+    pending: dict = field(default_factory=dict)      # network key -> (evals, first evidence)
     node_known_ns: dict = field(default_factory=dict)   # node -> when the engine first knew it
 
     def __post_init__(self) -> None:
@@ -195,6 +195,12 @@ class JobEngine:
                            if f.cause in NETWORK_CAUSES)
         net, r1 = detect_network.detect(snap, self.tor_of, prefer, stragglers)
         net = [self._same_cause(c) for c in net]
+        # a rank whose own port is a network culprit waits on its link, not on its CPU
+        culprits = {c.place.get("node") for c in net if c.cause in NETWORK_CAUSES}
+        ruled += [RuledOut("straggler_compute", f"rank {c.place.get('rank')} is slow, but "
+                           f"its node {c.place.get('node')}'s link is the network finding's "
+                           "place") for c in strag if c.place.get("node") in culprits]
+        strag = [c for c in strag if c.place.get("node") not in culprits]
         inp, r3 = detect_steps.input_stall(snap)
         ruled += r1 + r3
         causal = [c for c in net + strag + inp if c.cause in EXPLAINING_CAUSES]
@@ -206,8 +212,10 @@ class JobEngine:
                              for f in self.open.values())
         if busy:
             self.jitter.reset()
+        # a compute straggler's late entry lengthens the others' grad sync: a D that rose
+        # with it is the straggler's doing, which its own finding explains
         out = net + strag + inp + ([] if busy else self.jitter.candidate(snap)) + \
-            detect_steps.network_bound(snap, network_open)
+            detect_steps.network_bound(snap, network_open or bool(strag))
         for node in set(self.ev.node_of_rank.values()):
             self.node_known_ns.setdefault(node, snap.now_ns)
         out += telemetry(snap, self.lost_seen, self.node_known_ns)
@@ -256,13 +264,16 @@ class JobEngine:
         pending, self.pending = self.pending, {}
         for c in candidates:
             if c.cause in CONFIRMED_CAUSES and c.key not in self.open:
-                times = pending.get(c.key, 0) + 1
+                times, since_ns = pending.get(c.key, (0, c.bad_from_ns))
+                times += 1
+                # the finding starts at the first evidence of the evaluations it waited for
+                c.bad_from_ns = min(c.bad_from_ns, since_ns)
                 # a new network finding: seen twice in a row first, and while other
                 # places explain its hops as well (one hop of a fault shows first),
                 # up to AMBIGUOUS_EVALS times, for the hops that tell them apart
                 need = AMBIGUOUS_EVALS if c.facts.get("alternatives") else 2
                 if times < need:
-                    self.pending[c.key] = times
+                    self.pending[c.key] = (times, c.bad_from_ns)
                     continue
             c.advice = advise(c, self.backend)
             others = [{"cause": r.cause, "why": r.why} for r in ruled_out if r.cause != c.cause]

@@ -37,6 +37,18 @@ READ_BACK_S = 10             # each tick rereads this much (records arrive late)
 TAKEOVER_S = 600             # a new owner reads this much history once
 
 
+def _still_evaluated_ns(engine: JobEngine) -> int:
+    """The oldest second of cells and nodes an evaluation can still look at: the start of
+    the last evaluation's window (windows end after the latest second known, which only
+    grows). Older seconds are not read again: a late record there changes nothing, and
+    rereading them cost most of a tick's rows (steps and phases are reread in full:
+    baselines, trends and phases look further back)."""
+    latest = engine.ev.latest_second()
+    if latest is None:
+        return 0
+    return (latest + 1 - engine.thresholds.eval_seconds) * SECOND
+
+
 def owner(job: str, replicas: list[str]) -> str:
     """Rendezvous hashing: the replica with the highest hash of (job, replica)."""
     return max(replicas, key=lambda r: hashlib.sha1(f"{job}\0{r}".encode()).digest())
@@ -96,9 +108,10 @@ class LiveDiagnosis:
                 self._release(job)
             for job, members in mine.items():
                 engine = self.engines.get(job) or self._take(job, now)
-                since = self.read_until.get(job, now - READ_BACK_S * SECOND)
-                ev = self.source.read(members, since - READ_BACK_S * SECOND, now + SECOND,
-                                      steps_from_ns=since - READ_BACK_S * SECOND)
+                back = self.read_until.get(job, now - READ_BACK_S * SECOND) - \
+                    READ_BACK_S * SECOND
+                ev = self.source.read(members, max(back, _still_evaluated_ns(engine)),
+                                      now + SECOND, steps_from_ns=back)
                 self.read_until[job] = now
                 engine.feed(ev)
                 found = engine.evaluate(now)

@@ -105,3 +105,4 @@ def test_docs_config_md_is_current():
     assert path.exists(), "docs/config.md is missing; fix: make docs"
     assert path.read_text() == fsconfig.render_markdown(fsconfig.all_configs()), \
         "docs/config.md is stale (a config dataclass changed); fix: make docs"
+
