@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 import sys
 import time
@@ -52,6 +53,9 @@ def run(args) -> int:
         raise UserError("--data-mb and --checkpoint-every must be 0 or more",
                         "e.g. --data-mb 1 --checkpoint-every 10")
     from lab.stack import await_stable, nstat_counter, running_stack
+    from demo.findings import report
+    from diagnosis.store import Store
+    from fabricscope.records import Record
     from lab.dataserver import running_dataserver
     from lab.faults import loss
     from lab.testing import running_lab
@@ -79,15 +83,27 @@ def run(args) -> int:
             io = dict(data_server=data_server, data_bytes=int(args.data_mb * 2**20),
                       checkpoint_every=args.checkpoint_every) \
                 if args.data_mb or args.checkpoint_every else {}
-            with start_training(lab, args.steps, model_mb=args.model_mb, **io) as training:
+            store = Store(stack.influx.url)
+            port = random.randint(20000, 39999)
+            job = f"{lab.nodes[0].address}:{port}"
+            start_ns = fault_ns = time.time_ns()
+            with start_training(lab, args.steps, model_mb=args.model_mb, master_port=port,
+                                **io) as training:
                 for row in training.steps():
                     steps.append(row)
+                    if row["step"] == 0:
+                        start_ns = time.time_ns()
                     if row["step"] == half - 1:
                         loss(lab, args.fault_node, args.loss)
+                        fault_ns = time.time_ns()
+                        store.write([Record("annotation", fault_ns, {"job": job}, {
+                            "text": f"{args.loss:g}% loss on node{args.fault_node}'s port",
+                            "author": "fabricscope demo"})])
                         say(f"  fault on: {args.loss:g}% loss on node{args.fault_node}")
                     if row["step"] % 5 == 0 or row["step"] == args.steps - 1:
                         say(f"  step {row['step']:>3}: {row['seconds']:.3f} s")
                 training.wait()
+            end_ns = time.time_ns()
             # closing connections may still retransmit: take the counts once settled
             after = await_stable(lambda: {n.index: nstat_counter(n.netns) for n in lab.nodes},
                                  quiet_s=2.0, timeout_s=60, what="the kernel's counters")
@@ -96,7 +112,9 @@ def run(args) -> int:
             read_ns = time.time_ns()
             say("waiting for the agents to ship everything to InfluxDB")
             summary = collect_summary(stack, lab, args.steps, before, after, read_ns)
+            verdict = report(store, job, start_ns, fault_ns, end_ns)
         print_summary(summary, steps, half, args)
+        print(verdict)
     say("lab torn down; done")
     return 0
 

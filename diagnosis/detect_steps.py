@@ -153,7 +153,8 @@ def input_stall(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
 
 def network_bound(snap: Snapshot, network_open: bool) -> list[Candidate]:
     t, b = snap.thresholds, snap.baseline
-    if not snap.ranks or snap.step_s is None or snap.sync_s is None or snap.step_s <= 0:
+    if not snap.ranks or snap.step_s is None or snap.sync_s is None or snap.step_s <= 0 \
+            or not snap.data_cells:         # the job is not moving data now: nothing to say
         return []
     duty = snap.sync_s / snap.step_s
     if duty <= t.duty_cycle:

@@ -204,7 +204,8 @@ class JobEngine:
         inp, r3 = detect_steps.input_stall(snap)
         ruled += r1 + r3
         causal = [c for c in net + strag + inp if c.cause in EXPLAINING_CAUSES]
-        network_open = any(c.cause in NETWORK_CAUSES for c in net)
+        network_open = any(c.cause in NETWORK_CAUSES for c in net) or \
+            any(f.cause in NETWORK_CAUSES for f in self.open.values())
         self.jitter.feed(self.ev, snap)
         # jitter of a job with a named fault is the fault's symptom, not a trend of its
         # own: the trend starts over once the fault is gone
