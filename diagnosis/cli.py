@@ -23,6 +23,8 @@ import time
 
 from fabricscope.errors import UserError
 
+STALE_NS = 60 * 1_000_000_000   # an open finding without evidence this long is stale
+
 EPILOG = """examples:
   fabricscope diagnose --since 30m
   fabricscope diagnose --job 198.18.0.1:29500 --recompute --json
@@ -106,7 +108,10 @@ def recorded(store, span, job: str | None):
     out = []
     for row in rows:
         f = Finding.from_row({**row, **row.get("_tags", {})})
-        if f.end_ns is None or f.end_ns >= span.start_ns:
+        # an open finding counts while it has evidence near the window (one left open
+        # by a collector that stopped with its job is not news forever)
+        last = f.end_ns if f.end_ns is not None else max(f.last_seen_ns, f.start_ns) + STALE_NS
+        if last >= span.start_ns:
             out.append(f)
     return out
 

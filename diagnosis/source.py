@@ -72,58 +72,52 @@ class StoreSource:
 
     def _cells(self, ev: JobEvidence, job: str, span: str) -> None:
         rows = self.store.query(
-            "SELECT sum(bytes_acked) AS bytes_acked, sum(bytes_received) AS bytes_received, "
-            "sum(retrans_segs) AS retrans_segs, sum(retrans_bytes) AS retrans_bytes, "
-            "sum(timeouts) AS timeouts, median(rtt_p50_us) AS rtt_p50_us, "
-            "median(rtt_p90_us) AS rtt_p90_us, sum(rtt_samples) AS rtt_samples "
-            f"FROM tcp_flow WHERE job = {quote(job)} AND {span} "
-            "GROUP BY time(1s), node, saddr, daddr, rank fill(none)")
-        for r in rows:
-            t = r["_tags"]
-            key = CellKey(t.get("node", ""), t.get("saddr", ""), t.get("daddr", ""),
-                          t.get("rank", ""))
+            f"SELECT {', '.join(CELL_FIELDS)} FROM tcp_flow WHERE job = {quote(job)} AND "
+            f"{span} GROUP BY node, saddr, daddr, rank")
+        for (tags, second), rs in _per_second(rows).items():
+            key = CellKey(tags.get("node", ""), tags.get("saddr", ""), tags.get("daddr", ""),
+                          tags.get("rank", ""))
             ev.addr_node.setdefault(key.addr, key.node)
-            ev.cells.setdefault(key, {})[r["time"] // SECOND] = CellSecond(
-                int(r["bytes_acked"] or 0), int(r["bytes_received"] or 0),
-                int(r["retrans_segs"] or 0), int(r["retrans_bytes"] or 0),
-                int(r["timeouts"] or 0), r["rtt_p50_us"], r["rtt_p90_us"],
-                int(r["rtt_samples"] or 0))
+            total = {f: _sum(rs, f) for f in CELL_SUMS}
+            ev.cells.setdefault(key, {})[second] = CellSecond(
+                total["bytes_acked"], total["bytes_received"], total["retrans_segs"],
+                total["retrans_bytes"], total["timeouts"], _median(rs, "rtt_p50_us"),
+                _median(rs, "rtt_p90_us"), total["rtt_samples"])
 
     def _nodes(self, ev: JobEvidence, nodes: str, span: str) -> None:
-        def table(node: str, t_ns: int) -> NodeSecond:
-            return ev.nodes.setdefault(node, {}).setdefault(t_ns // SECOND, NodeSecond())
+        def table(node: str, second: int) -> NodeSecond:
+            return ev.nodes.setdefault(node, {}).setdefault(second, NodeSecond())
 
-        for r in self.store.query(
-                "SELECT sum(segs_out) AS segs_out, sum(retrans_segs) AS retrans_segs, "
-                "sum(timeouts) AS timeouts, sum(bytes_out) AS bytes_out FROM tcp_node "
-                f"WHERE node =~ {nodes} AND {span} GROUP BY time(1s), node fill(none)"):
-            s = table(r["_tags"]["node"], r["time"])
-            s.segs_out, s.retrans_segs = int(r["segs_out"] or 0), int(r["retrans_segs"] or 0)
-            s.timeouts, s.bytes_out = int(r["timeouts"] or 0), int(r["bytes_out"] or 0)
-        for r in self.store.query(
-                "SELECT max(peak_util) AS peak_util, sum(hot_bins) AS hot_bins, "
-                f"sum(bursts) AS bursts FROM nic_window WHERE node =~ {nodes} AND {span} "
-                "GROUP BY time(1s), node, direction fill(none)"):
-            s = table(r["_tags"]["node"], r["time"])
-            util = float(r["peak_util"] or 0.0)
-            if r["_tags"].get("direction") == "tx":
+        for (tags, second), rs in _per_second(self.store.query(
+                "SELECT segs_out, retrans_segs, timeouts, bytes_out FROM tcp_node "
+                f"WHERE node =~ {nodes} AND {span} GROUP BY node")).items():
+            s = table(tags["node"], second)
+            s.segs_out, s.retrans_segs = _sum(rs, "segs_out"), _sum(rs, "retrans_segs")
+            s.timeouts, s.bytes_out = _sum(rs, "timeouts"), _sum(rs, "bytes_out")
+        for (tags, second), rs in _per_second(self.store.query(
+                "SELECT peak_util, hot_bins, bursts FROM nic_window WHERE node =~ "
+                f"{nodes} AND {span} GROUP BY node, direction")).items():
+            s = table(tags["node"], second)
+            util = float(_max(rs, "peak_util") or 0.0)
+            if tags.get("direction") == "tx":
                 s.tx_peak_util = max(s.tx_peak_util, util)
             else:
                 s.rx_peak_util = max(s.rx_peak_util, util)
-            s.hot_bins += int(r["hot_bins"] or 0)
-            s.bursts += int(r["bursts"] or 0)
-        for r in self.store.query(
-                "SELECT sum(drops) AS drops, max(backlog_bytes) AS backlog FROM nic_qdisc "
-                f"WHERE node =~ {nodes} AND {span} GROUP BY time(1s), node fill(none)"):
-            s = table(r["_tags"]["node"], r["time"])
-            s.qdisc_drops, s.qdisc_backlog_bytes = int(r["drops"] or 0), int(r["backlog"] or 0)
+            s.hot_bins += _sum(rs, "hot_bins")
+            s.bursts += _sum(rs, "bursts")
+        for (tags, second), rs in _per_second(self.store.query(
+                "SELECT drops, backlog_bytes FROM nic_qdisc WHERE node =~ "
+                f"{nodes} AND {span} GROUP BY node")).items():
+            s = table(tags["node"], second)
+            s.qdisc_drops, s.qdisc_backlog_bytes = _sum(rs, "drops"), \
+                int(_max(rs, "backlog_bytes") or 0)
 
     def _steps(self, ev: JobEvidence, job: str, span: str) -> None:
-        for r in self.store.query(
+        for r in _in_time_order(self.store.query(
                 "SELECT seconds, sync_seconds, compute_seconds, retrans_segs, "
-                f"sync_retrans_segs, rank, node FROM gloo_step WHERE job = {quote(job)} "
-                f"AND {span}"):
-            rank, node = r.get("rank") or "-", r.get("node") or ""
+                f"sync_retrans_segs FROM gloo_step WHERE job = {quote(job)} AND {span} "
+                "GROUP BY rank, node")):
+            rank, node = r["_tags"].get("rank") or "-", r["_tags"].get("node") or ""
             ev.node_of_rank.setdefault(rank, node)
             ev.steps.setdefault(rank, {})[r["time"]] = Step(
                 rank, node, int(r["time"]), r.get("seconds"), float(r["sync_seconds"] or 0.0),
@@ -131,13 +125,14 @@ class StoreSource:
                 int(r.get("sync_retrans_segs") or 0))
 
     def _phases(self, ev: JobEvidence, job: str, span: str) -> None:
-        for r in self.store.query(
-                "SELECT seconds, bytes, peer, phase, rank, node FROM gloo_phase WHERE "
+        for r in _in_time_order(self.store.query(
+                "SELECT seconds, bytes, peer FROM gloo_phase WHERE "
                 f"job = {quote(job)} AND (phase = 'data_load' OR phase = 'checkpoint') "
-                f"AND {span}"):
-            rank = r.get("rank") or "-"
-            ev.phases.setdefault(rank, {})[(r["time"], r["phase"])] = Phase(
-                rank, r.get("node") or "", int(r["time"]), r["phase"],
+                f"AND {span} GROUP BY rank, node, phase")):
+            tags = r["_tags"]
+            rank, phase = tags.get("rank") or "-", tags.get("phase")
+            ev.phases.setdefault(rank, {})[(r["time"], phase)] = Phase(
+                rank, tags.get("node") or "", int(r["time"]), phase,
                 float(r["seconds"] or 0.0), int(r.get("bytes") or 0), r.get("peer") or "")
 
     def _heartbeats(self, ev: JobEvidence, nodes: str, span: str) -> None:
@@ -147,3 +142,55 @@ class StoreSource:
         for r in self.store.query(f"SELECT max(records) AS records FROM agent_loss WHERE "
                                   f"node =~ {nodes} AND {span} GROUP BY node"):
             ev.lost_records[r["_tags"]["node"]] = int(r["records"] or 0)
+
+
+# Per-second tables are summed here from the raw points, not by InfluxQL's
+# GROUP BY time(1s): InfluxDB 1.x builds one cursor per series, field and aggregate
+# for that, which made the cells' query cost influxd ~8x a plain read of the same
+# points (measured with bench/diagnosis_cost.py's fleet). The sums, maxima and
+# medians are InfluxQL's: nulls left out, and an even count's median is
+# lo + (hi - lo) / 2 as InfluxDB computes it.
+CELL_SUMS = ("bytes_acked", "bytes_received", "retrans_segs", "retrans_bytes", "timeouts",
+             "rtt_samples")
+CELL_FIELDS = CELL_SUMS + ("rtt_p50_us", "rtt_p90_us")
+
+
+def _per_second(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Rows of a query grouped by tags, by (tags, UNIX second)."""
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        tags = r["_tags"]
+        out.setdefault((_Tags(tags), r["time"] // SECOND), []).append(r)
+    return out
+
+
+class _Tags(dict):
+    """A series' tags as a dict key (one series' rows share the same dict)."""
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.items())))
+
+
+def _sum(rows: list[dict], name: str) -> int:
+    return int(sum(r[name] for r in rows if r.get(name) is not None))
+
+
+def _max(rows: list[dict], name: str):
+    values = [r[name] for r in rows if r.get(name) is not None]
+    return max(values) if values else None
+
+
+def _median(rows: list[dict], name: str) -> float | None:
+    values = sorted(r[name] for r in rows if r.get(name) is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    if len(values) % 2:
+        return float(values[mid])
+    lo, hi = values[mid - 1], values[mid]
+    return float(lo + (hi - lo) / 2)
+
+
+def _in_time_order(rows: list[dict]) -> list[dict]:
+    """Rows of series grouped by tags in the order of one ungrouped series: by time."""
+    return sorted(rows, key=lambda r: r["time"])

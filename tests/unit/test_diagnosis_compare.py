@@ -1,0 +1,138 @@
+"""Before/after statistics (diagnosis/compare.py): the tests against reference values, the
+bootstrap interval, the drift, and the verdicts on whole comparisons."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from diagnosis.compare import (ALPHA, METRICS, MIN_SAMPLES, block_bootstrap_ci, compare_samples,
+                               drift, holm, mann_whitney)
+
+#: (a, b, two-sided p) of scipy.stats.mannwhitneyu(a, b, method="asymptotic",
+#: use_continuity=True), scipy 1.17.1, computed once in a scratch script
+MANN_WHITNEY = {
+    "no ties": ([1.1, 2.3, 3.0, 4.8, 5.2, 6.9, 7.4],
+                [4.0, 5.5, 6.1, 8.2, 9.9, 10.4, 11.0, 12.5], 0.024027671425442047),
+    "ties": ([1, 2, 2, 3, 3, 3, 4, 5], [3, 3, 4, 4, 5, 5, 6, 7, 7], 0.01630200829707017),
+    "separated": ([0.50, 0.52, 0.49, 0.51, 0.53, 0.48],
+                  [0.61, 0.63, 0.60, 0.62, 0.64, 0.66], 0.005074868097940253),
+    "identical": ([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0], 1.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MANN_WHITNEY))
+def test_mann_whitney_matches_the_reference(case):
+    a, b, p = MANN_WHITNEY[case]
+    assert mann_whitney(a, b) == pytest.approx(p, rel=1e-9)
+    assert mann_whitney(b, a) == pytest.approx(p, rel=1e-9)        # two-sided
+
+
+def test_mann_whitney_of_constant_samples_is_one():
+    assert mann_whitney([2.0] * 6, [2.0] * 6) == 1.0
+
+
+def test_holm_adjusts_in_order_and_keeps_gaps():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1, kept monotone
+    assert holm([0.01, 0.04, 0.03, None, 0.005]) == pytest.approx([0.03, 0.06, 0.06, None, 0.02])
+    assert holm([0.5, 0.6]) == [1.0, 1.0]                # capped at 1, monotone
+    assert holm([None, None]) == [None, None]
+    assert holm([]) == []
+
+
+def ar1(rng: np.random.Generator, n: int, level: float, phi: float = 0.5,
+        sd: float = 0.05) -> list[float]:
+    """Autocorrelated noise around `level` (as consecutive step times are)."""
+    e = rng.normal(0.0, sd, n)
+    x = np.empty(n)
+    x[0] = e[0]
+    for i in range(1, n):
+        x[i] = phi * x[i - 1] + e[i]
+    return (level + x).tolist()
+
+
+def test_block_bootstrap_interval_covers_the_true_difference():
+    covered = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        a, b = ar1(rng, 60, 1.0), ar1(rng, 60, 1.2)
+        lo, hi = block_bootstrap_ci(a, b, np.random.default_rng(1000 + seed))
+        assert lo > 0                                    # 0.2 s is far outside the noise
+        covered += lo <= 0.2 <= hi
+    assert covered >= 32                                 # >= 80 % of 40 (nominal 95 %)
+
+
+def test_block_bootstrap_interval_of_one_distribution_holds_zero():
+    rng = np.random.default_rng(3)
+    a, b = ar1(rng, 80, 1.0), ar1(rng, 80, 1.0)
+    lo, hi = block_bootstrap_ci(a, b, np.random.default_rng(4))
+    assert lo < 0 < hi and hi - lo < 0.1
+
+
+def test_drift_is_the_trend_over_half_the_window():
+    line = [1.0 + 0.01 * i for i in range(40)]
+    assert drift(line) == pytest.approx(0.01 * 40 / 2)
+    # robust: checkpoint spikes do not move it
+    spiky = [x + (0.5 if i % 10 == 9 else 0.0) for i, x in enumerate(line)]
+    assert drift(spiky) == pytest.approx(0.2, rel=0.05)
+    assert drift([1.0 - 0.01 * i for i in range(40)]) == pytest.approx(0.2)
+    noise = np.random.default_rng(5).normal(1.0, 0.05, 40).tolist()
+    assert drift(noise) < 0.05
+    assert drift([1.0, 2.0, 3.0]) == 0.0                 # too few to say
+
+
+def healthy(rng, n: int, level: float, per_step: float, start: int = 0) -> list[float]:
+    """A healthy series that drifts by itself: level + per_step x index + AR noise, with
+    a slower checkpoint step every 10."""
+    noise = ar1(rng, n, 0.0, sd=0.02 * level)
+    return [level * (1 + per_step * (start + i)) + noise[i]
+            + (0.3 * level if (start + i) % 10 == 9 else 0.0) for i in range(n)]
+
+
+def series(rng, level_of: dict, n: int = 60, start: int = 0) -> dict:
+    return {m.name: healthy(rng, n, level_of[m.name], 0.002, start) for m in METRICS}
+
+
+LEVELS = {"step_time": 1.0, "grad_sync_time": 0.3, "data_load_time": 0.05, "busbw": 2.0,
+          "retransmit_ratio": 1e-4, "bursts": 40.0, "peak_utilization": 0.8, "rtt_p99": 900.0}
+
+
+def test_an_aa_comparison_of_a_drifting_healthy_run_is_no_change():
+    rng = np.random.default_rng(11)
+    run = series(rng, LEVELS, n=120)
+    samples = {name: (x[:60], x[60:]) for name, x in run.items()}
+    results = compare_samples(samples)
+    assert [r.metric for r in results] == [m.name for m in METRICS]
+    assert {r.metric: r.verdict for r in results} == {m.name: "no change" for m in METRICS}
+    # the windows do differ (the drift): the p-value alone would have called it
+    step = results[0]
+    assert step.after_median > step.before_median and step.p_holm < ALPHA
+    assert step.drift_before > 0 and step.drift_after > 0
+
+
+def test_a_clear_improvement_is_better_and_a_regression_worse():
+    rng = np.random.default_rng(12)
+    before = series(rng, LEVELS)
+    improved = {**LEVELS, "step_time": 0.7, "grad_sync_time": 0.15, "busbw": 3.0}
+    after = series(rng, improved, start=60)
+    results = {r.metric: r for r in compare_samples(
+        {name: (before[name], after[name]) for name in before})}
+    for name in ("step_time", "grad_sync_time", "busbw"):
+        assert results[name].verdict == "better", results[name]
+        assert results[name].p_holm < 0.05
+        lo, hi = results[name].ci95
+        assert not lo <= 0 <= hi
+    # 30 % faster, less what the run's own drift added between the windows' middles
+    expected = 0.7 * (1 + 0.002 * 89.5) / (1 + 0.002 * 29.5) - 1
+    assert results["step_time"].change_pct == pytest.approx(expected * 100, abs=3)
+    assert results["rtt_p99"].verdict == "no change"
+    worse = {r.metric: r.verdict for r in compare_samples(
+        {name: (after[name], before[name]) for name in before})}
+    assert worse["step_time"] == worse["busbw"] == "worse"
+
+
+def test_too_few_samples_are_insufficient():
+    results = compare_samples({"step_time": ([1.0] * (MIN_SAMPLES - 1), [0.5] * 20)})
+    assert {r.verdict for r in results} == {"insufficient"}
+    assert results[0].n_before == MIN_SAMPLES - 1 and results[0].after_median == 0.5
+    assert results[1].before_median is None

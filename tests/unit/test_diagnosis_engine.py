@@ -1,0 +1,284 @@
+"""The detectors and the engine (diagnosis/detect_*.py, diagnosis/engine.py) on synthetic
+jobs (tests/unit/test_diagnosis_evidence.py), replayed second by second as the live
+engine sees them arrive (diagnosis/replay.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from diagnosis.engine import AMBIGUOUS_EVALS, JobEngine
+from diagnosis.evidence import SECOND, JobEvidence
+from diagnosis.finding import Finding, severity_rank
+from diagnosis.replay import replay, slice_until
+from diagnosis.thresholds import DEFAULT
+from tests.unit.test_diagnosis_evidence import (STORAGE, T0, HopPlan, StepPlan, SynthJob,
+                                                build, cell_second, node)
+
+FAULT = 25                  # seconds into the job at which the faults of these tests begin
+TWO_TORS = {node(0): "tor0", node(1): "tor0", node(2): "tor1", node(3): "tor1"}.get
+
+
+def run(spec: SynthJob, tor_of=lambda n: None, after_s: int = 5) -> tuple[JobEngine,
+                                                                          list[Finding]]:
+    engine = JobEngine(spec.job, tor_of=tor_of)
+    return engine, replay(engine, build(spec), spec.t0_s, spec.end_s + after_s)
+
+
+def serious(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if severity_rank(f.severity) >= 1]
+
+
+def at(second: float) -> int:
+    """The UNIX ns of this many seconds into a synthetic job."""
+    return int((T0 + second) * SECOND)
+
+
+def slowed_sync(until: float = 1e9, since: float = FAULT):
+    """Grad sync 0.3 -> 0.8 s (steps 1.0 -> 1.5 s) while the network misbehaves."""
+    def step(i, t):
+        return StepPlan(seconds=1.5, sync=0.8) if since <= t < until else StepPlan()
+    return step
+
+
+def lossy_port(k: int, until: int = 10**9, since: int = FAULT, loss: float = 0.01):
+    """Node k's switch port drops `loss` of the frames both ways: its hop k -> k-1 and
+    the hop into it, k+1 -> k."""
+    def hop(s, src, dst):
+        return HopPlan(loss=loss if since <= s < until and k in (src, dst) else 0.0)
+    return hop
+
+
+def uplink_queue(s, src, dst):
+    """tor0's uplink queues and overflows from FAULT on: 0 -> 3 crosses it (lossy and
+    delayed), 2 -> 1's ACKs go up through it (delayed)."""
+    if s >= FAULT and (src, dst) == (0, 3):
+        return HopPlan(loss=0.01, rtt_us=6000.0)
+    if s >= FAULT and (src, dst) == (2, 1):
+        return HopPlan(rtt_us=6000.0)
+    return HopPlan()
+
+
+# -- network -------------------------------------------------------------------------------
+
+def test_a_lossy_node_is_a_lossy_link_at_that_node_with_its_cost_against_the_baseline():
+    engine, findings = run(SynthJob(seconds=60, step=slowed_sync(), hop=lossy_port(1)))
+    assert [(f.cause, f.where) for f in serious(findings)] == [("lossy_link", "node1")]
+    f = serious(findings)[0]
+    assert f.place["node"] == "node1" and f.place["rank"] == "1"
+    assert f.start_ns == at(FAULT)                       # its first lossy second
+    assert f.first_seen_ns == at(FAULT + 2)              # two evaluations agreed
+    assert f.open
+    assert engine.baseline.step_s == 1.0 and engine.baseline.sync_s == 0.3
+    # grad sync 0.3 -> 0.8 s: 0.5 s of each 1.5 s step, which makes it critical
+    assert f.step_seconds_added == 0.5
+    assert f.share_of_step == round(0.5 / 1.5, 4) and f.severity == "critical"
+    assert f.explained_share == 1.0
+    assert [v["waited_s"] for v in f.victims] == [0.5, 0.5, 0.5]
+    resent = cell_second(HopPlan(loss=0.01)).retrans_bytes
+    job_ratio = 2 * resent / (3 * 4_000_000 + 2 * resent)
+    assert f.retransmit_amplification == pytest.approx((0.8 / 0.3 - 1) / job_ratio, abs=0.01)
+    hops = {e.what: e.value for e in f.evidence if e.what.startswith("payload resent")}
+    assert hops == {"payload resent on node1->node0": 1.0,
+                    "payload resent on node2->node1": 1.0}
+    assert f.advice[0].knob == "physical link at the switch port of node1"
+    assert any(r["cause"] == "straggler_compute" for r in f.ruled_out)
+
+
+def test_rtt_inflated_lossy_cells_are_a_saturated_buffer_at_the_tor_uplink():
+    engine, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=uplink_queue),
+                           tor_of=TWO_TORS)
+    assert [(f.cause, f.where) for f in serious(findings)] == [("buffer_saturation",
+                                                                "tor0 uplink")]
+    f = serious(findings)[0]
+    assert f.place == {"node": None, "interface": "uplink", "peer": None, "tor": "tor0",
+                       "rank": None}
+    assert "RTT 6000 us vs floor 200 us" in f.summary
+    assert engine.rtt_floor_us == 200.0
+    # tor1's downlink explains the same hops: the engine waits for more evaluations,
+    # and the finding still starts at the first evidence of the fault
+    assert f.start_ns == at(FAULT)
+    assert at(FAULT + AMBIGUOUS_EVALS) <= f.first_seen_ns <= at(FAULT + 3 + AMBIGUOUS_EVALS)
+    assert {a.knob for a in f.advice} >= {"ECN marking at tor0's uplinks", "DDP bucket_cap_mb"}
+
+
+def test_a_place_keeps_its_cause_when_its_queue_dips():
+    def hop(s, src, dst):           # the queue drains for 10 s while the drops go on
+        h = uplink_queue(s, src, dst)
+        return HopPlan(loss=h.loss) if 40 <= s < 50 else h
+    engine, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop),
+                           tor_of=TWO_TORS)
+    # the drops alone would be a lossy link (at tor0, or at node0, the sender of the
+    # lossy hop): the open finding's place wins the tie and keeps its cause
+    assert [(f.cause, f.where, f.open) for f in serious(findings)] == [
+        ("buffer_saturation", "tor0 uplink", True)]
+    assert serious(findings)[0].start_ns == at(FAULT)
+
+
+def test_a_new_network_finding_needs_two_agreeing_evaluations():
+    def evaluate(engine, spec, t):
+        engine.ev = JobEvidence(engine.job)
+        engine.feed(slice_until(build(spec), T0 + t))
+        return [f.cause for f in engine.evaluate(at(t))]
+
+    one = SynthJob(seconds=40, hop=lossy_port(1))
+    two = SynthJob(seconds=40, hop=lossy_port(2))
+    engine = JobEngine(one.job)
+    assert evaluate(engine, one, FAULT + 1) == []           # seen once: not yet
+    assert evaluate(engine, two, FAULT + 2) == []           # another place: starts over
+    assert evaluate(engine, two, FAULT + 3) == ["lossy_link"]
+    assert [f.place["node"] for f in engine.open.values()] == ["node2"]
+
+
+def test_a_fault_that_stops_ends_at_its_last_evidence():
+    spec = SynthJob(seconds=70, step=slowed_sync(until=40), hop=lossy_port(1, until=40))
+    _, findings = run(spec)
+    (f,) = serious(findings)
+    assert f.cause == "lossy_link" and not f.open
+    # the last lossy second is FAULT..39: the finding ends with it, not with the
+    # evaluation windows that still held it
+    assert f.end_ns == at(40) and f.last_seen_ns == at(40)
+    assert f.step_seconds_added == 0.5        # its account is that of its worst
+
+
+# -- steps ---------------------------------------------------------------------------------
+
+def test_a_rank_computing_five_times_the_others_is_a_compute_straggler():
+    def step(i, t):
+        if t < FAULT:
+            return StepPlan()
+        # rank 2 computes 3.5 s instead of 0.7 s; the others wait inside grad sync
+        return StepPlan(seconds=3.8, sync=3.1, sync_of={"2": 0.3})
+    _, findings = run(SynthJob(seconds=60, step=step))
+    assert [(f.cause, f.where) for f in serious(findings)] == [("straggler_compute",
+                                                                "node2")]
+    f = serious(findings)[0]
+    assert f.place["rank"] == "2"
+    assert f.victims == [{"rank": "0", "node": "node0", "waited_s": 2.8},
+                         {"rank": "1", "node": "node1", "waited_s": 2.8}]
+    assert f.step_seconds_added == 2.8 and f.explained_share == 1.0
+    assert f.start_ns == at(FAULT)                # its first late step
+    assert "rank 2 on node2 computes 3.500 s per step against 0.700 s" in f.summary
+    assert f.advice[0].knob == "host of rank 2"
+    # the others' long grad sync is the straggler's doing, not the fabric's
+    assert all(g.severity == "info" for g in findings if g.cause == "network_bound")
+
+
+def test_one_slow_step_is_no_straggler():
+    def step(i, t):
+        return StepPlan(seconds=3.8, sync=3.1, sync_of={"2": 0.3}) if i == 30 else StepPlan()
+    _, findings = run(SynthJob(seconds=60, step=step))
+    assert serious(findings) == []
+
+
+def test_growing_data_loads_with_steady_grad_sync_are_an_input_stall_at_the_store():
+    def step(i, t):
+        return StepPlan(data_load=0.1) if t < FAULT else StepPlan(seconds=1.7, data_load=0.8)
+    engine, findings = run(SynthJob(seconds=60, step=step))
+    assert [(f.cause, f.where) for f in serious(findings)] == [("input_stall",
+                                                                f"peer {STORAGE}")]
+    f = serious(findings)[0]
+    assert f.place["peer"] == STORAGE
+    assert engine.baseline.data_load_s == pytest.approx(0.1)
+    assert f.step_seconds_added == pytest.approx(0.7, abs=1e-4)
+    assert f.share_of_step == pytest.approx(0.7 / 1.7, abs=1e-4) and f.severity == "critical"
+    assert [v["waited_s"] for v in f.victims] == [0.7, 0.7, 0.7]
+    rate = {e.what: e.value for e in f.evidence}["read rate from the storage"]
+    assert rate == round((1 << 20) / 0.8 / 1e6, 2)
+    assert f.advice[0].knob == "DataLoader num_workers / prefetch_factor"
+
+
+def test_a_healthy_job_with_noise_and_checkpoints_raises_no_warning():
+    rnd = random.Random(7)
+
+    def step(i, t):
+        checkpoint = 0.4 if i % 10 == 9 else 0.0
+        return StepPlan(seconds=round(rnd.uniform(0.95, 1.05) + checkpoint, 3),
+                        sync=round(rnd.uniform(0.28, 0.32), 3), checkpoint=checkpoint)
+
+    def hop(s, src, dst):       # TCP's own probes resend a little; RTTs wander
+        return HopPlan(bytes=rnd.randint(3_000_000, 5_000_000),
+                       loss=rnd.choice([0.0, 0.0, 0.0003]), rtt_us=rnd.uniform(150, 400))
+    engine, findings = run(SynthJob(seconds=120, step=step, hop=hop))
+    assert serious(findings) == []
+    assert engine.baseline is not None and engine.jitter.cusum == 0.0
+
+
+def test_the_baseline_skips_a_stretch_with_a_warning():
+    # the job starts with a lossy port (steps 1.5 s), which is cleared after 20 s
+    spec = SynthJob(seconds=60, step=slowed_sync(since=0, until=20),
+                    hop=lossy_port(1, since=0, until=20))
+    engine, findings = run(spec)
+    (lossy,) = serious(findings)
+    assert lossy.cause == "lossy_link" and lossy.end_ns == at(20)
+    b = engine.baseline
+    assert (b.step_s, b.sync_s) == (1.0, 0.3)
+    assert b.start_ns >= lossy.end_ns
+
+
+# -- trends and telemetry -------------------------------------------------------------------
+
+def spread_steps(spread_of):
+    """Steps alternating 1 -/+ spread_of(t) s: the median stays 1 s, the spread is it."""
+    def step(i, t):
+        a = spread_of(t)
+        return StepPlan(seconds=round(1.0 + (a if i % 2 else -a), 4))
+    return step
+
+
+def cusum_series(spec: SynthJob) -> tuple[JobEngine, list[float]]:
+    engine, ev, out = JobEngine(spec.job), build(spec), []
+    for t in range(spec.t0_s, spec.end_s + 3):
+        engine.ev = JobEvidence(engine.job)
+        engine.feed(slice_until(ev, t))
+        engine.evaluate(t * SECOND)
+        out.append(engine.jitter.cusum)
+    return engine, out
+
+
+def test_jitter_cusum_stays_at_zero_while_the_spread_holds():
+    engine, series = cusum_series(SynthJob(seconds=90, step=spread_steps(lambda t: 0.06)))
+    assert engine.baseline.spread_s == pytest.approx(0.06)
+    assert set(series) == {0.0}
+    assert not [f for f in engine.findings() if f.cause == "jitter_accumulation"]
+
+
+def test_jitter_cusum_rises_on_a_growing_spread_and_raises_a_warning():
+    grow = 40
+    engine, series = cusum_series(SynthJob(seconds=90, step=spread_steps(
+        lambda t: 0.06 if t < grow else min(0.4, 0.06 + 0.01 * (t - grow)))))
+    assert set(series[:grow]) == {0.0}
+    rising = series[grow:]
+    assert all(b >= a for a, b in zip(rising, rising[1:]))
+    assert rising[-1] > DEFAULT.jitter_alarm
+    (f,) = [f for f in engine.findings() if f.cause == "jitter_accumulation"]
+    assert f.severity == "warning" and f.open
+    assert f.start_ns >= at(grow)
+    # the hops' RTTs are steady: no hop is named as the one that varies
+    assert "hop" not in f.summary
+    assert f.advice[0].knob == "the job's hops"
+
+
+def test_a_silent_node_is_a_telemetry_gap_and_the_jobs_end_is_not():
+    _, findings = run(SynthJob(seconds=60, silent_from={2: 30}), after_s=30)
+    (gap,) = [f for f in findings if f.cause == "telemetry_gap"]
+    assert gap.where == "node2" and gap.severity == "warning"
+    assert gap.start_ns == at(29)                       # its last window
+    assert gap.first_seen_ns >= at(29 + DEFAULT.silent_seconds)
+    assert "No telemetry from node2" in gap.summary
+    # every node stops at once when the job ends: that is no gap
+    _, findings = run(SynthJob(seconds=60), after_s=30)
+    assert [f for f in findings if f.cause == "telemetry_gap"] == []
+
+
+def test_records_an_agent_dropped_are_an_info_gap():
+    ev = build(SynthJob(seconds=20))
+    engine = JobEngine(ev.job)
+    engine.feed(ev)
+    engine.evaluate(at(20))
+    ev.lost_records = {"node1": 5}
+    engine.feed(ev)
+    (f,) = [f for f in engine.evaluate(at(21)) if f.cause == "telemetry_gap"]
+    assert f.severity == "info" and f.place["node"] == "node1"
+    assert "dropped 5 records" in f.summary

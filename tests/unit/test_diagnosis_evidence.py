@@ -1,0 +1,260 @@
+"""Synthetic training jobs for the diagnosis tests, and the tests of the evidence
+tables themselves (diagnosis/evidence.py, diagnosis/replay.py's slices).
+
+`SynthJob` describes a job as its agents would report it: a ring of nodes (rank
+k on node k sends its gradient share to rank k-1, as gloo's ring does), each
+second every hop's bytes, loss and RTT (`hop`), each step its length, grad-sync
+time, data loading and checkpoint (`step`). `build()` gives the JobEvidence the
+engine reads; `to_records()` the agents' records (tcp_flow, tcp_node, gloo_step,
+gloo_phase) of the same job, for the tests that go through InfluxDB. Other
+diagnosis test modules import these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from diagnosis.evidence import (SECOND, CellKey, CellSecond, JobEvidence, NodeSecond, Phase,
+                                Step, weighted_median)
+from diagnosis.replay import slice_until
+from fabricscope.records import Record
+from fabricscope.schema import validate
+
+T0 = 1_700_000_000                    # the UNIX second synthetic jobs start at
+STORAGE = "198.18.0.254:9000"         # the data server the ranks read from
+SEGMENT = 1448                        # payload bytes per segment
+GRADIENT_PORT = "29500"
+
+
+def node(k: int) -> str:
+    return f"node{k}"
+
+
+def addr(k: int) -> str:
+    return f"198.18.0.{k + 1}"
+
+
+@dataclass
+class StepPlan:
+    """One training step of every rank."""
+
+    seconds: float = 1.0
+    sync: float = 0.3                                   # every rank's grad sync ...
+    sync_of: dict[str, float] = field(default_factory=dict)    # ... unless named here
+    data_load: float = 0.05                             # a read at the step's start
+    checkpoint: float = 0.0                             # a write at its end (0: none)
+
+
+@dataclass
+class HopPlan:
+    """One ring hop (a node's flows to its ring neighbour) in one second."""
+
+    bytes: int = 4_000_000            # payload acknowledged
+    loss: float = 0.0                 # share of the payload sent that was resent
+    rtt_us: float = 200.0             # median RTT
+
+
+@dataclass
+class SynthJob:
+    nodes: int = 3
+    seconds: int = 60
+    #: (step index, seconds since the job's start) -> the step
+    step: Callable[[int, float], StepPlan] = lambda i, t: StepPlan()
+    #: (second since the start, sender index, receiver index) -> the hop in that second
+    hop: Callable[[int, int, int], HopPlan] = lambda s, src, dst: HopPlan()
+    silent_from: dict[int, int] = field(default_factory=dict)   # node -> second it goes quiet
+    job: str = "198.18.0.1:29500"
+    t0_s: int = T0
+    first_node: int = 0               # the job's rank k runs on node(first_node + k)
+
+    @property
+    def end_s(self) -> int:
+        return self.t0_s + self.seconds
+
+    def ring(self) -> list[tuple[int, int]]:
+        """(sender, receiver) of every ring hop."""
+        return [(k, (k - 1) % self.nodes) for k in range(self.nodes)]
+
+    def node(self, k: int) -> str:
+        return node(self.first_node + k)
+
+    def addr(self, k: int) -> str:
+        return addr(self.first_node + k)
+
+    def reports(self, k: int, second: int) -> bool:
+        """Whether node k's agent reports for this second since the start."""
+        return second < self.silent_from.get(k, self.seconds)
+
+
+def cell_second(h: HopPlan) -> CellSecond:
+    resent = round(h.bytes * h.loss / (1 - h.loss)) if h.loss else 0
+    return CellSecond(bytes_acked=h.bytes, bytes_received=h.bytes // 50,
+                      retrans_segs=math.ceil(resent / SEGMENT), retrans_bytes=resent,
+                      rtt_p50_us=h.rtt_us, rtt_p90_us=h.rtt_us * 1.5,
+                      rtt_samples=h.bytes // SEGMENT // 2)
+
+
+def build(spec: SynthJob) -> JobEvidence:
+    ev = JobEvidence(spec.job, node_of_rank={str(k): spec.node(k) for k in range(spec.nodes)},
+                     addr_node={spec.addr(k): spec.node(k) for k in range(spec.nodes)})
+    for s in range(spec.seconds):
+        second = spec.t0_s + s
+        for src, dst in spec.ring():
+            if not spec.reports(src, s):
+                continue
+            c = cell_second(spec.hop(s, src, dst))
+            key = CellKey(spec.node(src), spec.addr(src), spec.addr(dst), str(src))
+            ev.cells.setdefault(key, {})[second] = c
+            ev.nodes.setdefault(spec.node(src), {})[second] = NodeSecond(
+                segs_out=c.bytes_acked // SEGMENT + c.retrans_segs + 500,
+                retrans_segs=c.retrans_segs, bytes_out=c.bytes_acked + c.retrans_bytes)
+            ev.last_seen_ns[spec.node(src)] = second * SECOND
+    i, t = 0, 0.0
+    while True:
+        plan = spec.step(i, t)
+        if t + plan.seconds > spec.seconds:
+            break
+        for k in range(spec.nodes):
+            if spec.reports(k, int(t)):
+                _add_step(ev, spec, k, spec.t0_s * SECOND + int(t * SECOND), plan)
+        i, t = i + 1, t + plan.seconds
+    return ev
+
+
+def _add_step(ev: JobEvidence, spec: SynthJob, k: int, t_ns: int, plan: StepPlan) -> None:
+    rank, where = str(k), spec.node(k)
+    sync = plan.sync_of.get(rank, plan.sync)
+    ev.steps.setdefault(rank, {})[t_ns] = Step(rank, where, t_ns, plan.seconds, sync,
+                                              plan.seconds - sync)
+    phases = ev.phases.setdefault(rank, {})
+    if plan.data_load:
+        at = t_ns + SECOND // 100
+        phases[(at, "data_load")] = Phase(rank, where, at, "data_load", plan.data_load,
+                                          1 << 20, STORAGE)
+    if plan.checkpoint:
+        at = t_ns + int((plan.seconds - plan.checkpoint - 0.01) * SECOND)
+        phases[(at, "checkpoint")] = Phase(rank, where, at, "checkpoint", plan.checkpoint,
+                                           8 << 20, STORAGE)
+
+
+def to_records(ev: JobEvidence) -> list[Record]:
+    """The agents' records of the job, each valid against fabricscope.schema."""
+    out = []
+    for key, table in ev.cells.items():
+        for second, c in table.items():
+            fields = {"seconds": 1.0, "bytes_acked": c.bytes_acked,
+                      "bytes_received": c.bytes_received, "retrans_segs": c.retrans_segs,
+                      "retrans_bytes": c.retrans_bytes, "timeouts": c.timeouts,
+                      "rtt_samples": c.rtt_samples}
+            if c.rtt_p50_us is not None:
+                fields |= {"rtt_p50_us": c.rtt_p50_us, "rtt_p90_us": c.rtt_p90_us}
+            out.append(Record("tcp_flow", second * SECOND, {
+                "node": key.node, "saddr": key.addr, "daddr": key.peer, "sport": "41000",
+                "dport": GRADIENT_PORT, "job": ev.job, "rank": key.rank}, fields))
+    for name, table in ev.nodes.items():
+        for second, n in table.items():
+            out.append(Record("tcp_node", second * SECOND, {"node": name}, {
+                "seconds": 1.0, "segs_out": n.segs_out, "retrans_segs": n.retrans_segs,
+                "timeouts": n.timeouts, "bytes_out": n.bytes_out}))
+    for rank, steps in ev.steps.items():
+        for i, s in enumerate(sorted(steps.values(), key=lambda s: s.time_ns)):
+            out.append(Record("gloo_step", s.time_ns, {"node": s.node, "job": ev.job,
+                                                       "rank": rank}, {
+                "step": i, "seconds": s.seconds, "sync_seconds": s.sync_seconds,
+                "compute_seconds": s.compute_seconds, "retrans_segs": s.retrans_segs,
+                "sync_retrans_segs": s.sync_retrans_segs}))
+    for rank, phases in ev.phases.items():
+        for p in phases.values():
+            out.append(Record("gloo_phase", p.time_ns, {"node": p.node, "job": ev.job,
+                                                        "rank": rank, "phase": p.phase},
+                              {"seconds": p.seconds, "bytes": p.bytes, "peer": p.peer}))
+    for r in out:
+        validate(r)
+    return out
+
+
+# -- the evidence tables ---------------------------------------------------------------------
+
+def test_weighted_median_follows_the_weights_not_the_count():
+    assert weighted_median([(100.0, 1), (200.0, 1), (300.0, 1)]) == 200.0
+    # one second of thousands of samples outvotes two quiet ones
+    assert weighted_median([(100.0, 5000), (900.0, 3), (950.0, 2)]) == 100.0
+    assert weighted_median([(100.0, 1), (200.0, 1)]) == 100.0     # half the weight at or below
+    assert weighted_median([(5.0, 0)]) is None
+    assert weighted_median([]) is None
+
+
+def test_window_sums_a_cells_seconds_and_weights_its_rtt_by_samples():
+    spec = SynthJob(seconds=10, hop=lambda s, src, dst: HopPlan(
+        loss=0.01 if src == 1 else 0.0, rtt_us=5000.0 if s >= 3 else 200.0))
+    ev = build(spec)
+    for s in (T0 + 3, T0 + 4):          # node1's slow seconds carried few RTT samples
+        ev.cells[CellKey(node(1), addr(1), addr(0), "1")][s].rtt_samples = 2
+    cells = {c.key.node: c for c in ev.window(T0 + 2, T0 + 5).cells()}
+    lossy = cells[node(1)]
+    one = cell_second(HopPlan(loss=0.01))
+    assert lossy.seconds == 3 and lossy.peer_node == node(0)
+    assert lossy.bytes_acked == 3 * 4_000_000
+    assert lossy.retrans_bytes == 3 * one.retrans_bytes
+    assert lossy.retrans_segs == 3 * one.retrans_segs
+    assert lossy.loss_ratio == 3 * one.retrans_bytes / (3 * (4_000_000 + one.retrans_bytes))
+    assert abs(lossy.loss_ratio - 0.01) < 1e-6
+    assert lossy.rtt_p50_us == 200.0           # two quiet seconds of 5 ms are outvoted
+    assert cells[node(2)].rtt_p50_us == 5000.0    # two busy ones are not
+    assert cells[node(0)].loss_ratio == 0.0
+
+
+def test_window_node_totals_sum_counts_and_keep_peaks():
+    ev = JobEvidence("j")
+    ev.nodes["a"] = {T0: NodeSecond(segs_out=100, retrans_segs=2, tx_peak_util=0.4, bursts=3,
+                                    qdisc_backlog_bytes=10),
+                     T0 + 1: NodeSecond(segs_out=300, retrans_segs=6, tx_peak_util=0.9,
+                                        bursts=1, qdisc_backlog_bytes=5),
+                     T0 + 2: NodeSecond(segs_out=1000, retrans_segs=1000)}
+    t = ev.window(T0, T0 + 2).nodes()["a"]
+    assert (t.segs_out, t.retrans_segs, t.bursts, t.seconds) == (400, 8, 4, 2)
+    assert t.tx_peak_util == 0.9 and t.qdisc_backlog_bytes == 10
+    assert t.retrans_ratio == 8 / 400
+
+
+def test_window_steps_are_those_that_ended_inside_it():
+    ev = build(SynthJob(seconds=10))
+    steps = ev.window(T0 + 3, T0 + 6).steps()
+    # steps of 1 s starting at T0+0..9: those ending at T0+3, +4, +5 (start 2, 3, 4)
+    assert [(s.time_ns // SECOND) - T0 for s in steps["0"]] == [2, 3, 4]
+    assert sorted(steps) == ["0", "1", "2"]
+
+
+def test_merge_prefers_newer_reads_and_prune_forgets_old_seconds():
+    old = build(SynthJob(seconds=10))
+    newer = build(SynthJob(seconds=10, hop=lambda s, src, dst: HopPlan(bytes=1_000)))
+    old.merge(newer)
+    key = CellKey(node(0), addr(0), addr(2), "0")
+    assert old.cells[key][T0 + 5].bytes_acked == 1_000
+    old.prune(T0 + 4, (T0 + 4) * SECOND)
+    assert min(old.cells[key]) == T0 + 4 and min(old.nodes[node(0)]) == T0 + 4
+    assert min(old.steps["0"]) == (T0 + 4) * SECOND
+    assert min(k[0] for k in old.phases["0"]) >= (T0 + 4) * SECOND
+    assert old.latest_second() == T0 + 9
+
+
+def test_slice_until_holds_what_existed_then():
+    ev = build(SynthJob(seconds=10, step=lambda i, t: StepPlan(data_load=0.5)))
+    cut = slice_until(ev, T0 + 4)
+    assert max(cut.nodes[node(1)]) == T0 + 3
+    assert cut.last_seen_ns[node(1)] == (T0 + 3) * SECOND
+    # steps ended by then (those starting at T0+0..3), and phases ended by then
+    assert sorted(t // SECOND - T0 for t in cut.steps["1"]) == [0, 1, 2, 3]
+    assert all(p.time_ns + p.seconds * SECOND <= (T0 + 4) * SECOND
+               for p in cut.phases["1"].values())
+    assert len(cut.phases["1"]) == 4
+
+
+def test_synthetic_records_are_valid_agent_records():
+    records = to_records(build(SynthJob(nodes=3, seconds=5)))
+    kinds = {r.measurement for r in records}
+    assert kinds == {"tcp_flow", "tcp_node", "gloo_step", "gloo_phase"}
+    assert sum(r.measurement == "tcp_flow" for r in records) == 3 * 5
+    assert sum(r.measurement == "gloo_step" for r in records) == 3 * 5

@@ -1,0 +1,130 @@
+"""The engine inside the collectors (diagnosis/live.py): rendezvous ownership of jobs, and
+two replicas with fake clocks ticking against one real InfluxDB that holds the agents'
+records of two synthetic jobs."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from diagnosis.evidence import SECOND
+from diagnosis.live import HEARTBEAT_TTL_S, LiveDiagnosis, owner
+from diagnosis.metrics import FINDING_ACTIVE, DiagnosisMetrics
+from diagnosis.store import Store
+from fabricscope.services import InfluxServer
+from tests.unit.test_diagnosis_evidence import (T0, HopPlan, StepPlan, SynthJob, build,
+                                                to_records)
+
+FAULT = 25
+
+
+def test_owner_spreads_jobs_and_moves_only_those_of_a_replica_that_leaves():
+    replicas = ["collector-0", "collector-1", "collector-2", "collector-3"]
+    jobs = [f"198.18.{i // 250}.{i % 250}:29500" for i in range(400)]
+    before = {j: owner(j, replicas) for j in jobs}
+    counts = {r: sum(o == r for o in before.values()) for r in replicas}
+    assert all(60 <= n <= 140 for n in counts.values()), counts
+    assert all(owner(j, list(reversed(replicas))) == before[j] for j in jobs)
+    gone = "collector-2"
+    after = {j: owner(j, [r for r in replicas if r != gone]) for j in jobs}
+    moved = {j for j in jobs if after[j] != before[j]}
+    assert moved == {j for j in jobs if before[j] == gone}
+    # and they spread over the rest, not onto one replica
+    assert len({after[j] for j in moved}) == 3
+    assert {j: owner(j, replicas) for j in jobs} == before          # it comes back
+
+
+class Clock:
+    """A wall clock the test moves (both replicas read the same one)."""
+
+    def __init__(self, s: int):
+        self.ns = s * SECOND
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def two_jobs(replicas: list[str]) -> tuple[str, str]:
+    """Job ids of which the first is replicas[0]'s and the second replicas[1]'s."""
+    names = (f"198.18.0.{i}:29500" for i in itertools.count(1))
+    pick = {}
+    for name in names:
+        pick.setdefault(owner(name, replicas), name)
+        if len(pick) == 2:
+            return pick[replicas[0]], pick[replicas[1]]
+    raise AssertionError("unreachable")
+
+
+def findings_shown(registry: CollectorRegistry) -> dict[str, float]:
+    """finding id -> value of fabricscope_finding_active on this replica's /metrics."""
+    return {s.labels["id"]: s.value for m in registry.collect() if m.name == FINDING_ACTIVE
+            for s in m.samples}
+
+
+def job_step_gauge(registry: CollectorRegistry, job: str) -> float | None:
+    return registry.get_sample_value("fabricscope_job_step_seconds", {"job": job})
+
+
+def points_of(store: Store, finding_id: str) -> int:
+    rows = store.query(f"SELECT count(summary) FROM finding WHERE id = '{finding_id}'")
+    return rows[0]["count"] if rows else 0
+
+
+@pytest.fixture
+def store():
+    with InfluxServer() as influx:
+        influx.query('CREATE DATABASE "fabricscope"')
+        yield Store(influx.url, "fabricscope")
+
+
+def test_two_replicas_share_the_jobs_and_one_takes_over_when_the_other_stops(store):
+    names = ["replica-a", "replica-b"]
+    faulty, healthy = two_jobs(names)            # replica-a's and replica-b's
+    slow = SynthJob(seconds=70, job=faulty,
+                    step=lambda i, t: StepPlan(seconds=1.5, sync=0.8) if t >= FAULT
+                    else StepPlan(),
+                    hop=lambda s, src, dst: HopPlan(loss=0.01 if s >= FAULT and 1 in (src, dst)
+                                                    else 0.0))
+    fine = SynthJob(seconds=70, job=healthy, first_node=3)
+    store.write(to_records(build(slow)) + to_records(build(fine)))
+    clock = Clock(T0 + 12)
+    regs = {n: CollectorRegistry() for n in names}
+    live = {n: LiveDiagnosis(store, DiagnosisMetrics(regs[n]), n, clock=clock) for n in names}
+
+    def tick(*which):
+        for n in which:
+            live[n].tick()
+        clock.ns += SECOND
+
+    for _ in range(FAULT + 10 - 12):             # until 10 s into the fault
+        tick(*names)
+    a, b = live["replica-a"], live["replica-b"]
+    assert set(a.engines) == {faulty} and set(b.engines) == {healthy}
+    (f,) = [f for f in a.engines[faulty].open.values() if f.cause == "lossy_link"]
+    assert f.place["node"] == "node1" and f.start_ns == (T0 + FAULT) * SECOND
+    assert b.engines[healthy].open == {} or all(
+        g.severity == "info" for g in b.engines[healthy].open.values())
+    # written by its owner only, as one point however often it was rewritten
+    assert points_of(store, f.id) == 1
+    assert findings_shown(regs["replica-a"]).get(f.id) == 1.0
+    assert f.id not in findings_shown(regs["replica-b"])
+    assert job_step_gauge(regs["replica-a"], faulty) == 1.5
+    assert job_step_gauge(regs["replica-b"], faulty) is None
+    assert job_step_gauge(regs["replica-b"], healthy) == 1.0
+    assert job_step_gauge(regs["replica-a"], healthy) is None
+    last_seen_by_a = f.last_seen_ns
+
+    # replica-a stops: once its heartbeat is older than the TTL, replica-b owns both jobs
+    for _ in range(HEARTBEAT_TTL_S + 5):
+        tick("replica-b")
+    assert set(b.engines) == {faulty, healthy}
+    (g,) = [g for g in b.engines[faulty].open.values() if g.cause == "lossy_link"]
+    assert g.id == f.id and g.start_ns == f.start_ns and g.first_seen_ns == f.first_seen_ns
+    assert g.last_seen_ns > last_seen_by_a
+    assert points_of(store, f.id) == 1
+    (row,) = store.query(f"SELECT last_seen_ns, \"open\" FROM finding WHERE id = '{f.id}'")
+    assert row["last_seen_ns"] == g.last_seen_ns and row["open"] is True
+    assert findings_shown(regs["replica-b"]).get(f.id) == 1.0
+    assert job_step_gauge(regs["replica-b"], faulty) == 1.5

@@ -1,0 +1,153 @@
+"""Binary tomography over a job's connection matrix (diagnosis/localize.py): the cases
+its docstring names, on hand-built cells."""
+
+from __future__ import annotations
+
+import pytest
+
+from diagnosis.evidence import CellKey, CellTotals
+from diagnosis.localize import BadCell, Place, _plausible_side, candidates, locate, path
+
+STORAGE = "198.18.0.254:9000"
+TWO_TORS = {"node0": "tor0", "node1": "tor0", "node2": "tor1", "node3": "tor1"}.get
+
+
+def one_tor(node):
+    return None
+
+
+def cell(src: int, dst: int | str) -> CellTotals:
+    """Node src's flows to node dst (an int) or to a peer outside the job (a str)."""
+    peer = dst if isinstance(dst, str) else f"198.18.0.{dst + 1}"
+    peer_node = None if isinstance(dst, str) else f"node{dst}"
+    return CellTotals(CellKey(f"node{src}", f"198.18.0.{src + 1}", peer, str(src)), peer_node,
+                      bytes_acked=10_000_000)
+
+
+def ring(n: int) -> list[tuple[int, int]]:
+    return [(k, (k - 1) % n) for k in range(n)]
+
+
+def split(hops, lossy=(), delayed=()):
+    """(bad cells, clean cells) of the hops (pairs), the bad ones as named."""
+    bad, clean = [], []
+    for hop in hops:
+        c = cell(*hop)
+        if hop in lossy or hop in delayed:
+            bad.append(BadCell(c, hop in lossy, hop in delayed))
+        else:
+            clean.append(c)
+    return bad, clean
+
+
+def test_path_of_a_transfer():
+    assert path("node0", "node1", one_tor) == {("out", "node0"), ("in", "node1")}
+    assert path("node0", "node1", TWO_TORS) == {("out", "node0"), ("in", "node1")}
+    assert path("node0", "node3", TWO_TORS) == {("out", "node0"), ("in", "node3"),
+                                                ("up", "tor0"), ("down", "tor1")}
+    # a peer outside the job sits behind the spine: through the sender's ToR uplink
+    assert path("node1", None, TWO_TORS, STORAGE) == {("out", "node1"), ("up", "tor0"),
+                                                      ("ext", STORAGE)}
+    assert path("node1", None, one_tor, STORAGE) == {("out", "node1"), ("ext", STORAGE)}
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_a_lossy_port_in_a_ring_of_three_places_its_node(k):
+    # node k's port drops both ways: its own hop k -> k-1 and the hop into it, k+1 -> k
+    hops = ring(3)
+    bad, clean = split(hops, lossy={(k, (k - 1) % 3), ((k + 1) % 3, k)})
+    found, unexplained = locate(bad, clean, one_tor)
+    assert unexplained == []
+    assert [f.place for f in found] == [Place("node", f"node{k}")]
+    assert {b.src for b in found[0].cells} == {f"node{k}", f"node{(k + 1) % 3}"}
+    assert found[0].contradicting == [] and found[0].alternatives == []
+    assert found[0].place.as_dict() == {"node": f"node{k}"}
+
+
+def test_a_single_lossy_cell_goes_to_the_port_the_frames_leave_through():
+    bad, clean = split(ring(3), lossy={(1, 0)})
+    assert candidates(bad, one_tor) == [Place("node", "node0"), Place("node", "node1")]
+    found, unexplained = locate(bad, clean, one_tor)
+    # node0 and node1 explain the cell equally and one clean hop goes through each;
+    # a drop independent of load dies on the cable the frames leave through
+    assert [f.place for f in found] == [Place("node", "node1")]
+    assert found[0].alternatives == [Place("node", "node0")]
+    assert [c.key.node for c in found[0].contradicting] == ["node2"]      # 2 -> 1, clean
+    assert unexplained == []
+
+
+def test_clean_cells_through_a_place_count_against_it():
+    # the same lossy cell; now node1 also reads from the store without loss
+    bad, clean = split(ring(3), lossy={(1, 0)})
+    clean.append(cell(1, STORAGE))
+    found, _ = locate(bad, clean, one_tor)
+    assert found[0].place == Place("node", "node0")
+    assert found[0].alternatives == []          # no longer a tie: node1 has 2 clean hops
+
+
+def test_prefer_breaks_a_tie_toward_the_place_already_named():
+    bad, clean = split(ring(3), lossy={(1, 0)})
+    found, _ = locate(bad, clean, one_tor, prefer=frozenset({Place("node", "node0")}))
+    assert found[0].place == Place("node", "node0")
+    assert found[0].alternatives == [Place("node", "node1")]
+    # prefer never outweighs the cells: a place that explains more wins regardless
+    bad, clean = split(ring(3), lossy={(1, 0), (2, 1)})
+    found, _ = locate(bad, clean, one_tor, prefer=frozenset({Place("node", "node0")}))
+    assert found[0].place == Place("node", "node1")
+
+
+def test_a_queueing_tor_uplink_places_the_tor_not_a_node():
+    # 4 nodes, 2 per ToR; tor0's uplink queues and overflows: 0 -> 3 crosses it (lossy
+    # and delayed), and 2 -> 1's ACKs (1 -> 2) queue in it (delayed only)
+    bad, clean = split(ring(4), lossy={(0, 3)}, delayed={(0, 3), (2, 1)})
+    found, unexplained = locate(bad, clean, TWO_TORS)
+    assert unexplained == []
+    assert found[0].place == Place("tor", "tor0")
+    assert found[0].place.as_dict() == {"tor": "tor0", "interface": "uplink"}
+    assert {(b.src, b.dst) for b in found[0].cells} == {("node0", "node3"), ("node2", "node1")}
+    # tor1's downlink lies in series on both cross paths: the sending ToR is named
+    assert found[0].alternatives == [Place("tor", "tor1")]
+    assert len(found) == 1
+
+
+def test_storage_hops_place_the_senders_uplink():
+    # tor0's uplink drops: the cross-rack hop 0 -> 3 and both tor0 nodes' reads of the
+    # store lose frames; the tor1 nodes' reads and the hop into tor0 (2 -> 1) are clean
+    hops = ring(4) + [(k, STORAGE) for k in range(4)]
+    bad, clean = split(hops, lossy={(0, 3), (0, STORAGE), (1, STORAGE)})
+    found, unexplained = locate(bad, clean, TWO_TORS)
+    assert found[0].place == Place("tor", "tor0")
+    assert len(found[0].cells) == 3 and unexplained == []
+    assert [(c.key.node, c.peer_node) for c in found[0].contradicting] == [("node2", "node1")]
+
+
+def test_a_store_every_node_loses_to_is_the_peer():
+    hops = ring(4) + [(k, STORAGE) for k in range(4)]
+    bad, clean = split(hops, lossy={(k, STORAGE) for k in range(4)})
+    found, unexplained = locate(bad, clean, TWO_TORS)
+    assert [f.place for f in found] == [Place("peer", STORAGE)]
+    assert found[0].place.as_dict() == {"peer": STORAGE}
+    assert len(found[0].cells) == 4 and unexplained == []
+
+
+def test_two_faults_are_found_one_after_the_other():
+    # node0's port and node3's port in a ring of 6: two separate rows/columns
+    lossy = {(0, 5), (1, 0), (3, 2), (4, 3)}
+    bad, clean = split(ring(6), lossy=lossy)
+    found, unexplained = locate(bad, clean, one_tor)
+    assert {f.place for f in found} == {Place("node", "node0"), Place("node", "node3")}
+    assert sum(len(f.cells) for f in found) == 4 and unexplained == []
+
+
+def test_plausible_side_of_each_kind_of_fault():
+    lossy = BadCell(cell(0, 3), lossy=True, delayed=False)
+    queued = BadCell(cell(0, 3), lossy=False, delayed=True)
+    # a drop: the sender's port; a queue: the switch egress toward the receiver
+    assert _plausible_side(Place("node", "node0"), lossy, TWO_TORS) == 1
+    assert _plausible_side(Place("node", "node3"), lossy, TWO_TORS) == 0
+    assert _plausible_side(Place("node", "node3"), queued, TWO_TORS) == 1
+    assert _plausible_side(Place("node", "node0"), queued, TWO_TORS) == 0
+    # on a ToR: a drop leaving the rack is the sending ToR's uplink; a queue either ToR
+    assert _plausible_side(Place("tor", "tor0"), lossy, TWO_TORS) == 1
+    assert _plausible_side(Place("tor", "tor1"), lossy, TWO_TORS) == 0
+    assert _plausible_side(Place("tor", "tor1"), queued, TWO_TORS) == 1
