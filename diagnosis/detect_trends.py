@@ -2,7 +2,8 @@
 
 Jitter: the spread of step time (median absolute deviation over the last
 `jitter_window_steps` steps, checkpoint steps left out: they are slow by design)
-is compared with the job's baseline spread. A one-sided CUSUM (Page 1954) on
+is compared with the job's own spread (the median spread of its first
+BASE_WINDOWS windows after the baseline). A one-sided CUSUM (Page 1954) on
 log(spread / baseline) with an allowance of log(jitter_allowance) sums the
 excess step by step: it stays at 0 while the spread wanders around the
 baseline, and crosses `jitter_alarm` only when the spread stays above it, the
@@ -32,6 +33,9 @@ def mad(values: list[float]) -> float:
     return statistics.median(abs(v - m) for v in values)
 
 
+BASE_WINDOWS = 10          # windows (one per step) whose spreads make the baseline spread
+
+
 @dataclass
 class JitterTracker:
     """Per job: the CUSUM over its reference rank's steps, fed step by step."""
@@ -41,17 +45,30 @@ class JitterTracker:
     series: list[float] = field(default_factory=list)
     last_spread: float = 0.0
     alarm_from_ns: int = 0
+    first_spreads: list[float] = field(default_factory=list)   # the job's own normal
+
+    def base_spread(self, b, t) -> float | None:
+        """The job's own spread: the median of the spreads of its first BASE_WINDOWS
+        windows of steps (a spread taken from one short stretch varies too much to
+        be a baseline), at least the baseline's and jitter_floor of its step; None
+        until those windows are in."""
+        if len(self.first_spreads) < BASE_WINDOWS:
+            return None
+        return max(statistics.median(self.first_spreads), b.spread_s,
+                   t.jitter_floor * b.step_s)
 
     def reset(self) -> None:
-        """Start over (a named fault is open: its steps say nothing of a trend)."""
+        """Start over (a named fault is open: its steps say nothing of a trend, nor of
+        the job's normal spread while that is still being learnt)."""
         self.cusum, self.series, self.alarm_from_ns = 0.0, [], 0
+        if len(self.first_spreads) < BASE_WINDOWS:
+            self.first_spreads = []
 
     def feed(self, ev: JobEvidence, snap: Snapshot) -> None:
         b, t = snap.baseline, snap.thresholds
         if b is None or not ev.steps:
             return
         rank = min(ev.steps, key=lambda r: (len(r), r))
-        floor = max(b.spread_s, t.jitter_floor * b.step_s)
         for step in sorted(ev.steps[rank].values(), key=lambda s: s.time_ns):
             if step.seconds is None or step.time_ns <= max(self.done_ns, b.end_ns):
                 continue
@@ -62,6 +79,10 @@ class JitterTracker:
             if len(self.series) < t.jitter_window_steps:
                 continue
             self.last_spread = mad(self.series)
+            floor = self.base_spread(b, t)
+            if floor is None:
+                self.first_spreads.append(self.last_spread)
+                continue
             z = math.log(max(self.last_spread, floor) / floor)
             before = self.cusum
             self.cusum = max(0.0, self.cusum + z - math.log(t.jitter_allowance))
@@ -72,7 +93,7 @@ class JitterTracker:
         b, t = snap.baseline, snap.thresholds
         if b is None or self.cusum < t.jitter_alarm:
             return []
-        floor = max(b.spread_s, t.jitter_floor * b.step_s)
+        floor = self.base_spread(b, t)
         _place, hop = _contributor(snap)     # named in the text; the finding is the job's
         summary = (f"Jitter accumulating: step-time spread {self.last_spread * 1000:.0f} ms "
                    f"against {floor * 1000:.0f} ms at the start (CUSUM {self.cusum:.1f} over "

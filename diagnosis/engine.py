@@ -325,7 +325,7 @@ class JobEngine:
         g.step_s = snap.step_s
         g.spread_s = self.jitter.last_spread or None
         if b is not None:
-            g.baseline_spread_s = max(b.spread_s, self.thresholds.jitter_floor * b.step_s)
+            g.baseline_spread_s = self.jitter.base_spread(b, self.thresholds)
             g.sync_slowdown = (snap.sync_s / b.sync_s) if snap.sync_s and b.sync_s else None
         segs = sum(n.segs_out for n in snap.nodes.values())
         g.retransmit_ratio = sum(n.retrans_segs for n in snap.nodes.values()) / segs \

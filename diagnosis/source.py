@@ -74,7 +74,7 @@ class StoreSource:
         rows = self.store.query(
             f"SELECT {', '.join(CELL_FIELDS)} FROM tcp_flow WHERE job = {quote(job)} AND "
             f"{span} GROUP BY node, saddr, daddr, rank")
-        for (tags, second), rs in _per_second(rows).items():
+        for tags, second, rs in _per_second(rows):
             key = CellKey(tags.get("node", ""), tags.get("saddr", ""), tags.get("daddr", ""),
                           tags.get("rank", ""))
             ev.addr_node.setdefault(key.addr, key.node)
@@ -88,15 +88,15 @@ class StoreSource:
         def table(node: str, second: int) -> NodeSecond:
             return ev.nodes.setdefault(node, {}).setdefault(second, NodeSecond())
 
-        for (tags, second), rs in _per_second(self.store.query(
+        for tags, second, rs in _per_second(self.store.query(
                 "SELECT segs_out, retrans_segs, timeouts, bytes_out FROM tcp_node "
-                f"WHERE node =~ {nodes} AND {span} GROUP BY node")).items():
+                f"WHERE node =~ {nodes} AND {span} GROUP BY node")):
             s = table(tags["node"], second)
             s.segs_out, s.retrans_segs = _sum(rs, "segs_out"), _sum(rs, "retrans_segs")
             s.timeouts, s.bytes_out = _sum(rs, "timeouts"), _sum(rs, "bytes_out")
-        for (tags, second), rs in _per_second(self.store.query(
+        for tags, second, rs in _per_second(self.store.query(
                 "SELECT peak_util, hot_bins, bursts FROM nic_window WHERE node =~ "
-                f"{nodes} AND {span} GROUP BY node, direction")).items():
+                f"{nodes} AND {span} GROUP BY node, direction")):
             s = table(tags["node"], second)
             util = float(_max(rs, "peak_util") or 0.0)
             if tags.get("direction") == "tx":
@@ -105,9 +105,9 @@ class StoreSource:
                 s.rx_peak_util = max(s.rx_peak_util, util)
             s.hot_bins += _sum(rs, "hot_bins")
             s.bursts += _sum(rs, "bursts")
-        for (tags, second), rs in _per_second(self.store.query(
+        for tags, second, rs in _per_second(self.store.query(
                 "SELECT drops, backlog_bytes FROM nic_qdisc WHERE node =~ "
-                f"{nodes} AND {span} GROUP BY node")).items():
+                f"{nodes} AND {span} GROUP BY node")):
             s = table(tags["node"], second)
             s.qdisc_drops, s.qdisc_backlog_bytes = _sum(rs, "drops"), \
                 int(_max(rs, "backlog_bytes") or 0)
@@ -155,20 +155,17 @@ CELL_SUMS = ("bytes_acked", "bytes_received", "retrans_segs", "retrans_bytes", "
 CELL_FIELDS = CELL_SUMS + ("rtt_p50_us", "rtt_p90_us")
 
 
-def _per_second(rows: list[dict]) -> dict[tuple, list[dict]]:
-    """Rows of a query grouped by tags, by (tags, UNIX second)."""
-    out: dict[tuple, list[dict]] = {}
+def _per_second(rows: list[dict]) -> list[tuple[dict, int, list[dict]]]:
+    """Rows of a query grouped by tags, as (tags, UNIX second, rows), in the order
+    InfluxQL gives GROUP BY time(1s) rows: series by series, seconds in time order."""
+    out: dict[tuple, tuple[dict, int, list[dict]]] = {}
     for r in rows:
-        tags = r["_tags"]
-        out.setdefault((_Tags(tags), r["time"] // SECOND), []).append(r)
-    return out
-
-
-class _Tags(dict):
-    """A series' tags as a dict key (one series' rows share the same dict)."""
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted(self.items())))
+        second = r["time"] // SECOND
+        key = (tuple(sorted(r["_tags"].items())), second)
+        if key not in out:
+            out[key] = (r["_tags"], second, [])
+        out[key][2].append(r)
+    return list(out.values())
 
 
 def _sum(rows: list[dict], name: str) -> int:

@@ -94,12 +94,14 @@ class Thresholds:
     jitter_floor: float = field(default=0.05, metadata=why(
         "the baseline spread is at least this share of the baseline step: below it, "
         "spread is timer resolution, not jitter", "fraction"))
-    jitter_allowance: float = field(default=1.5, metadata=why(
+    jitter_allowance: float = field(default=2.0, metadata=why(
         "CUSUM allowance: spread up to this factor over the baseline adds nothing "
-        "(log-ratio cusum, Page 1954)", "x"))
+        "(log-ratio cusum, Page 1954): the MAD of ten steps varies by about +-40 % "
+        "by chance alone, so up to twice the baseline is that sampling noise (the "
+        "alert's trend rule uses the same factor)", "x"))
     jitter_alarm: float = field(default=2.0, metadata=why(
-        "CUSUM threshold on the summed log-ratio excess: a spread doubled for about seven "
-        "windows, or tripled for three", ""))
+        "CUSUM threshold on the summed log-ratio excess: a spread three times the "
+        "baseline for five steps, four times for three", ""))
     duty_cycle: float = field(default=0.5, metadata=why(
         "D = grad-sync time / step time above this: communication dominates the step "
         "(the seed model's network-bound criterion)", "fraction"))
