@@ -29,10 +29,13 @@ fabricscope/v1/telemetry_pb2.py: proto/fabricscope/v1/telemetry.proto
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. $<
 	touch fabricscope/v1/__init__.py
 
-# Rendered documentation (tests fail when these are stale).
+# Rendered documentation and generated operator files (tests fail when these are stale);
+# docs/DIAGNOSIS.md holds `python -m diagnosis.thresholds`' table.
 docs:
 	$(PY) -m fabricscope.schema > docs/SCHEMA.md
 	$(PY) -m fabricscope.config > docs/config.md
+	$(PY) -m surface.alerts
+	$(PY) -m surface.dashboards
 
 # Remove every fabricscope lab left on this machine (normally never needed).
 clean-labs:
