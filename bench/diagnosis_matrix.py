@@ -93,6 +93,7 @@ def text(summary: dict) -> str:
 
 
 class Matrix:
+    name = "diagnosis-matrix"
     description = "diagnosis accuracy, false alarms and latency over the scenario matrix"
     goal = ">= 97 % right, no warning when healthy, first_seen <= 5 s"
 
