@@ -8,7 +8,10 @@
 4. a plain summary of what reached InfluxDB per node (retransmits against the
    kernel's own counters, step times before and after the fault, and where the
    time went: gradient sync, with the retransmits inside it, against data loading),
-5. everything torn down, also on failure or Ctrl-C.
+5. what the collector's diagnosis engine found (cause, place, impact, evidence,
+   advice) and a before/after comparison around the fault's annotation,
+6. an HTML report of the run and where the Grafana provisioning files are,
+7. everything torn down, also on failure or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ def register(sub) -> None:
                    help="MiB each rank reads from the data server per step (default 1; 0: none)")
     p.add_argument("--checkpoint-every", type=int, default=10,
                    help="steps between checkpoint writes (default 10; 0: none)")
+    p.add_argument("--report", default="fabricscope-demo-report.html",
+                   help="where the HTML report of the run goes (default "
+                        "./fabricscope-demo-report.html)")
     p.add_argument("--gso", action="store_true",
                    help="let the veths carry 64 KB GSO packets (faster, but loss then drops "
                         "whole bursts instead of wire-sized frames as a switch would)")
@@ -53,7 +59,7 @@ def run(args) -> int:
         raise UserError("--data-mb and --checkpoint-every must be 0 or more",
                         "e.g. --data-mb 1 --checkpoint-every 10")
     from lab.stack import await_stable, nstat_counter, running_stack
-    from demo.findings import report
+    from demo.findings import report, where_grafana, write_report
     from diagnosis.store import Store
     from fabricscope.records import Record
     from lab.dataserver import running_dataserver
@@ -86,6 +92,7 @@ def run(args) -> int:
             store = Store(stack.influx.url)
             port = random.randint(20000, 39999)
             job = f"{lab.nodes[0].address}:{port}"
+            fault_text = f"{args.loss:g}% loss on node{args.fault_node}'s port"
             start_ns = fault_ns = time.time_ns()
             with start_training(lab, args.steps, model_mb=args.model_mb, master_port=port,
                                 **io) as training:
@@ -97,8 +104,7 @@ def run(args) -> int:
                         loss(lab, args.fault_node, args.loss)
                         fault_ns = time.time_ns()
                         store.write([Record("annotation", fault_ns, {"job": job}, {
-                            "text": f"{args.loss:g}% loss on node{args.fault_node}'s port",
-                            "author": "fabricscope demo"})])
+                            "text": fault_text, "author": "fabricscope demo"})])
                         say(f"  fault on: {args.loss:g}% loss on node{args.fault_node}")
                     if row["step"] % 5 == 0 or row["step"] == args.steps - 1:
                         say(f"  step {row['step']:>3}: {row['seconds']:.3f} s")
@@ -113,8 +119,13 @@ def run(args) -> int:
             say("waiting for the agents to ship everything to InfluxDB")
             summary = collect_summary(stack, lab, args.steps, before, after, read_ns)
             verdict = report(store, job, start_ns, fault_ns, end_ns)
+            report_path = write_report(store, job, start_ns, time.time_ns(), fault_text,
+                                       args.report)
         print_summary(summary, steps, half, args)
         print(verdict)
+        print(f"HTML report of the run: {report_path}  (opens offline)")
+        print(f"Grafana: point a Grafana server at {where_grafana()} "
+              "(datasources and dashboards; see grafana/README.md)")
     say("lab torn down; done")
     return 0
 

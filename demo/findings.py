@@ -38,3 +38,22 @@ def report(store, job: str, start_ns: int, fault_ns: int, end_ns: int) -> str:
     lines += ["Before/after the fault (`fabricscope compare --around`):", "",
               compare_text(job, before, after, results)]
     return "\n".join(lines)
+
+
+def write_report(store, job: str, start_ns: int, end_ns: int, annotation: str,
+                 out: str) -> str:
+    """`fabricscope report` of the run, split at the fault's annotation; its path."""
+    from argparse import Namespace
+
+    from surface.report import write_report as render
+    args = Namespace(since=None, start=str(start_ns / 1e9), end=str(end_ns / 1e9), job=job,
+                     compare=annotation, compare_window="2m", out=out)
+    path, _account = render(store, args)
+    return path
+
+
+def where_grafana() -> str:
+    """The Grafana provisioning folder of this checkout (datasources and boards)."""
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(root, "grafana", "provisioning")

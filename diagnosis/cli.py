@@ -34,10 +34,15 @@ EPILOG = """examples:
 """
 
 
-def _store_args(p) -> None:
+def store_arguments(p) -> None:
+    """The flags that say where the store is (every command that reads it)."""
     p.add_argument("--influx-url", default="http://127.0.0.1:8086", help="InfluxDB base URL")
     p.add_argument("--database", default="fabricscope", help="database (1.x) or bucket")
     p.add_argument("--token", default="", help="InfluxDB 2.x/3.x API token")
+
+
+def _store_args(p) -> None:
+    store_arguments(p)
     p.add_argument("--topology-file", default="", help="node -> ToR map (as the collector's)")
 
 

@@ -26,13 +26,9 @@ EPILOG = """examples:
 """
 
 
-def store_arguments(p) -> None:
-    p.add_argument("--influx-url", default="http://127.0.0.1:8086", help="InfluxDB base URL")
-    p.add_argument("--database", default="fabricscope", help="database (1.x) or bucket")
-    p.add_argument("--token", default="", help="InfluxDB 2.x/3.x API token")
-
 
 def register(sub) -> None:
+    from diagnosis.cli import store_arguments
     from diagnosis.timespan import add_window_arguments
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("report", help="one self-contained HTML report of a job's window",
