@@ -60,7 +60,7 @@ class JitterTracker:
     def reset(self) -> None:
         """Start over (a named fault is open: its steps say nothing of a trend, nor of
         the job's normal spread while that is still being learnt)."""
-        self.cusum, self.series, self.alarm_from_ns = 0.0, [], 0
+        self.cusum, self.series, self.alarm_from_ns, self.last_spread = 0.0, [], 0, 0.0
         if len(self.first_spreads) < BASE_WINDOWS:
             self.first_spreads = []
 

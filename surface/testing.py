@@ -1,28 +1,41 @@
 """Test parts for the alerting pipeline: what pages go to, and what they come from.
 
 `WebhookReceiver` is where Alertmanager delivers (its webhook JSON, version 4),
-recorded with the time each POST arrived. `FabricExporter` serves on /metrics what
-a collector replica exports for the rules: the finding and job gauges of
-surface/metrics.py, set by the test. It stands in for the diagnosis engine, which
-sets them in the collector (the contract is the names, labels and meanings in
-surface/metrics.py); a test of a real lab scrapes the collector instead.
+recorded with the time each POST arrived. `alerting_pipeline(scrape)` runs the
+whole paging path on loopback: a real Prometheus scraping `scrape` every second
+and evaluating the generated rules (deploy/prometheus/fabricscope-alerts.yaml), a
+real Alertmanager with the example's routes and inhibitions at timings of seconds
+(surface/alertmanager.py config_for_tests), delivering to a WebhookReceiver.
+`FabricExporter` serves on /metrics what a collector replica exports for the
+rules: the finding and job gauges of surface/metrics.py, set by the test. It
+stands in for the diagnosis engine, which sets them in the collector (the
+contract is the names, labels and meanings in surface/metrics.py); a test of a
+real lab scrapes the collector instead (tests/kernel/test_alerting_lab.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from fabricscope.services import AlertmanagerServer, PrometheusServer
+from surface.alertmanager import config_for_tests
+from surface.alerts import PROMETHEUS_DIR, ROOT
 from surface.metrics import (FINDING_ACTIVE, FINDING_LABELS, JOB_GRAD_SYNC_SLOWDOWN, JOB_JITTER,
                              JOB_JITTER_BASELINE, JOB_RETRANSMIT_AMPLIFICATION,
                              JOB_RETRANSMIT_RATIO, JOB_STEP)
 from surface.promql import FindingSeries
+from surface.rules import RULES_FILE
+
+#: the generated rules, as deployed
+RULES = ROOT / PROMETHEUS_DIR / RULES_FILE
 
 
 @dataclass
@@ -125,6 +138,38 @@ class WebhookReceiver:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def alerts_in(alertname: str, status: str = "firing", **labels: str):
+    """A predicate for WebhookReceiver.wait_for: a notification carrying such an alert."""
+    return lambda note: note.alerts_of(alertname, status, **labels)
+
+
+@dataclass
+class AlertingPipeline:
+    hook: WebhookReceiver
+    prom: PrometheusServer
+    am: AlertmanagerServer
+
+    def pages(self) -> set[tuple[str, str, str]]:
+        """(alertname, job, status) of every alert delivered so far"""
+        return {(a["labels"]["alertname"], a["labels"].get("job", ""), a["status"])
+                for n in self.hook.matching(lambda n: True) for a in n.alerts}
+
+
+@contextlib.contextmanager
+def alerting_pipeline(scrape: dict[str, list[str]]) -> Iterator[AlertingPipeline]:
+    """Prometheus scraping `scrape` (scrape job -> ["host:port"], honor_labels, every
+    second) with the generated rules, Alertmanager with the test config, and the
+    webhook receiver they page; yielded once Prometheus scraped every target.
+    Everything is stopped on exit, also when the block raises."""
+    targets = sum(len(t) for t in scrape.values())
+    with WebhookReceiver() as hook, AlertmanagerServer(config_for_tests(hook.url)) as am, \
+            PrometheusServer(scrape, [RULES], [am.target]) as prom:
+        jobs = "|".join(scrape)
+        prom.wait_for(lambda p: len(p.query(f'up{{job=~"{jobs}"}} == 1')) == targets,
+                      what=f"a scrape of all {targets} targets")
+        yield AlertingPipeline(hook, prom, am)
 
 
 _JOB_HELP = {

@@ -21,17 +21,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from fabricscope.services import ALERTMANAGER, PROMETHEUS, AlertmanagerServer, PrometheusServer
-from fabricscope.services import pid_alive
-from surface.alertmanager import SEVERITY_RECEIVERS, config_for_tests
-from surface.alerts import PROMETHEUS_DIR, ROOT
+from fabricscope.services import ALERTMANAGER, PROMETHEUS, pid_alive
+from surface.alertmanager import SEVERITY_RECEIVERS
 from surface.catalog import INFO_INHIBITOR, by_name, runbook_url
 from surface.catalog_trends import JITTER_FLOOR_S, JITTER_RATIO, JITTER_SHARE_OF_STEP
 from surface.metrics import COLLECTOR_SCRAPE_JOB
 from surface.promql import FindingSeries
-from surface.rules import RULES_FILE
 from surface.templates import render
-from surface.testing import FabricExporter, Notification, WebhookReceiver
+from surface.testing import (AlertingPipeline, FabricExporter, Notification, WebhookReceiver,
+                             alerting_pipeline, alerts_in)
 
 pytestmark = [
     pytest.mark.skipif(not (os.access(PROMETHEUS, os.X_OK) and os.access(ALERTMANAGER, os.X_OK)),
@@ -40,7 +38,6 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 
-RULES = ROOT / PROMETHEUS_DIR / RULES_FILE
 #: generous: a page takes for (10 s or 30 s) plus a few seconds of scrape, evaluation
 #: and grouping; a slow machine stretches it, and the test waits for the event
 PAGE_TIMEOUT_S = 150
@@ -54,43 +51,33 @@ LONE_INFO = FindingSeries("microburst", "info", job="j-ok", node="node5", interf
 STEP_S, BASELINE_S, GROWTH_PER_S = 1.0, 0.02, 0.01
 
 
-def _firing(name: str, **labels: str):
-    return lambda note: note.alerts_of(name, "firing", **labels)
-
-
 @dataclass
 class Stack:
-    hook: WebhookReceiver
+    alerting: AlertingPipeline
     faulty: FabricExporter          # serves jobs j-lossy and j-jitter, where the faults go
     healthy: FabricExporter         # serves job j-ok: healthy, one lone info finding
-    prom: PrometheusServer
-    am: AlertmanagerServer
 
-    def pages(self) -> set[tuple[str, str, str]]:
-        """(alertname, job, status) of every alert delivered so far"""
-        return {(a["labels"]["alertname"], a["labels"].get("job", ""), a["status"])
-                for n in self.hook.notifications for a in n.alerts}
+    @property
+    def hook(self) -> WebhookReceiver:
+        return self.alerting.hook
 
 
 @pytest.fixture
 def stack():
-    with WebhookReceiver() as hook, FabricExporter() as faulty, FabricExporter() as healthy:
+    with FabricExporter() as faulty, FabricExporter() as healthy:
         for exporter, job in ((faulty, "j-lossy"), (faulty, "j-jitter"), (healthy, "j-ok")):
             exporter.set_job(job, step_s=STEP_S, jitter_s=BASELINE_S, baseline_s=BASELINE_S)
         healthy.open_finding(LONE_INFO)
-        with AlertmanagerServer(config_for_tests(hook.url)) as am, \
-                PrometheusServer({COLLECTOR_SCRAPE_JOB: [faulty.target, healthy.target]},
-                                 [RULES], [am.target]) as prom:
-            servers = [prom.pid, am.pid]
-            prom.wait_for(lambda p: len(p.query(f'up{{job="{COLLECTOR_SCRAPE_JOB}"}} == 1')) == 2,
-                          what="scrape of both exporters")
-            yield Stack(hook, faulty, healthy, prom, am)
-    assert prom.dir is None and am.dir is None
+        with alerting_pipeline({COLLECTOR_SCRAPE_JOB: [faulty.target, healthy.target]}) \
+                as alerting:
+            servers = [alerting.prom.pid, alerting.am.pid]
+            yield Stack(alerting, faulty, healthy)
+    assert alerting.prom.dir is None and alerting.am.dir is None
     assert not any(pid_alive(pid) for pid in servers)
 
 
 def _lossy_link_page(stack: Stack) -> Notification:
-    page = stack.hook.wait_for(_firing("FabricscopeLossyLink", job="j-lossy"), PAGE_TIMEOUT_S)
+    page = stack.hook.wait_for(alerts_in("FabricscopeLossyLink", job="j-lossy"), PAGE_TIMEOUT_S)
     (alert,) = page.alerts_of("FabricscopeLossyLink", job="j-lossy")
     assert page.receiver == SEVERITY_RECEIVERS["warning"]
     assert alert["labels"] == {"alertname": "FabricscopeLossyLink", **LOSSY.labels()}
@@ -100,7 +87,7 @@ def _lossy_link_page(stack: Stack) -> Notification:
         "description": render(lossy_link.description, LOSSY.labels()),
         "runbook_url": runbook_url(lossy_link)}
     # the microburst at the same place comes along, as context of the warning
-    context = stack.hook.wait_for(_firing("FabricscopeMicroburst", job="j-lossy", node="node1"),
+    context = stack.hook.wait_for(alerts_in("FabricscopeMicroburst", job="j-lossy", node="node1"),
                                   PAGE_TIMEOUT_S)
     assert context.receiver == SEVERITY_RECEIVERS["info"]
     return page
@@ -108,12 +95,11 @@ def _lossy_link_page(stack: Stack) -> Notification:
 
 def _resolved(stack: Stack) -> Notification:
     return stack.hook.wait_for(
-        lambda n: n.alerts_of("FabricscopeLossyLink", "resolved", job="j-lossy", node="node1"),
-        PAGE_TIMEOUT_S)
+        alerts_in("FabricscopeLossyLink", "resolved", job="j-lossy", node="node1"), PAGE_TIMEOUT_S)
 
 
 def _jitter_page(stack: Stack) -> Notification:
-    page = stack.hook.wait_for(_firing("FabricscopeJitterAccumulating", job="j-jitter"),
+    page = stack.hook.wait_for(alerts_in("FabricscopeJitterAccumulating", job="j-jitter"),
                                PAGE_TIMEOUT_S)
     (alert,) = page.alerts_of("FabricscopeJitterAccumulating", job="j-jitter")
     assert alert["labels"] == {"alertname": "FabricscopeJitterAccumulating", "job": "j-jitter",
@@ -126,19 +112,19 @@ def _assert_the_healthy_job_paged_nothing(stack: Stack) -> None:
     """Its info alert fires in Prometheus, and Alertmanager holds it back: nothing else
     fires for j-ok. Nothing but the faults paged at all."""
     # (the context's resolved notification may still be on its way)
-    assert stack.pages() - {("FabricscopeMicroburst", "j-lossy", "resolved")} == {
+    assert stack.alerting.pages() - {("FabricscopeMicroburst", "j-lossy", "resolved")} == {
         ("FabricscopeLossyLink", "j-lossy", "firing"),
         ("FabricscopeLossyLink", "j-lossy", "resolved"),
         ("FabricscopeMicroburst", "j-lossy", "firing"),
         ("FabricscopeJitterAccumulating", "j-jitter", "firing"),
     }
-    held = [a for a in stack.am.alerts() if a["labels"].get("job") == "j-ok"
+    held = [a for a in stack.alerting.am.alerts() if a["labels"].get("job") == "j-ok"
             and a["labels"]["alertname"] == "FabricscopeMicroburst"]
     assert [a["status"]["state"] for a in held] == ["suppressed"]
     assert held[0]["status"]["inhibitedBy"]
     assert any(a["labels"]["alertname"] == INFO_INHIBITOR.name
                and a["labels"].get("job") == "j-ok" and a["state"] == "firing"
-               for a in stack.prom.alerts())
+               for a in stack.alerting.prom.alerts())
     assert stack.hook.malformed == 0
 
 
