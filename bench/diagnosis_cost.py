@@ -7,13 +7,16 @@ A fleet of NODES simulated nodes (1,000 unless `--steps` says otherwise; one job
 one rank per node, in a ring: bench/fleet.py says what each node ships and where
 that mix was measured) streams in real time (timestamps = now, each node's batch
 0.2 s after its window, the nodes' polls spread over the second) over one gRPC
-stream per node (bench/loadgen.py PacedStream: pre-serialized messages, little CPU of
-its own) into one real `fabricscope collector` process writing to a real influxd.
-Each round starts a fresh influxd and collector, streams WARM_S seconds, then
-MEASURE_S seconds in which it reads the CPU (utime + stime, /proc/PID/stat) of the
-collector and of influxd; ONSET_AFTER_S seconds into those, one node's port starts
-losing 2 % of its segments (its cells out and the ring's cell into it) and the steps
-slow down.
+stream per node (bench/loadgen.py PacedStream: messages built just in time from
+per-node templates, gzip level 1, little CPU of its own) into one real
+`fabricscope collector` process writing to a real influxd. Each round gets a fresh
+database and collector; first the job's steps and phases of the HISTORY_S seconds
+before (what the engine keeps in memory of a job that has run a while) are written
+straight into influxd, then the fleet streams WARM_S seconds (the engine takes the
+job over), then MEASURE_S seconds in which the CPU (utime + stime, /proc/PID/stat)
+of the collector and of influxd is read; ONSET_AFTER_S seconds into those, one
+node's port starts losing 2 % of its segments (its cells out and the ring's cell
+into it) and the steps slow down.
 
 Baseline: the collector with `--no-diagnosis`. Subject: the engine on (the default,
 one replica that owns the job). The figure is the collector's CPU-µs per
@@ -36,28 +39,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
+import math
 import os
 import re
 import statistics
 import sys
+import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bench.fleet import SECOND, Fleet
 from bench.harness import Benchmark
 from bench.loadgen import PacedStream, grpc_message
-from bench.transport_env import DB, running_collector
+from fabricscope.services import InfluxServer
 from fabricscope.wire import make_batch
-from lab.stack import await_condition, http_get, metric_value
+from lab.stack import await_condition, http_get, metric_value, start_proc
 
 NODES = 1000
+HISTORY_S = 120        # steps written before the round: the engine's horizon (engine.py)
 WARM_S = 20            # streams open, series created, the engine owns the job
 MEASURE_S = 30         # the steady part whose CPU counts
 ONSET_AFTER_S = 10     # the fault starts this far into the measured span
 TAIL_S = 2             # streamed after the measured span (a late finding still counts)
+FINISH_S = 60          # then the acks have this long to come
 DETECT_GOAL_S = 5.0
 KEPT_UP_S = 1.0        # sender lateness and ack p99 below this: the round kept up
 TICK = "fabricscope_diagnosis_tick_seconds"
+ERRORS = "fabricscope_diagnosis_errors_total"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -78,6 +89,7 @@ class Sample:
     generator_cpu_s: float
     tick_sum_s: float
     ticks: float
+    errors: float = 0.0           # engine ticks that failed (store or engine), so far
 
 
 @dataclass
@@ -90,7 +102,9 @@ class Round:
     late_s: float                     # the sender's worst lateness in the span
     first_seen_s: float | None        # onset -> first_seen of the expected finding
     findings: list[str] = field(default_factory=list)
+    summaries: list[str] = field(default_factory=list)    # of the findings above info
     load1: float = 0.0
+    log_tail: str = ""
 
     def per_node_s(self, attr: str) -> float:
         """CPU-µs per node-second of the measured span."""
@@ -155,12 +169,17 @@ class _Stream:
             await self._send(self.first_s + WARM_S, MEASURE_S, measure=True)
             end = self.sample()
             await self._send(self.first_s + WARM_S + MEASURE_S, TAIL_S, measure=False)
-            await asyncio.gather(*(s.finish(60) for s in self.streams))
+            unacked = sum(await asyncio.gather(*(s.finish(FINISH_S) for s in self.streams)))
         finally:
             for s in self.streams:
                 s.close()
         span = range(WARM_S, WARM_S + MEASURE_S)
-        latencies = [s.latencies_s[k] for s in self.streams for k in span]
+        # a batch never acknowledged counts as infinitely late: the round did not keep up
+        latencies = [s.latencies_s[k] if k < len(s.latencies_s) else math.inf
+                     for s in self.streams for k in span]
+        if unacked:
+            print(f"  {unacked} batches unacknowledged {FINISH_S} s after the last one went",
+                  file=sys.stderr)
         return start, end, latencies
 
     async def _send(self, first_s: int, seconds: int, measure: bool) -> None:
@@ -178,8 +197,9 @@ class _Stream:
 
 
 class _Sides:
-    def __init__(self, nodes: int, log=lambda msg: print(msg, file=sys.stderr, flush=True)):
-        self.log = log
+    def __init__(self, influx, workdir: Path, nodes: int,
+                 log=lambda msg: print(msg, file=sys.stderr, flush=True)):
+        self.influx, self.workdir, self.log = influx, workdir, log
         self.fleet = Fleet(nodes, lossy=nodes // 3)
         self.rounds: list[Round] = []
 
@@ -201,36 +221,45 @@ class _Sides:
                     f"{r.first_seen_s if r.first_seen_s is None else round(r.first_seen_s, 2)}"
                     f" s; findings: {', '.join(r.findings) or 'none'}" if diagnosis else "")
                  + ("" if r.kept_up else "  (DID NOT KEEP UP in real time)"))
+        for summary in r.summaries:
+            self.log(f"    {summary}")
+        if r.end.errors:
+            self.log(f"    {r.end.errors:.0f} engine ticks failed; the collector's log: "
+                     f"{r.log_tail}")
         return r.per_node_s("collector_cpu_s")
 
     def _round(self, diagnosis: bool) -> Round:
-        fleet = self.fleet
-        flag = "--diagnosis" if diagnosis else "--no-diagnosis"
-        with running_collector(flag, "--replica-id", "bench") as env:
-            metrics = await_condition(lambda: re.search(
-                r"collector metrics on (http://\S+/metrics)", env.proc.log_path.read_text()),
-                30, "the collector's /metrics").group(1)
-            gen = time.process_time
+        fleet, influx = self.fleet, self.influx
+        db = f"round{len(self.rounds)}"
+        first_s = int(time.time()) + 1
+        fleet.start_s = first_s - HISTORY_S - 1
+        fleet.onset_s = first_s + WARM_S + ONSET_AFTER_S
+        influx.query(f'CREATE DATABASE "{db}"')
+        try:
+            write_history(influx, db, fleet, first_s)
+            first_s = max(first_s, int(time.time()) + 1)   # the history took its time
+            with running_collector(influx, db, diagnosis, self.workdir) as (proc, metrics):
+                def sample() -> Sample:
+                    text = http_get(metrics)[1]
+                    return Sample(time.time(), cpu_seconds(proc.popen.pid),
+                                  cpu_seconds(influx.pid), time.process_time(),
+                                  metric_value(text, f"{TICK}_sum"),
+                                  metric_value(text, f"{TICK}_count"),
+                                  metric_value(text, ERRORS))
 
-            def sample() -> Sample:
-                text = http_get(metrics)[1]
-                return Sample(time.time(), cpu_seconds(env.proc.popen.pid),
-                              cpu_seconds(env.influx.pid), gen(),
-                              metric_value(text, f"{TICK}_sum"),
-                              metric_value(text, f"{TICK}_count"))
-
-            first_s = int(time.time()) + 1
-            fleet.start_s = first_s - 1
-            fleet.onset_s = first_s + WARM_S + ONSET_AFTER_S
-            stream = _Stream(fleet, env.address, first_s, sample)
-            start, end, latencies = asyncio.run(stream.run())
-            rows = [{**r, **r.get("_tags", {})}
-                    for r in env.influx.query("SELECT * FROM finding", db=DB)] \
-                if diagnosis else []
-            if not env.proc.alive():
-                raise RuntimeError(f"the collector exited: {env.proc.log_tail(5)}")
+                fleet.onset_s = first_s + WARM_S + ONSET_AFTER_S
+                stream = _Stream(fleet, proc.urls["grpc"], first_s, sample)
+                start, end, latencies = asyncio.run(stream.run())
+                rows = [{**r, **r.get("_tags", {})}
+                        for r in influx.query("SELECT * FROM finding", db=db)] \
+                    if diagnosis else []
+                log_tail = proc.log_tail(8)
+        finally:
+            influx.query(f'DROP DATABASE "{db}"')
         return Round(diagnosis, fleet.nodes, start, end, latencies, stream.late_s,
-                     expected_latency_s(rows, fleet), finding_names(rows), os.getloadavg()[0])
+                     expected_latency_s(rows, fleet), finding_names(rows),
+                     sorted({r.get("summary", "") for r in rows if r.get("severity") != "info"}),
+                     os.getloadavg()[0], log_tail)
 
     def extra(self) -> dict[str, float]:
         off, on = self.rounds[-2], self.rounds[-1]
@@ -255,9 +284,59 @@ class _Sides:
         }
 
 
+def write_history(influx, db: str, fleet: Fleet, first_s: int) -> None:
+    """The job's steps of the HISTORY_S seconds before the round, straight into influxd:
+    what a job that has run for a while shows the engine that takes it over (it keeps
+    that much of the steps and phases in memory, and its evaluations go over them)."""
+    write_lines(influx, db, [line for second in range(first_s - HISTORY_S, first_s)
+                             for i in range(fleet.nodes)
+                             for line in fleet.step_lines(i, second - 1,
+                                                          ("gloo_step,", "gloo_phase,"))])
+
+
+def write_lines(influx, db: str, lines: list[str]) -> None:
+    url = f"{influx.url}/write?db={db}&precision=ns"
+    for k in range(0, len(lines), 20_000):
+        body = gzip.compress("\n".join(lines[k:k + 20_000]).encode(), 1)
+        request = urllib.request.Request(url, data=body, method="POST",
+                                         headers={"Content-Encoding": "gzip"})
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            answer.read()
+
+
+@contextlib.contextmanager
+def running_collector(influx, db: str, diagnosis: bool, workdir: Path):
+    """A `fabricscope collector` process on loopback writing to `db`: (its Proc, the URL
+    of its /metrics); stopped on leaving."""
+    proc = start_proc(f"collector-{db}", [
+        sys.executable, "-m", "fabricscope", "collector", "--listen", "127.0.0.1:0",
+        "--influx-url", influx.url, "--influx-db", db, "--metrics-host", "127.0.0.1",
+        "--metrics-port", "0", "--replica-id", "bench",
+        "--diagnosis" if diagnosis else "--no-diagnosis"], workdir)
+    try:
+        def logged(pattern: str):
+            def found():
+                if not proc.alive():
+                    raise RuntimeError(f"the collector exited: {proc.log_tail(5)}")
+                m = re.search(pattern, proc.log_path.read_text(errors="replace"))
+                return m.group(1) if m else None
+            return found
+        proc.urls["grpc"] = await_condition(logged(r"collector listening on (\S+:\d+)"), 60,
+                                            "the collector to listen")
+        metrics = await_condition(logged(r"collector metrics on (http://\S+/metrics)"), 60,
+                                  "the collector's /metrics")
+        yield proc, metrics
+        if not proc.alive():
+            raise RuntimeError(f"the collector exited: {proc.log_tail(5)}")
+    finally:
+        proc.stop()
+
+
 @contextlib.contextmanager
 def environment(args):
-    yield _Sides(getattr(args, "steps", None) or NODES)
+    with tempfile.TemporaryDirectory(prefix="fabricscope-bench-") as tmp, \
+            InfluxServer() as influx:
+        yield _Sides(influx, Path(tmp), getattr(args, "steps", None) or NODES)
 
 
 BENCH = Benchmark(

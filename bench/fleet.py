@@ -142,12 +142,19 @@ class Fleet:
         t = self._templates[i]
         base = second * SECOND + self.phase_ns(i)
         out = [tp.fmt % (base + tp.offset_ns) for tp in t.window[second >= self.onset_s]]
-        step_second = second - 1
-        mode = FAULTED if step_second >= self.onset_s else HEALTHY
-        first = self._step_index(step_second)
+        return out + self.step_lines(i, second - 1)
+
+    def step_lines(self, i: int, second: int, only: tuple[str, ...] = ()) -> list[str]:
+        """The records of node i's steps that started in `second` (those of the
+        measurements named in `only`, when given: a job's history is its steps)."""
+        mode = FAULTED if second >= self.onset_s else HEALTHY
+        templates = [tp for tp in self._templates[i].steps[mode is FAULTED]
+                     if not only or tp.fmt.startswith(only)]
+        first = self._step_index(second)
+        out = []
         for j in range(mode.steps):
-            start = step_second * SECOND + int(j * mode.step_s * SECOND) + (i % 10) * 50_000
-            for tp in t.steps[mode is FAULTED]:
+            start = second * SECOND + int(j * mode.step_s * SECOND) + (i % 10) * 50_000
+            for tp in templates:
                 out.append(tp.fmt % (first + j, start + tp.offset_ns) if tp.stepped
                            else tp.fmt % (start + tp.offset_ns))
         return out

@@ -209,9 +209,26 @@ def run_scenario(bench: Bench, scenario: Scenario, log=lambda msg: None) -> Outc
     if sc.cleared and out.clear_ns:
         out.compare = _compare(bench.store, job, out.onset_ns, out.clear_ns, end_ns)
     if sc.name == "healthy":
-        mid = (start_ns + end_ns) // 2
-        out.compare = _compare(bench.store, job, start_ns + 4 * SECOND, mid, end_ns)
+        halves = _halves(bench.store, job, start_ns, end_ns)
+        if halves:
+            out.compare = _compare(bench.store, job, *halves)
     return out
+
+
+def _halves(store, job: str, start_ns: int, end_ns: int) -> tuple[int, int, int] | None:
+    """The job's steps after its first two (start-up), split in two halves by step
+    count, not by wall time: how long the start (imports, rendezvous) takes depends on
+    the machine's load, and a split by the clock could leave one half almost empty."""
+    from diagnosis.store import quote
+    rows = store.query(f"SELECT seconds FROM gloo_step WHERE job = {quote(job)} AND "
+                       f"time >= {start_ns} AND time <= {end_ns} GROUP BY rank")
+    by_rank: dict[str, list[int]] = {}
+    for r in rows:
+        by_rank.setdefault(r["_tags"].get("rank", ""), []).append(int(r["time"]))
+    times = sorted(min(by_rank.values(), key=len)[2:]) if by_rank else []
+    if len(times) < 4:
+        return None
+    return times[0], times[len(times) // 2], times[-1] + 1
 
 
 def _dump(bench: Bench, out: Outcome, start_ns: int, folder: str) -> None:

@@ -18,6 +18,7 @@ agent_loss. "No finding" must never mean "no data".
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -69,8 +70,10 @@ class JitterTracker:
         if b is None or not ev.steps:
             return
         rank = min(ev.steps, key=lambda r: (len(r), r))
-        for step in sorted(ev.steps[rank].values(), key=lambda s: s.time_ns):
-            if step.seconds is None or step.time_ns <= max(self.done_ns, b.end_ns):
+        times, table = ev.step_times(rank), ev.steps[rank]
+        for t_ns in times[bisect.bisect_right(times, max(self.done_ns, b.end_ns)):]:
+            step = table[t_ns]
+            if step.seconds is None:
                 continue
             self.done_ns = step.time_ns
             if phase_seconds(ev, rank, step, "checkpoint") > 0:
@@ -138,8 +141,8 @@ def telemetry(snap: Snapshot, lost_before: dict[str, int],
     if not ev.last_seen_ns or not nodes:
         return out
     freshest = max(ev.last_seen_ns.values())
-    stepping = any(s.time_ns >= freshest - 10 * SECOND for steps in ev.steps.values()
-                   for s in steps.values())
+    stepping = any(times and times[-1] >= freshest - 10 * SECOND
+                   for times in map(ev.step_times, ev.steps))
     for node in nodes:
         seen = ev.last_seen_ns.get(node)
         quiet_since = seen if seen is not None else known_ns.get(node, freshest)

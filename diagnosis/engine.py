@@ -37,7 +37,8 @@ UNEXPLAINED_AFTER_S = 5   # a slowdown stays unexplained this long before it is 
 REOPEN_S = 10              # a finding that comes back this soon reopens instead of a new one
 JOB_GONE_S = 30           # a network finding whose place carries nothing closes after this
 INFO_CLOSE_S = 10          # info findings (bursts, duty cycle) flicker: they close slower
-HORIZON_S = 120            # seconds of evidence kept in memory
+HORIZON_S = 120            # seconds of evidence kept in memory ...
+PRUNE_EVERY_S = 10         # ... give or take this (pruning walks every table)
 STEP_CAUSES = {"straggler_compute", "input_stall", "unexplained_slowdown", "network_bound",
                "jitter_accumulation"}
 NETWORK_CAUSES = {"lossy_link", "buffer_saturation", "straggler_network"}
@@ -81,6 +82,7 @@ class JobEngine:
     slow_since_ns: int = 0
     pending: dict = field(default_factory=dict)      # network key -> (evals, first evidence)
     node_known_ns: dict = field(default_factory=dict)   # node -> when the engine first knew it
+    pruned_s: int = 0
 
     def __post_init__(self) -> None:
         if self.ev is None:
@@ -90,7 +92,8 @@ class JobEngine:
     def feed(self, evidence: JobEvidence) -> None:
         self.ev.merge(evidence)
         latest = self.ev.latest_second()
-        if latest is not None:
+        if latest is not None and latest - self.pruned_s >= PRUNE_EVERY_S:
+            self.pruned_s = latest
             self.ev.prune(latest - HORIZON_S, (latest - HORIZON_S) * SECOND)
 
     # -- evaluation --------------------------------------------------------------------
@@ -153,8 +156,8 @@ class JobEngine:
         per_rank = {}
         need = t.warmup_steps + t.baseline_steps
         for rank, table in ev.steps.items():
-            done = sorted((s for s in table.values() if s.seconds is not None),
-                          key=lambda s: s.time_ns)
+            done = [s for s in map(table.__getitem__, ev.step_times(rank))
+                    if s.seconds is not None]
             if len(done) < need:
                 return None
             per_rank[rank] = done

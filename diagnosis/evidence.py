@@ -10,13 +10,18 @@ live engine and `diagnose --recompute` aggregate with the same code.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 SECOND = 1_000_000_000
 
 
-@dataclass
-class CellSecond:
+# The per-second rows and the steps and phases are NamedTuples, not dataclasses: an
+# engine holds a few hundred thousand of them per thousand nodes, and the garbage
+# collector stops tracking tuples of plain values, where it walked every dataclass
+# instance in each full collection (half a tick's CPU at a thousand nodes).
+class CellSecond(NamedTuple):
     """One node's flows to one peer address in one second (tcp_flow, summed)."""
 
     bytes_acked: int = 0
@@ -37,8 +42,7 @@ class CellKey:
     rank: str        # the owning process's rank ('' when none)
 
 
-@dataclass
-class NodeSecond:
+class NodeSecond(NamedTuple):
     """One node in one second: TCP totals (tcp_node), NIC peaks (nic_window), qdiscs."""
 
     segs_out: int = 0
@@ -53,8 +57,7 @@ class NodeSecond:
     qdisc_backlog_bytes: int = 0
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """One inferred training step of one rank (gloo_step)."""
 
     rank: str
@@ -71,8 +74,7 @@ class Step:
         return self.time_ns + int((self.seconds or self.sync_seconds) * SECOND)
 
 
-@dataclass(frozen=True)
-class Phase:
+class Phase(NamedTuple):
     """A data_load or checkpoint phase of a rank (gloo_phase)."""
 
     rank: str
@@ -95,17 +97,50 @@ class JobEvidence:
     addr_node: dict[str, str] = field(default_factory=dict)                 # address -> node
     last_seen_ns: dict[str, int] = field(default_factory=dict)              # node -> latest window
     lost_records: dict[str, int] = field(default_factory=dict)              # node -> agent_loss
+    # the order of each rank's steps and phases, as evaluations walk them every tick:
+    # kept up by merge and prune, rebuilt when a table was replaced or resized
+    _order: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def _ordered(self, table_name: str, rank: str, kind: str | None = None) -> list:
+        table = getattr(self, table_name).get(rank, {})
+        orders = self._order.setdefault((table_name, rank), {})
+        order = orders.get(kind)
+        if order is None or order.table is not table or order.size != len(table):
+            order = orders[kind] = _Order(table, kind)
+        return order.keys
+
+    def step_times(self, rank: str) -> list[int]:
+        """The start times of the rank's steps, in order (ev.steps[rank][t] is the step)."""
+        return self._ordered("steps", rank)
+
+    def phases_between(self, rank: str, kind: str, t0_ns: int, t1_ns: int) -> list[Phase]:
+        """The rank's `kind` phases that started in [t0, t1), in time order: a bisection,
+        since every evaluation asks this for each of a rank's recent steps."""
+        keys = self._ordered("phases", rank, kind)
+        table = self.phases[rank] if keys else {}
+        lo = bisect.bisect_left(keys, (t0_ns,))
+        hi = bisect.bisect_left(keys, (t1_ns,))
+        return [table[k] for k in keys[lo:hi]]
+
+    def latest_phase_ns(self, rank: str) -> int:
+        """When the rank's latest phase began (0: none yet)."""
+        keys = self._ordered("phases", rank)
+        return keys[-1][0] if keys else 0
 
     def merge(self, other: "JobEvidence") -> None:
         """Take what `other` read (newer reads of a second replace older ones)."""
         for key, seconds in other.cells.items():
-            self.cells.setdefault(key, {}).update(seconds)
+            _update(self.cells.setdefault(key, {}), seconds)
         for node, seconds in other.nodes.items():
-            self.nodes.setdefault(node, {}).update(seconds)
-        for rank, steps in other.steps.items():
-            self.steps.setdefault(rank, {}).update(steps)
-        for rank, phases in other.phases.items():
-            self.phases.setdefault(rank, {}).update(phases)
+            _update(self.nodes.setdefault(node, {}), seconds)
+        for name in ("steps", "phases"):
+            mine = getattr(self, name)
+            for rank, rows in getattr(other, name).items():
+                table = mine.setdefault(rank, {})
+                added = [k for k in rows if k not in table]
+                _update(table, rows)
+                for order in self._order.get((name, rank), {}).values():
+                    order.add(added)
         self.node_of_rank.update(other.node_of_rank)
         self.addr_node.update(other.addr_node)
         for node, ns in other.last_seen_ns.items():
@@ -119,12 +154,14 @@ class JobEvidence:
         for table in list(self.cells.values()) + list(self.nodes.values()):
             for s in [s for s in table if s < before_s]:
                 del table[s]
-        for steps in self.steps.values():
-            for t in [t for t in steps if t < steps_before_ns]:
-                del steps[t]
-        for phases in self.phases.values():
-            for k in [k for k in phases if k[0] < steps_before_ns]:
-                del phases[k]
+        for name in ("steps", "phases"):
+            for rank, table in getattr(self, name).items():
+                orders = self._order.get((name, rank), {})
+                for k in [k for k in table if (k if name == "steps" else k[0]) <
+                          steps_before_ns]:
+                    del table[k]
+                for order in orders.values():
+                    order.drop_before(steps_before_ns)
 
     # -- views ----------------------------------------------------------------------
     def latest_second(self) -> int | None:
@@ -136,6 +173,43 @@ class JobEvidence:
 
     def window(self, start_s: int, end_s: int) -> "Window":
         return Window(self, start_s, end_s)
+
+
+def _update(table: dict, rows: dict) -> None:
+    """table.update(rows), keeping the objects of rows reread unchanged: most of what a
+    tick reads it read before, and a replaced object is one more for the garbage
+    collector's next full pass to walk (its cost grows with what survives each tick)."""
+    for key, value in rows.items():
+        if table.get(key) != value:
+            table[key] = value
+
+
+class _Order:
+    """The keys of one rank's steps (times) or phases ((time, phase), all or of one
+    kind) in order."""
+
+    def __init__(self, table: dict, kind: str | None):
+        self.table, self.kind = table, kind
+        self.keys = sorted(self._mine(table))
+        self.size = len(table)
+
+    def _mine(self, keys):
+        return keys if self.kind is None else [k for k in keys if k[1] == self.kind]
+
+    def add(self, keys: list) -> None:
+        """Keys the table just gained: they mostly come after the last one known."""
+        new = sorted(self._mine(keys))
+        if new and self.keys and new[0] < self.keys[-1]:
+            self.keys = sorted(self.keys + new)
+        else:
+            self.keys += new
+        self.size = len(self.table)
+
+    def drop_before(self, t_ns: int) -> None:
+        first = self.keys[0] if self.keys else None
+        probe = t_ns if isinstance(first, int) else (t_ns,)
+        del self.keys[:bisect.bisect_left(self.keys, probe)]
+        self.size = len(self.table)
 
 
 def weighted_median(pairs: list[tuple[float, int]]) -> float | None:

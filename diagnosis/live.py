@@ -16,6 +16,8 @@ of them from the store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import hashlib
 import logging
 import time
@@ -33,7 +35,11 @@ log = logging.getLogger("collector.diagnosis")
 
 HEARTBEAT_TTL_S = 5          # a replica without a heartbeat this long is gone
 JOB_ACTIVE_S = 60            # a job with steps this recently is analysed
-READ_BACK_S = 10             # each tick rereads this much (records arrive late)
+LATE_S = 3                   # records of a second reach the store this late, normally: the
+                             # agent's 1 s window, its join's next poll, its ship delay
+READ_BACK_S = 10             # records up to this late (an agent that lagged) are read too, by
+CATCH_UP_S = 10              # a catch-up tick this often, rereading READ_BACK_S + CATCH_UP_S
+JOBS_EVERY_S = 5             # the jobs and their ranks are looked up this often
 TAKEOVER_S = 600             # a new owner reads this much history once
 
 
@@ -47,6 +53,22 @@ def _still_evaluated_ns(engine: JobEngine) -> int:
     if latest is None:
         return 0
     return (latest + 1 - engine.thresholds.eval_seconds) * SECOND
+
+
+@contextlib.contextmanager
+def _collection_paused():
+    """The garbage collector waits while a tick runs. A tick parses tens of thousands of
+    rows and drops them when it ends; collections during it would carry the rows into
+    the oldest generation and so start full passes over everything the engines hold
+    (at a thousand nodes that was most of the engine's CPU). Nothing a tick builds is
+    cyclic garbage that cannot wait the tick's length."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def owner(job: str, replicas: list[str]) -> str:
@@ -63,6 +85,8 @@ class LiveDiagnosis:
         self.engines: dict[str, JobEngine] = {}
         self.read_until: dict[str, int] = {}
         self.graph_at: dict[str, int] = {}
+        self.caught_up: dict[str, int] = {}
+        self._jobs_cache: tuple[int, dict] | None = None
         self.started_ns = clock()
         self._task: asyncio.Task | None = None
         self._warned = False
@@ -95,9 +119,9 @@ class LiveDiagnosis:
     # -- one tick ----------------------------------------------------------------------
     def tick(self) -> list[Finding]:
         now = self.clock()
-        with self.metrics.tick_seconds.time():
+        with self.metrics.tick_seconds.time(), _collection_paused():
             replicas = self._heartbeat(now)
-            jobs = self.source.jobs(now - JOB_ACTIVE_S * SECOND, now + SECOND)
+            jobs = self._jobs(now)
             mine = {j: m for j, m in jobs.items() if owner(j, replicas) == self.replica_id}
             changed, records, lag = [], [], 0.0
             for job in [j for j in self.engines if j not in mine]:
@@ -108,10 +132,13 @@ class LiveDiagnosis:
                 self._release(job)
             for job, members in mine.items():
                 engine = self.engines.get(job) or self._take(job, now)
-                back = self.read_until.get(job, now - READ_BACK_S * SECOND) - \
-                    READ_BACK_S * SECOND
+                late_s = self._late_s(job, engine, now)
+                last = self.read_until.get(job, now)
+                back = last - int(late_s * SECOND)
                 ev = self.source.read(members, max(back, _still_evaluated_ns(engine)),
-                                      now + SECOND, steps_from_ns=back)
+                                      now + SECOND,
+                                      steps_from_ns=back - self._step_lag_ns(engine),
+                                      heartbeats=late_s > LATE_S)
                 self.read_until[job] = now
                 engine.feed(ev)
                 found = engine.evaluate(now)
@@ -133,6 +160,36 @@ class LiveDiagnosis:
             self.metrics.jobs_owned.set(len(self.engines))
             self.metrics.lag.set(lag)
         return changed
+
+    def _jobs(self, now: int) -> dict:
+        """The active jobs and their ranks, looked up every JOBS_EVERY_S (a scan of a
+        minute of every rank's steps: a job's members rarely change, and a new job
+        warms up for longer than that)."""
+        if self._jobs_cache is None or now - self._jobs_cache[0] >= JOBS_EVERY_S * SECOND:
+            self._jobs_cache = (now, self.source.jobs(now - JOB_ACTIVE_S * SECOND,
+                                                      now + SECOND))
+        return self._jobs_cache[1]
+
+    def _late_s(self, job: str, engine: JobEngine, now: int) -> float:
+        """How far back this tick rereads: LATE_S, and every CATCH_UP_S a catch-up
+        rereads READ_BACK_S + CATCH_UP_S, so that a record that reached the store up to
+        READ_BACK_S after its second, just after one catch-up, is read by the next.
+        Rereading READ_BACK_S every tick was most of the engine's cost at a thousand
+        nodes (bench diagnosis-cost)."""
+        if now - self.caught_up.get(job, 0) >= CATCH_UP_S * SECOND:
+            self.caught_up[job] = now
+            return READ_BACK_S + CATCH_UP_S
+        return LATE_S
+
+    @staticmethod
+    def _step_lag_ns(engine: JobEngine) -> int:
+        """Steps and phases come later than the rest: a step is stamped with its start
+        and reported after its end, a phase's transfer when its flow's next one starts,
+        about a step later; two of the job's steps (READ_BACK_S while they are not
+        known)."""
+        snap = engine.last_snapshot
+        step_s = snap.step_s if snap is not None and snap.step_s else READ_BACK_S / 2
+        return int(min(READ_BACK_S, 2 * step_s) * SECOND)
 
     def _heartbeat(self, now: int) -> list[str]:
         self.store.write([Record("collector_heartbeat", now, {"replica": self.replica_id},
@@ -167,5 +224,6 @@ class LiveDiagnosis:
         self.engines.pop(job, None)
         self.read_until.pop(job, None)
         self.graph_at.pop(job, None)
+        self.caught_up.pop(job, None)
         self.metrics.forget_job(job)
         log.info("diagnosis: job %s is another replica's or has ended", job)

@@ -9,7 +9,9 @@ Detectors read a Snapshot and return candidates; none reads the store.
 
 from __future__ import annotations
 
+import itertools
 import statistics
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from diagnosis.evidence import SECOND, CellTotals, JobEvidence, NodeTotals, Step, Window
@@ -93,11 +95,10 @@ def phase_seconds(ev: JobEvidence, rank: str, step: Step, kind: str) -> float:
     transfer of its own, the pauses between them longer than the agent's transfer
     gap); the read lasts from its first byte to its last, pauses included."""
     spans: dict[str, list[float]] = {}
-    for p in ev.phases.get(rank, {}).values():
-        if p.phase == kind and step.time_ns <= p.time_ns < step.end_ns:
-            start, end = p.time_ns / SECOND, p.time_ns / SECOND + p.seconds
-            lo_hi = spans.setdefault(p.peer, [start, end])
-            lo_hi[0], lo_hi[1] = min(lo_hi[0], start), max(lo_hi[1], end)
+    for p in ev.phases_between(rank, kind, step.time_ns, step.end_ns):
+        start, end = p.time_ns / SECOND, p.time_ns / SECOND + p.seconds
+        lo_hi = spans.setdefault(p.peer, [start, end])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], start), max(lo_hi[1], end)
     return sum(hi - lo for lo, hi in spans.values())
 
 
@@ -110,22 +111,31 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
     all in (None while there are none)."""
     out = {}
     for rank, table in ev.steps.items():
-        steps = sorted((s for s in table.values() if s.seconds is not None
-                        and s.end_ns <= until_ns), key=lambda s: s.time_ns)
-        done = steps[-count:]
+        times = ev.step_times(rank)
+        done = list(itertools.islice(_latest_first(table, times, until_ns), count))[::-1]
         if len(done) < count:
             continue
-        phases = ev.phases.get(rank, {})
-        settled_ns = max((p.time_ns for p in phases.values()), default=0)
-        settled = [s for s in steps if s.end_ns <= settled_ns]
+        settled_ns = min(until_ns, ev.latest_phase_ns(rank))
+
+        def settled():
+            return _latest_first(table, times, settled_ns)
         out[rank] = RankRecent(
             rank, done[-1].node, done,
             statistics.median(s.seconds for s in done),
             statistics.median(s.sync_seconds for s in done),
             statistics.median(max(0.0, s.seconds - s.sync_seconds) for s in done),
-            _phase_median(ev, rank, settled, "data_load", PHASE_STEPS),
-            _phase_median(ev, rank, settled, "checkpoint", PHASE_STEPS))
+            _phase_median(ev, rank, settled(), "data_load", PHASE_STEPS),
+            _phase_median(ev, rank, settled(), "checkpoint", PHASE_STEPS))
     return out
+
+
+def _latest_first(table: dict, times: list[int], until_ns: int) -> Iterator[Step]:
+    """The rank's complete steps that ended by until_ns, the latest first: evaluations
+    need only the last few of the hundreds kept."""
+    for t in reversed(times):
+        s = table[t]
+        if s.seconds is not None and s.end_ns <= until_ns:
+            yield s
 
 
 #: steps with a phase that say how long the rank's reads take now: phases come a step
@@ -134,14 +144,21 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
 PHASE_STEPS = 2
 
 
-def _phase_median(ev: JobEvidence, rank: str, steps: list[Step], kind: str,
+def _phase_median(ev: JobEvidence, rank: str, steps: Iterable[Step], kind: str,
                   count: int) -> float | None:
-    """The shortest `kind` time of the last `count` of these steps that had one: the
+    """The shortest `kind` time of the first `count` of these steps (the latest first)
+    that had one: the
     agent reports a read's pieces only from one that is large enough or follows
     another closely, so a slow store's read may go unreported in some steps; a step
     without one says nothing about how long its read took (None when none has one)."""
-    spans = [x for x in (phase_seconds(ev, rank, s, kind) for s in steps) if x > 0][-count:]
-    return min(spans) if len(spans) == count else None
+    spans = []
+    for step in steps:
+        seconds = phase_seconds(ev, rank, step, kind)
+        if seconds > 0:
+            spans.append(seconds)
+            if len(spans) == count:
+                return min(spans)
+    return None
 
 
 def classify_cells(cells: list[CellTotals], floor_of, t: Thresholds):

@@ -53,9 +53,12 @@ class StoreSource:
         return {job: Members(job, ranks) for job, ranks in out.items()}
 
     def read(self, members: Members, t0_ns: int, t1_ns: int,
-             steps_from_ns: int | None = None, heartbeat_from_ns: int | None = None
-             ) -> JobEvidence:
-        """The job's evidence of [t0, t1) (steps and phases from steps_from_ns)."""
+             steps_from_ns: int | None = None, heartbeat_from_ns: int | None = None,
+             heartbeats: bool = True) -> JobEvidence:
+        """The job's evidence of [t0, t1) (steps and phases from steps_from_ns). Each
+        node's latest window is looked up from heartbeat_from_ns (default: two minutes
+        back) unless `heartbeats` is False: then the windows read say it (a live tick
+        that knows the older ones)."""
         ev = JobEvidence(members.job, node_of_rank=dict(members.node_of_rank))
         if not members.nodes:
             return ev
@@ -67,78 +70,100 @@ class StoreSource:
         self._steps(ev, members.job, steps_span)
         self._phases(ev, members.job, steps_span)
         hb_from = heartbeat_from_ns if heartbeat_from_ns is not None else t1_ns - 120 * SECOND
-        self._heartbeats(ev, nodes, _span(hb_from, t1_ns))
+        self._heartbeats(ev, nodes, _span(hb_from, t1_ns), heartbeats)
         return ev
 
     def _cells(self, ev: JobEvidence, job: str, span: str) -> None:
-        rows = self.store.query(
-            f"SELECT {', '.join(CELL_FIELDS)} FROM tcp_flow WHERE job = {quote(job)} AND "
-            f"{span} GROUP BY node, saddr, daddr, rank")
-        for tags, second, rs in _per_second(rows):
-            key = CellKey(tags.get("node", ""), tags.get("saddr", ""), tags.get("daddr", ""),
-                          tags.get("rank", ""))
-            ev.addr_node.setdefault(key.addr, key.node)
-            total = {f: _sum(rs, f) for f in CELL_SUMS}
-            ev.cells.setdefault(key, {})[second] = CellSecond(
-                total["bytes_acked"], total["bytes_received"], total["retrans_segs"],
-                total["retrans_bytes"], total["timeouts"], _median(rs, "rtt_p50_us"),
-                _median(rs, "rtt_p90_us"), total["rtt_samples"])
+        keys: dict[tuple, CellKey] = {}
+        for tags, second, rows, col in _per_second(self.store.series(
+                f"SELECT {', '.join(CELL_FIELDS)} FROM tcp_flow WHERE job = {quote(job)} "
+                f"AND {span} GROUP BY node, saddr, daddr, rank")):
+            key = keys.get(id(tags))
+            if key is None:
+                key = keys[id(tags)] = CellKey(tags.get("node", ""), tags.get("saddr", ""),
+                                               tags.get("daddr", ""), tags.get("rank", ""))
+                ev.addr_node.setdefault(key.addr, key.node)
+            sums = [col[f] for f in CELL_SUMS]
+            if len(rows) == 1:         # one flow to the peer: its window is the second
+                v = rows[0]
+                total = [int(v[i] or 0) for i in sums]
+                p50, p90 = v[col["rtt_p50_us"]], v[col["rtt_p90_us"]]
+                p50, p90 = (None if p50 is None else float(p50)), \
+                    (None if p90 is None else float(p90))
+            else:
+                total = [_sum(rows, i) for i in sums]
+                p50, p90 = _median(rows, col["rtt_p50_us"]), _median(rows, col["rtt_p90_us"])
+            ev.cells.setdefault(key, {})[second] = CellSecond(*total[:5], p50, p90, total[5])
 
     def _nodes(self, ev: JobEvidence, nodes: str, span: str) -> None:
-        def table(node: str, second: int) -> NodeSecond:
-            return ev.nodes.setdefault(node, {}).setdefault(second, NodeSecond())
+        fields: dict[tuple[str, int], dict] = {}     # (node, second) -> NodeSecond's fields
 
-        for tags, second, rs in _per_second(self.store.query(
+        def table(node: str, second: int) -> dict:
+            return fields.setdefault((node, second), {})
+
+        for tags, second, rows, col in _per_second(self.store.series(
                 "SELECT segs_out, retrans_segs, timeouts, bytes_out FROM tcp_node "
                 f"WHERE node =~ {nodes} AND {span} GROUP BY node")):
-            s = table(tags["node"], second)
-            s.segs_out, s.retrans_segs = _sum(rs, "segs_out"), _sum(rs, "retrans_segs")
-            s.timeouts, s.bytes_out = _sum(rs, "timeouts"), _sum(rs, "bytes_out")
-        for tags, second, rs in _per_second(self.store.query(
+            ev.last_seen_ns[tags["node"]] = max(ev.last_seen_ns.get(tags["node"], 0),
+                                                rows[-1][0])
+            table(tags["node"], second).update(
+                (name, _sum(rows, col[name]))
+                for name in ("segs_out", "retrans_segs", "timeouts", "bytes_out"))
+        for tags, second, rows, col in _per_second(self.store.series(
                 "SELECT peak_util, hot_bins, bursts FROM nic_window WHERE node =~ "
                 f"{nodes} AND {span} GROUP BY node, direction")):
             s = table(tags["node"], second)
-            util = float(_max(rs, "peak_util") or 0.0)
-            if tags.get("direction") == "tx":
-                s.tx_peak_util = max(s.tx_peak_util, util)
-            else:
-                s.rx_peak_util = max(s.rx_peak_util, util)
-            s.hot_bins += _sum(rs, "hot_bins")
-            s.bursts += _sum(rs, "bursts")
-        for tags, second, rs in _per_second(self.store.query(
+            util = float(_max(rows, col["peak_util"]) or 0.0)
+            peak = "tx_peak_util" if tags.get("direction") == "tx" else "rx_peak_util"
+            s[peak] = max(s.get(peak, 0.0), util)
+            s["hot_bins"] = s.get("hot_bins", 0) + _sum(rows, col["hot_bins"])
+            s["bursts"] = s.get("bursts", 0) + _sum(rows, col["bursts"])
+        for tags, second, rows, col in _per_second(self.store.series(
                 "SELECT drops, backlog_bytes FROM nic_qdisc WHERE node =~ "
                 f"{nodes} AND {span} GROUP BY node")):
             s = table(tags["node"], second)
-            s.qdisc_drops, s.qdisc_backlog_bytes = _sum(rs, "drops"), \
-                int(_max(rs, "backlog_bytes") or 0)
+            s["qdisc_drops"] = _sum(rows, col["drops"])
+            s["qdisc_backlog_bytes"] = int(_max(rows, col["backlog_bytes"]) or 0)
+        for (node, second), values in fields.items():
+            ev.nodes.setdefault(node, {})[second] = NodeSecond(**values)
 
     def _steps(self, ev: JobEvidence, job: str, span: str) -> None:
-        for r in _in_time_order(self.store.query(
+        for tags, columns, values in self.store.series(
                 "SELECT seconds, sync_seconds, compute_seconds, retrans_segs, "
                 f"sync_retrans_segs FROM gloo_step WHERE job = {quote(job)} AND {span} "
-                "GROUP BY rank, node")):
-            rank, node = r["_tags"].get("rank") or "-", r["_tags"].get("node") or ""
+                "GROUP BY rank, node"):
+            rank, node = tags.get("rank") or "-", tags.get("node") or ""
             ev.node_of_rank.setdefault(rank, node)
-            ev.steps.setdefault(rank, {})[r["time"]] = Step(
-                rank, node, int(r["time"]), r.get("seconds"), float(r["sync_seconds"] or 0.0),
-                r.get("compute_seconds"), int(r.get("retrans_segs") or 0),
-                int(r.get("sync_retrans_segs") or 0))
+            table = ev.steps.setdefault(rank, {})
+            i = _columns(columns, "time", "seconds", "sync_seconds", "compute_seconds",
+                         "retrans_segs", "sync_retrans_segs")
+            for v in values:
+                if v[i[2]] is None:       # the agent writes every field of a step at once:
+                    continue              # a row without sync_seconds is one being written
+                time_ns = v[i[0]]
+                table[time_ns] = Step(rank, node, int(time_ns), v[i[1]], float(v[i[2]] or 0.0),
+                                      v[i[3]], int(v[i[4]] or 0), int(v[i[5]] or 0))
 
     def _phases(self, ev: JobEvidence, job: str, span: str) -> None:
-        for r in _in_time_order(self.store.query(
+        for tags, columns, values in self.store.series(
                 "SELECT seconds, bytes, peer FROM gloo_phase WHERE "
                 f"job = {quote(job)} AND (phase = 'data_load' OR phase = 'checkpoint') "
-                f"AND {span} GROUP BY rank, node, phase")):
-            tags = r["_tags"]
-            rank, phase = tags.get("rank") or "-", tags.get("phase")
-            ev.phases.setdefault(rank, {})[(r["time"], phase)] = Phase(
-                rank, tags.get("node") or "", int(r["time"]), phase,
-                float(r["seconds"] or 0.0), int(r.get("bytes") or 0), r.get("peer") or "")
+                f"AND {span} GROUP BY rank, node, phase"):
+            rank, phase, node = tags.get("rank") or "-", tags.get("phase"), \
+                tags.get("node") or ""
+            table = ev.phases.setdefault(rank, {})
+            i = _columns(columns, "time", "seconds", "bytes", "peer")
+            for v in values:
+                time_ns = v[i[0]]
+                table[(time_ns, phase)] = Phase(rank, node, int(time_ns), phase,
+                                                float(v[i[1]] or 0.0), int(v[i[2]] or 0),
+                                                v[i[3]] or "")
 
-    def _heartbeats(self, ev: JobEvidence, nodes: str, span: str) -> None:
-        for r in self.store.query(f"SELECT last(seconds) FROM tcp_node WHERE node =~ {nodes} "
-                                  f"AND {span} GROUP BY node"):
-            ev.last_seen_ns[r["_tags"]["node"]] = int(r["time"])
+    def _heartbeats(self, ev: JobEvidence, nodes: str, span: str, latest: bool) -> None:
+        if latest:
+            for r in self.store.query(f"SELECT last(seconds) FROM tcp_node WHERE node =~ "
+                                      f"{nodes} AND {span} GROUP BY node"):
+                ev.last_seen_ns[r["_tags"]["node"]] = int(r["time"])
         for r in self.store.query(f"SELECT max(records) AS records FROM agent_loss WHERE "
                                   f"node =~ {nodes} AND {span} GROUP BY node"):
             ev.lost_records[r["_tags"]["node"]] = int(r["records"] or 0)
@@ -155,30 +180,42 @@ CELL_SUMS = ("bytes_acked", "bytes_received", "retrans_segs", "retrans_bytes", "
 CELL_FIELDS = CELL_SUMS + ("rtt_p50_us", "rtt_p90_us")
 
 
-def _per_second(rows: list[dict]) -> list[tuple[dict, int, list[dict]]]:
-    """Rows of a query grouped by tags, as (tags, UNIX second, rows), in the order
-    InfluxQL gives GROUP BY time(1s) rows: series by series, seconds in time order."""
-    out: dict[tuple, tuple[dict, int, list[dict]]] = {}
-    for r in rows:
-        second = r["time"] // SECOND
-        key = (tuple(sorted(r["_tags"].items())), second)
-        if key not in out:
-            out[key] = (r["_tags"], second, [])
-        out[key][2].append(r)
-    return list(out.values())
+def _per_second(series) -> list[tuple[dict, int, list[list], dict[str, int]]]:
+    """Series of a query as (tags, UNIX second, that second's rows of values, column
+    index by name), in the order InfluxQL gives GROUP BY time(1s) rows: series by
+    series, seconds in time order (a series' rows come in time order)."""
+    out = []
+    for tags, columns, values in series:
+        col = {name: i for i, name in enumerate(columns)}
+        current, rows = None, []
+        for v in values:
+            second = v[0] // SECOND
+            if second != current:
+                if rows:
+                    out.append((tags, current, rows, col))
+                current, rows = second, []
+            rows.append(v)
+        if rows:
+            out.append((tags, current, rows, col))
+    return out
 
 
-def _sum(rows: list[dict], name: str) -> int:
-    return int(sum(r[name] for r in rows if r.get(name) is not None))
+def _columns(columns: list[str], *names: str) -> list[int]:
+    """Where each named column is (InfluxDB names every selected field, null or not)."""
+    return [columns.index(n) for n in names]
 
 
-def _max(rows: list[dict], name: str):
-    values = [r[name] for r in rows if r.get(name) is not None]
+def _sum(rows: list[list], i: int) -> int:
+    return int(sum(v[i] for v in rows if v[i] is not None))
+
+
+def _max(rows: list[list], i: int):
+    values = [v[i] for v in rows if v[i] is not None]
     return max(values) if values else None
 
 
-def _median(rows: list[dict], name: str) -> float | None:
-    values = sorted(r[name] for r in rows if r.get(name) is not None)
+def _median(rows: list[list], i: int) -> float | None:
+    values = sorted(v[i] for v in rows if v[i] is not None)
     if not values:
         return None
     mid = len(values) // 2
@@ -186,8 +223,3 @@ def _median(rows: list[dict], name: str) -> float | None:
         return float(values[mid])
     lo, hi = values[mid - 1], values[mid]
     return float(lo + (hi - lo) / 2)
-
-
-def _in_time_order(rows: list[dict]) -> list[dict]:
-    """Rows of series grouped by tags in the order of one ungrouped series: by time."""
-    return sorted(rows, key=lambda r: r["time"])

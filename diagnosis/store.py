@@ -54,25 +54,34 @@ class Store:
             raise StoreError(f"InfluxDB at {self.url} is unreachable ({reason})",
                              "start InfluxDB or pass --influx-url URL") from None
 
-    def query(self, influxql: str) -> list[dict]:
-        """Rows of every series: {column: value, "_tags": {...}}; times in ns."""
+    def series(self, influxql: str) -> list[tuple[dict, list[str], list[list]]]:
+        """Every series of the answer as (tags, columns, rows of values); times in ns.
+        The engine's per-tick reads use this form: a dict per row cost more than the
+        rest of a read together."""
         body = self._request("/query", {"q": influxql, "db": self.db, "epoch": "ns"})
         try:
             data = json.loads(body or b"{}")
         except ValueError:
             raise StoreError(f"InfluxDB at {self.url} answered /query with no JSON",
                              "check that --influx-url points at InfluxDB") from None
-        rows: list[dict] = []
+        out = []
         for result in data.get("results", []):
             if "error" in result:
                 raise StoreError(f"InfluxDB refused a query: {result['error']}",
                                  f"check that database {self.db!r} exists") from None
             for series in result.get("series", []):
-                tags = series.get("tags", {}) or {}
-                for values in series.get("values", []):
-                    row = dict(zip(series["columns"], values))
-                    row["_tags"] = tags
-                    rows.append(row)
+                out.append((series.get("tags", {}) or {}, series["columns"],
+                            series.get("values", [])))
+        return out
+
+    def query(self, influxql: str) -> list[dict]:
+        """Rows of every series: {column: value, "_tags": {...}}; times in ns."""
+        rows: list[dict] = []
+        for tags, columns, values in self.series(influxql):
+            for row_values in values:
+                row = dict(zip(columns, row_values))
+                row["_tags"] = tags
+                rows.append(row)
         return rows
 
     def write(self, records: list[Record]) -> None:

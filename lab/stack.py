@@ -205,8 +205,8 @@ def await_agent_polls(stack: Stack, polls: int,
 
 @contextlib.contextmanager
 def running_stack(lab, *, agents: bool = True, collector: bool = True,
-                  agent_args: list[str] = (), workdir: str | None = None,
-                  collectors: int = 1):
+                  agent_args: list[str] = (), collector_args: list[str] = (),
+                  workdir: str | None = None, collectors: int = 1):
     """Start InfluxDB + collector + one agent per node (each optional); always tear down.
 
     collectors > 1: that many collector replicas on one InfluxDB (each its own
@@ -220,7 +220,8 @@ def running_stack(lab, *, agents: bool = True, collector: bool = True,
             stack.influx = InfluxServer().start()
             for i in range(collectors):
                 stack.replicas.append(start_collector(
-                    stack, stack.influx.url, name="collector" if i == 0 else f"collector{i}"))
+                    stack, stack.influx.url, list(collector_args),
+                    name="collector" if i == 0 else f"collector{i}"))
         if agents:
             for node in lab.nodes:
                 target = stack.replicas[node.index % len(stack.replicas)].urls["grpc"] \

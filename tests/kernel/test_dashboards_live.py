@@ -12,9 +12,11 @@ InfluxDB backend makes of it (`frames` below, after pkg/tsdb/influxdb/influxql/
 buffered/response_parser.go); the test asserts the fields each panel maps exist and,
 where the run must have produced data, that there is some.
 
-The diagnosis engine is not built yet: the `finding`, `annotation` and `topology_*`
-points are written here, from diagnosis.finding.Finding.to_record and Records of
-the schema, through the real encoder (fabricscope.lineproto) into that InfluxDB.
+The collector's diagnosis engine is off here (`--no-diagnosis`), so that the findings
+and the fabric graph the panels map are known ones: the `finding`, `annotation` and
+`topology_*` points are written by the test, from diagnosis.finding.Finding.to_record
+and Records of the schema, through the real encoder (fabricscope.lineproto) into that
+InfluxDB. What the live engine writes is asserted in test_diagnosis_matrix.py.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ MAY_BE_EMPTY = {
 }
 #: PromQL that may return nothing, with why (everything else must return series)
 PROM_MAY_BE_EMPTY = {
-    **{m: "exported by the diagnosis engine, which does not run in the collector yet"
+    **{m: "exported by the diagnosis engine, off in this run (the test writes its points)"
        for m in ENGINE_METRICS},
     "ALERTS": "this Prometheus loads no alert rules (surface/alerts.py's are tested there)",
     "fabricscope_collector_records_rejected_total": "a labelled counter: no series until "
@@ -184,7 +186,8 @@ def run():
 
     with running_lab(nodes=3, link_rate="1gbit") as lab, \
             running_stack(lab, agent_args=["--gloo-buffer-hooks",
-                                           "--gloo-model-interval-s", "2"]) as stack, \
+                                           "--gloo-model-interval-s", "2"],
+                          collector_args=["--no-diagnosis"]) as stack, \
             running_dataserver(lab, None) as server, \
             LabelledPrometheus(_scrape_configs(stack)) as prom:
         start_ms = int(time.time() * 1000) - 1000

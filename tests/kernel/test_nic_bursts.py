@@ -10,19 +10,26 @@ veth's egress (link speed configured as 1 Gbit/s, threshold 0.5): TC egress runs
 inside the sender's sendto(), just before the tap, so the bins see the packets
 when they pass the interface, not when the receiving side's softirq gets CPU on a
 busy machine. First a 10 s quiet baseline on the private link, in which no burst
-may be reported; then 1 ms and 200 us bursts. A burst whose frames left with a gap
-that may have left a bin under the threshold (a vCPU of this VM stalls for 30-100
-us at times) has no ground truth (see `disturbed`) and is set aside; at most 10 %
-may be.
+may be reported; then 1 ms and 200 us bursts.
+
+A vCPU of this VM stalls for 20-100 us in a third of all milliseconds (measured with
+a SCHED_FIFO busy loop), so frames do leave with gaps, and a gap can leave a bin of a
+burst under the threshold: the probe then rightly reports two bursts, or a shorter
+one. The test does not set such bursts aside: from where each frame left it
+predicts what the probe must report (`predicted`: every way the frames can fall
+into bins, then the burst rule of agent/probes/nic/window.py, restated here) and
+requires the probe's bursts in that span to be one of those outcomes, to the byte
+and the packet, each starting at its first frame. Only a burst with too many ways
+(frames whose send call straddles a bin edge) is set aside; at most 10 % may be.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import statistics
-from collections import Counter
 
 import pytest
 
@@ -38,43 +45,83 @@ HOT = 0.5                 # its default burst threshold (nic_burst_threshold)
 BURSTS = ["1000", "200"] * 20
 SET_ASIDE_MAX = 0.10      # of the bursts, at most this share may have no ground truth
 STAMP_TOL_NS = 2_000      # a tap stamp, converted to monotonic, is this close to the kernel's
-FRAME = 4042              # L2 bytes per frame the generator sends ...
-FRAME_NS = FRAME * 8      # ... each taking this long at 1 Gbit/s
-START_TOL_NS = 200_000
-BYTES_TOL = 0.05
+FRAME = 1042              # L2 bytes per frame the generator sends ...
+START_TOL_NS = 200_000   # the first burst reported starts this close to the first frame
+LINK_BPS = 10**9
+HOT_BYTES = HOT * LINK_BPS * BIN_NS / 8 / 10**9   # a hot bin carries this many bytes, at least
+STALL_NS = FRAME * 8 + 20_000   # frames left this far apart: the sender stalled
+MAX_WAYS = 4096           # ways the frames of one burst may fall into bins, at most
 
 
-def match(truth: dict, bursts: list[dict], offset_ns: int) -> dict | None:
-    for b in bursts:
-        start = b["time_ns"] - offset_ns
-        if abs(start - truth["start_ns"]) <= START_TOL_NS and \
-                abs(b["fields"]["bytes"] - truth["bytes"]) <= BYTES_TOL * truth["bytes"]:
-            return b
-    return None
-
-
-def disturbed(truth: dict) -> bool:
-    """The frames left with a gap (this VM's vCPUs stall for 30-100 us at times)
-    that may have left a bin of the burst below the utilization threshold: the
-    probe may then rightly see two bursts or a shorter one, and the ground truth of
-    that burst is unknown, so it is judged neither found nor missed, and what the
-    probe reported during it is not counted as extra.
-
-    The probe bins each frame by its TC egress time, ts // BIN_NS on the monotonic
-    clock; that time lies between the start of the frame's send call and its tap
-    stamp. A bin is surely hot when at least `need` frames lie in it by both (frames
-    are whole: 2 here, not the 1.5 of the threshold alone). The burst is found whole
-    when every bin strictly between its first and last is hot (its partly filled
-    edge bins are joined to it), or, within two bins, one of them is."""
-    need = math.ceil(HOT * BIN_NS / FRAME_NS)
+def frame_bins(truth: dict) -> list[range]:
+    """Per frame, the bins its TC egress time may lie in: that time is after its send
+    call began (sent_ns) and before its tap stamp (departures_ns), each +- the stamp
+    tolerance."""
     start = truth["start_ns"]
-    lows = [(start + s - STAMP_TOL_NS) // BIN_NS for s in truth["sent_ns"]]
-    highs = [(start + d + STAMP_TOL_NS) // BIN_NS for d in truth["departures_ns"]]
-    sure = Counter(lo for lo, hi in zip(lows, highs) if lo == hi)
-    first, last = lows[0], highs[-1]
-    if last - first <= 1:
-        return max(sure.values(), default=0) < need
-    return any(sure[b] < need for b in range(first + 1, last))
+    return [range((start + s - STAMP_TOL_NS) // BIN_NS, (start + d + STAMP_TOL_NS) // BIN_NS + 1)
+            for s, d in zip(truth["sent_ns"], truth["departures_ns"])]
+
+
+def bursts_of(bin_of: tuple[int, ...], frame_bytes: int) -> tuple[tuple[int, int, int], ...]:
+    """The probe's burst rule over frames placed in bins: runs of consecutive hot bins
+    (bytes >= HOT_BYTES), each extended by the non-empty bin just before it (unless the
+    run before took it as its tail) and just after it. Per burst: (bytes, packets,
+    index of its first frame)."""
+    frames: dict[int, list[int]] = {}
+    for i, b in enumerate(bin_of):
+        frames.setdefault(b, []).append(i)
+    hot = [b for b in sorted(frames) if len(frames[b]) * frame_bytes >= HOT_BYTES]
+    runs: list[list[int]] = []
+    for b in hot:
+        if runs and runs[-1][-1] == b - 1:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    out, tail = [], None
+    for run in runs:
+        lo, hi = run[0], run[-1]
+        if lo - 1 in frames and lo - 1 != tail:
+            lo -= 1
+        if hi + 1 in frames:
+            hi += 1
+        tail = hi
+        members = [i for b in range(lo, hi + 1) for i in frames.get(b, [])]
+        out.append((len(members) * frame_bytes, len(members), min(members)))
+    return tuple(out)
+
+
+def predicted(truth: dict) -> set | None:
+    """Every outcome the probe may rightly report for this burst, or None when the
+    frames can fall into bins in more than MAX_WAYS ways (then it has no ground truth).
+    Frames pass TC in order, so their bins never decrease."""
+    options = frame_bins(truth)
+    ways = math.prod(len(o) for o in options)
+    if ways > MAX_WAYS:
+        return None
+    frame_bytes = truth["bytes"] // truth["packets"]
+    out = set()
+    for bin_of in itertools.product(*options):
+        if all(x <= y for x, y in zip(bin_of, bin_of[1:])):
+            out.add(bursts_of(bin_of, frame_bytes))
+    return out
+
+
+def judge(truth: dict, reported: list[dict], offset_ns: int) -> list[dict] | None:
+    """The probe's bursts that started in this burst's span when they are one of its
+    predicted outcomes (and each starts within its first frame's send call), else None."""
+    lo = truth["start_ns"] + offset_ns - BIN_NS - STAMP_TOL_NS
+    hi = truth["end_ns"] + offset_ns + STAMP_TOL_NS
+    mine = sorted((b for b in reported if lo <= b["time_ns"] <= hi), key=lambda b: b["time_ns"])
+    for outcome in predicted(truth) or ():
+        if len(outcome) != len(mine):
+            continue
+        if all(b["fields"]["bytes"] == nbytes and b["fields"]["packets"] == packets
+               and truth["sent_ns"][first] - STAMP_TOL_NS
+               <= b["time_ns"] - offset_ns - truth["start_ns"]
+               <= truth["departures_ns"][first] + STAMP_TOL_NS
+               for b, (nbytes, packets, first) in zip(mine, outcome)):
+            return mine
+    return None
 
 
 def test_microbursts_found_with_start_and_size():
@@ -109,26 +156,32 @@ def test_microbursts_found_with_start_and_size():
     first_start = min(t["start_ns"] for t in truth) + offset
     reported = [b for b in probe.records("nic_burst") if b["time_ns"] >= first_start - 10**6
                 and b["tags"] == {"interface": pair.if_a, "direction": "tx"}]
-    clean = [t for t in truth if not disturbed(t)]
-    matched = {i: match(t, reported, offset) for i, t in enumerate(clean)}
-    found = [i for i, b in matched.items() if b is not None]
-    errors_us = [abs(matched[i]["time_ns"] - offset - clean[i]["start_ns"]) / 1000
-                 for i in found]
-    detail = [(t["planned_us"], t["start_ns"], t["bytes"], t["max_gap_ns"]) for t in clean]
-    set_aside = [(t["planned_us"], t["start_ns"], t["max_gap_ns"]) for t in truth if disturbed(t)]
+    judged = [t for t in truth if predicted(t) is not None]
+    set_aside = [(t["planned_us"], t["start_ns"], t["max_gap_ns"]) for t in truth
+                 if predicted(t) is None]
+    matched = [(t, judge(t, reported, offset)) for t in judged]
+    found = [(t, mine) for t, mine in matched if mine is not None]
+    errors_us = [abs(mine[0]["time_ns"] - offset - t["start_ns"]) / 1000 for t, mine in found]
+    split = [t["planned_us"] for t, mine in found if len(mine) > 1]
+    stalled = sum(1 for t in judged if t["max_gap_ns"] > STALL_NS)
+    ambiguous = sum(1 for t in judged if len(predicted(t)) > 1)
     err = (f"median {statistics.median(errors_us):.1f} us max {max(errors_us):.1f} us"
            if errors_us else "-")
-    print(f"bursts {len(truth)}, clean {len(clean)}, set aside {len(set_aside)} (gaps on the "
-          f"wire), found {len(found)}/{len(clean)}, start error {err}, reported "
-          f"{len(reported)}; set aside (us, start, max gap): {set_aside}")
-    assert len(set_aside) <= SET_ASIDE_MAX * len(truth), f"frames left with gaps: {set_aside}"
-    assert len(found) >= 0.95 * len(clean), f"missed: {detail} reported: {reported}"
-    used = {id(b) for b in matched.values() if b is not None}
-    stalled = [(t["start_ns"] + offset - START_TOL_NS, t["end_ns"] + offset + START_TOL_NS)
-               for t in truth if disturbed(t)]
+    print(f"bursts {len(truth)}, judged {len(judged)} ({stalled} with a gap of > 20 us on the "
+          f"wire, {ambiguous} with more than one right outcome), set aside {len(set_aside)}, found {len(found)}/{len(judged)} "
+          f"(split by a gap, rightly: {split}), start error {err}, reported {len(reported)}; "
+          f"set aside (us, start, max gap): {set_aside}")
+    assert len(set_aside) <= SET_ASIDE_MAX * len(truth), f"bursts with no ground truth: {set_aside}"
+    missed = [(t["planned_us"], t["start_ns"] + offset, t["bytes"], t["max_gap_ns"],
+               sorted(predicted(t))[:3]) for t, mine in matched if mine is None]
+    assert len(found) >= 0.95 * len(judged), f"missed: {missed} reported: {reported}"
+    assert all(e * 1000 <= START_TOL_NS for e in errors_us), errors_us
+    used = {id(b) for _, mine in found for b in mine}
+    spans = [(t["start_ns"] + offset - BIN_NS - STAMP_TOL_NS, t["end_ns"] + offset + STAMP_TOL_NS)
+             for t in truth]
     extra = [b for b in reported if id(b) not in used
-             and not any(lo <= b["time_ns"] <= hi for lo, hi in stalled)]
-    assert len(extra) <= 0.05 * len(clean), f"bursts that were not sent: {extra}"
+             and not any(lo <= b["time_ns"] <= hi for lo, hi in spans)]
+    assert extra == [], f"bursts that were not sent: {extra}"
     for record in probe.lines:
         if "measurement" in record:
             validate(Record(record["measurement"], record["time_ns"],

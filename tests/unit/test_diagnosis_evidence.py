@@ -191,7 +191,8 @@ def test_window_sums_a_cells_seconds_and_weights_its_rtt_by_samples():
         loss=0.01 if src == 1 else 0.0, rtt_us=5000.0 if s >= 3 else 200.0))
     ev = build(spec)
     for s in (T0 + 3, T0 + 4):          # node1's slow seconds carried few RTT samples
-        ev.cells[CellKey(node(1), addr(1), addr(0), "1")][s].rtt_samples = 2
+        table = ev.cells[CellKey(node(1), addr(1), addr(0), "1")]
+        table[s] = table[s]._replace(rtt_samples=2)
     cells = {c.key.node: c for c in ev.window(T0 + 2, T0 + 5).cells()}
     lossy = cells[node(1)]
     one = cell_second(HopPlan(loss=0.01))
@@ -258,3 +259,38 @@ def test_synthetic_records_are_valid_agent_records():
     assert kinds == {"tcp_flow", "tcp_node", "gloo_step", "gloo_phase"}
     assert sum(r.measurement == "tcp_flow" for r in records) == 3 * 5
     assert sum(r.measurement == "gloo_step" for r in records) == 3 * 5
+
+
+def _step(rank: str, t: int) -> Step:
+    return Step(rank, node(int(rank)), t, 1.0, 0.5, 0.5, 0, 0)
+
+
+def _phase(rank: str, t: int, kind: str) -> Phase:
+    return Phase(rank, node(int(rank)), t, kind, 0.1, 100, STORAGE)
+
+
+def test_step_and_phase_order_follows_merges_out_of_order_and_prunes():
+    ev = JobEvidence("j")
+    assert ev.step_times("0") == [] and ev.latest_phase_ns("0") == 0
+    times = [5, 1, 9, 3, 7, 2, 8]
+    for t in times:                        # each merge a tick's read, some of them late
+        other = JobEvidence("j")
+        other.steps["0"] = {t * SECOND: _step("0", t * SECOND)}
+        other.phases["0"] = {(t * SECOND, "data_load"): _phase("0", t * SECOND, "data_load"),
+                             (t * SECOND + 1, "checkpoint"): _phase("0", t * SECOND + 1,
+                                                                     "checkpoint")}
+        ev.merge(other)
+        assert ev.step_times("0") == sorted(ev.steps["0"])
+        assert [p.time_ns for p in ev.phases_between("0", "data_load", 0, 10 * SECOND)] == \
+            sorted(k[0] for k in ev.phases["0"] if k[1] == "data_load")
+    assert [p.time_ns // SECOND for p in ev.phases_between("0", "checkpoint", 3 * SECOND,
+                                                           7 * SECOND)] == [3, 5]
+    assert ev.latest_phase_ns("0") == 9 * SECOND + 1
+    ev.merge(ev)                           # a reread of what is known changes nothing
+    assert ev.step_times("0") == [t * SECOND for t in sorted(times)]
+    ev.prune(0, 4 * SECOND)
+    assert ev.step_times("0") == [t * SECOND for t in (5, 7, 8, 9)]
+    assert [p.time_ns // SECOND for p in ev.phases_between("0", "data_load", 0, 10**12)] == \
+        [5, 7, 8, 9]
+    ev.steps["0"] = {SECOND: _step("0", SECOND)}          # a table replaced wholesale
+    assert ev.step_times("0") == [SECOND]

@@ -128,3 +128,34 @@ def test_two_replicas_share_the_jobs_and_one_takes_over_when_the_other_stops(sto
     assert row["last_seen_ns"] == g.last_seen_ns and row["open"] is True
     assert findings_shown(regs["replica-b"]).get(f.id) == 1.0
     assert job_step_gauge(regs["replica-b"], faulty) == 1.5
+
+
+def test_a_step_that_reaches_the_store_late_is_read_by_the_next_catch_up(store):
+    """Steps feed the baselines and trends, so a lagging agent's steps are read when
+    they come (seconds of cells and nodes are read while an evaluation can use them:
+    diagnosis/live.py's _still_evaluated_ns)."""
+    from diagnosis.live import CATCH_UP_S
+    (job, _) = two_jobs(["only", "other"])
+    records = to_records(build(SynthJob(seconds=60, job=job)))
+    # catch-ups at T0+12 (the first tick), +22, +32, +42: a step of T0+26 that comes
+    # just after the one at +32, 7 s late, is older than +42's READ_BACK_S alone
+    late_second, comes = T0 + 26, T0 + 33
+
+    def is_late(r) -> bool:
+        return (r.measurement == "gloo_step" and r.tags["node"] == "node2"
+                and r.time_ns // SECOND == late_second)
+    held = [r for r in records if is_late(r)]
+    assert held
+    store.write([r for r in records if not is_late(r)])
+    clock = Clock(T0 + 12)
+    live = LiveDiagnosis(store, DiagnosisMetrics(CollectorRegistry()), "only", clock=clock)
+    while clock.ns < comes * SECOND:
+        live.tick()
+        clock.ns += SECOND
+    steps = live.engines[job].ev.steps
+    assert late_second * SECOND not in steps["2"] and late_second * SECOND in steps["1"]
+    store.write(held)                     # the agent of node2 lagged, then caught up
+    for _ in range(CATCH_UP_S):
+        live.tick()
+        clock.ns += SECOND
+    assert steps["2"][late_second * SECOND].seconds == 1.0
