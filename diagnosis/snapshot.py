@@ -147,10 +147,10 @@ PHASE_STEPS = 2
 def _phase_median(ev: JobEvidence, rank: str, steps: Iterable[Step], kind: str,
                   count: int) -> float | None:
     """The shortest `kind` time of the first `count` of these steps (the latest first)
-    that had one: the
-    agent reports a read's pieces only from one that is large enough or follows
-    another closely, so a slow store's read may go unreported in some steps; a step
-    without one says nothing about how long its read took (None when none has one)."""
+    that had one: the agent reports a read's pieces only from one that is large enough
+    or follows another closely, so a slow store's read may go unreported in some steps;
+    a step without one says nothing about how long its read took (None when none has
+    one)."""
     spans = []
     for step in steps:
         seconds = phase_seconds(ev, rank, step, kind)

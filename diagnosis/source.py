@@ -74,16 +74,17 @@ class StoreSource:
         return ev
 
     def _cells(self, ev: JobEvidence, job: str, span: str) -> None:
-        keys: dict[tuple, CellKey] = {}
+        keys: dict[int, tuple[CellKey, list[int]]] = {}   # per series: its key, sum columns
         for tags, second, rows, col in _per_second(self.store.series(
                 f"SELECT {', '.join(CELL_FIELDS)} FROM tcp_flow WHERE job = {quote(job)} "
                 f"AND {span} GROUP BY node, saddr, daddr, rank")):
-            key = keys.get(id(tags))
-            if key is None:
-                key = keys[id(tags)] = CellKey(tags.get("node", ""), tags.get("saddr", ""),
-                                               tags.get("daddr", ""), tags.get("rank", ""))
-                ev.addr_node.setdefault(key.addr, key.node)
-            sums = [col[f] for f in CELL_SUMS]
+            known = keys.get(id(tags))
+            if known is None:
+                known = keys[id(tags)] = (
+                    CellKey(tags.get("node", ""), tags.get("saddr", ""), tags.get("daddr", ""),
+                            tags.get("rank", "")), [col[f] for f in CELL_SUMS])
+                ev.addr_node.setdefault(known[0].addr, known[0].node)
+            key, sums = known
             if len(rows) == 1:         # one flow to the peer: its window is the second
                 v = rows[0]
                 total = [int(v[i] or 0) for i in sums]
@@ -141,7 +142,7 @@ class StoreSource:
                 if v[i[2]] is None:       # the agent writes every field of a step at once:
                     continue              # a row without sync_seconds is one being written
                 time_ns = v[i[0]]
-                table[time_ns] = Step(rank, node, int(time_ns), v[i[1]], float(v[i[2]] or 0.0),
+                table[time_ns] = Step(rank, node, int(time_ns), v[i[1]], float(v[i[2]]),
                                       v[i[3]], int(v[i[4]] or 0), int(v[i[5]] or 0))
 
     def _phases(self, ev: JobEvidence, job: str, span: str) -> None:
