@@ -30,7 +30,8 @@ MIN_RTO_S = 0.2           # Linux's minimum retransmission timeout (TCP_RTO_MIN)
 def bad_cells(snap: Snapshot) -> list[BadCell]:
     lossy = {id(c) for c in snap.lossy}
     delayed = {id(c) for c in snap.delayed}
-    return [BadCell(c, id(c) in lossy, id(c) in delayed) for c in snap.cells
+    timed = {id(c) for c in snap.timed}
+    return [BadCell(c, id(c) in lossy, id(c) in delayed, id(c) in timed) for c in snap.cells
             if id(c) in lossy or id(c) in delayed]
 
 
@@ -59,14 +60,20 @@ def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
 
 def _cause(located: Located) -> str:
     """Queueing before the drop is what tells an overflowing buffer from a bad link: the
-    lossy hops themselves must show the inflated RTT (half of them at least)."""
+    lossy hops themselves must show the inflated RTT (half of them at least). Only
+    hops whose delay was judged vote: a lossy hop to a peer outside the job (a
+    checkpoint written to storage through the same queue) has no RTT floor, so its
+    RTT proves neither a queue nor its absence. Where no lossy hop could be timed,
+    a queue seen on the place's other hops (their ACKs' path) decides."""
     lossy = [b for b in located.cells if b.lossy]
-    queued = [b for b in lossy if b.delayed]
-    if lossy and 2 * len(queued) >= len(lossy):
+    if not lossy:
+        return "straggler_network"
+    timed = [b for b in lossy if b.timed]
+    voters = timed or [b for b in located.cells if b.timed]
+    queued = [b for b in voters if b.delayed]
+    if voters and 2 * len(queued) >= len(voters):
         return "buffer_saturation"
-    if lossy:
-        return "lossy_link"
-    return "straggler_network"
+    return "lossy_link"
 
 
 def job_loss_ratio(snap: Snapshot) -> float:
@@ -194,7 +201,8 @@ def _evidence(snap: Snapshot, located: Located, lossy, delayed) -> list[Evidence
                             f"{snap.rtt_floor_us:.0f} us)", round(c.rtt_p50_us or 0), "us",
                             w.start_ns, w.end_ns, [c.key.node]))
     if lossy and not delayed:
-        rtts = [c.rtt_p50_us for c in lossy if c.rtt_p50_us is not None]
+        timed = {id(c) for c in snap.timed}
+        rtts = [c.rtt_p50_us for c in lossy if id(c) in timed]
         if rtts:
             out.append(Evidence("tcp_flow", "median RTT of the lossy hops: no queue before "
                                 "the drop", round(statistics.median(rtts)), "us",

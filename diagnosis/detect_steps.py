@@ -151,7 +151,10 @@ def input_stall(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
                              "peer": peer})], []
 
 
-def network_bound(snap: Snapshot, network_open: bool) -> list[Candidate]:
+def network_bound(snap: Snapshot, may_warn: bool) -> list[Candidate]:
+    """The job's duty cycle D when it exceeds thresholds.duty_cycle: info, a property
+    of the workload; a warning when D rose by thresholds.duty_rise against the job's
+    baseline and `may_warn` (the steps slowed, and no other finding explains it)."""
     t, b = snap.thresholds, snap.baseline
     if not snap.ranks or snap.step_s is None or snap.sync_s is None or snap.step_s <= 0 \
             or not snap.data_cells:         # the job is not moving data now: nothing to say
@@ -161,8 +164,8 @@ def network_bound(snap: Snapshot, network_open: bool) -> list[Candidate]:
         return []
     rose = b is not None and duty - b.duty >= t.duty_rise
     # a higher D alone may be compute getting faster; it is a warning when the steps
-    # slowed with it and no network finding explains why
-    severity = "warning" if rose and snap.slow and not network_open else "info"
+    # slowed with it and nothing else explains why
+    severity = "warning" if rose and snap.slow and may_warn else "info"
     lo, hi = _steps_span(snap)
     bytes_s = sum(c.bytes_acked for c in snap.data_cells) / max(
         1, snap.window.end_s - snap.window.start_s)

@@ -115,13 +115,13 @@ class JobEngine:
         window = self.ev.window(end_s - t.eval_seconds, end_s)
         cells = window.cells()
         self._learn_floors(cells)
-        data, lossy, delayed = classify_cells(cells, self._floor_of, t)
+        data, lossy, delayed, timed = classify_cells(cells, self._floor_of, t)
         ranks = recent_ranks(self.ev, 1 << 62, t.recent_steps)
         if self.baseline is None:
             self.baseline = self._find_baseline()
         snap = Snapshot(self.job, end_s * SECOND, window, cells, data, lossy, delayed,
                         self.rtt_floor_us, window.nodes(), ranks, self.baseline, self.ev, t,
-                        notes={"tor_of": self.tor_of})
+                        notes={"tor_of": self.tor_of}, timed=timed)
         if ranks:
             snap.step_s = statistics.median(r.seconds for r in ranks.values())
             snap.sync_s = statistics.median(r.sync for r in ranks.values())
@@ -216,10 +216,7 @@ class JobEngine:
                              for f in self.open.values())
         if busy:
             self.jitter.reset()
-        # a compute straggler's late entry lengthens the others' grad sync: a D that rose
-        # with it is the straggler's doing, which its own finding explains
-        out = net + strag + inp + ([] if busy else self.jitter.candidate(snap)) + \
-            detect_steps.network_bound(snap, network_open or bool(strag))
+        out = net + strag + inp + ([] if busy else self.jitter.candidate(snap))
         for node in set(self.ev.node_of_rank.values()):
             self.node_known_ns.setdefault(node, snap.now_ns)
         out += telemetry(snap, self.lost_seen, self.node_known_ns)
@@ -236,8 +233,14 @@ class JobEngine:
             self.slow_since_ns = 0
         elif not self.slow_since_ns:
             self.slow_since_ns = clock
-        if slow and clock - self.slow_since_ns >= UNEXPLAINED_AFTER_S * SECOND:
+        unexplained = bool(slow) and clock - self.slow_since_ns >= UNEXPLAINED_AFTER_S * SECOND
+        if unexplained:
             out += slow
+        # a D that rises as the steps slow is a warning only while nothing else explains
+        # the slowdown, held as long as an unexplained slowdown is: a compute straggler's
+        # late entry lengthens the others' grad sync before the straggler is named
+        out += detect_steps.network_bound(snap, may_warn=unexplained and not (
+            network_open or busy or strag))
         return out, ruled
 
     def _same_cause(self, c: Candidate) -> Candidate:

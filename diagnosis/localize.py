@@ -47,6 +47,7 @@ class BadCell:
     cell: CellTotals
     lossy: bool
     delayed: bool
+    timed: bool = True        # its delay was judged (a floor and RTT samples): see _cause
 
     @property
     def src(self) -> str:

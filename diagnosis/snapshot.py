@@ -70,6 +70,8 @@ class Snapshot:
     data_load_s: float | None = None
     steps_end_ns: int = 0       # end of the latest step the ranks' medians include
     notes: dict = field(default_factory=dict)
+    #: the cells whose delay could be judged (snapshot.classify_cells)
+    timed: list[CellTotals] = field(default_factory=list)
 
     @property
     def step_added_s(self) -> float:
@@ -162,18 +164,22 @@ def _phase_median(ev: JobEvidence, rank: str, steps: Iterable[Step], kind: str,
 
 
 def classify_cells(cells: list[CellTotals], floor_of, t: Thresholds):
-    """(data cells, lossy cells, delayed cells) of one window; floor_of(cell) is the
-    RTT floor the cell is judged against (None: not known yet)."""
+    """(data cells, lossy cells, delayed cells, timed cells) of one window;
+    floor_of(cell) is the RTT floor the cell is judged against (None: not known, or
+    a peer outside the job). Timed cells are those whose delay was judged: data
+    cells with RTT samples and a floor; only of them is "delayed or not" known."""
     data = [c for c in cells if c.bytes_acked >= t.cell_min_bytes]
     lossy = [c for c in cells if c.bytes_acked + c.retrans_bytes >= t.cell_min_bytes
              and c.retrans_segs >= t.loss_min_segs and c.loss_ratio >= t.loss_ratio]
-    delayed = []
+    delayed, timed = [], []
     for c in data:
         floor = floor_of(c)
-        if floor is not None and c.rtt_p50_us is not None and \
-                c.rtt_p50_us >= max(floor * t.rtt_inflation, floor + t.rtt_excess_us):
+        if floor is None or c.rtt_p50_us is None:
+            continue
+        timed.append(c)
+        if c.rtt_p50_us >= max(floor * t.rtt_inflation, floor + t.rtt_excess_us):
             delayed.append(c)
-    return data, lossy, delayed
+    return data, lossy, delayed, timed
 
 
 def median_or_none(values) -> float | None:

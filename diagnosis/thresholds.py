@@ -108,8 +108,11 @@ class Thresholds:
         "D = grad-sync time / step time above this: communication dominates the step "
         "(the seed model's network-bound criterion)", "fraction"))
     duty_rise: float = field(default=0.15, metadata=why(
-        "D this much above the job's own baseline D, while the steps are slow (slowdown) "
-        "and no network finding explains it, turns network_bound into a warning", "fraction"))
+        "D this much above the job's own baseline D, while the steps have been slow "
+        "(slowdown) and unexplained as long as an unexplained slowdown must be, with no "
+        "network, straggler or input finding, turns network_bound into a warning: a "
+        "straggler's late entry raises the others' D before the straggler is named",
+        "fraction"))
     # -- telemetry ------------------------------------------------------------------------
     silent_seconds: float = field(default=15.0, metadata=why(
         "a node of a running job without a window for this long, while the job's other "

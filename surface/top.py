@@ -9,13 +9,15 @@ every rank (step time, gradient sync share, segments resent), the collectives
 cause, place, impact, the summary cut to the width). `q` quits; a resize redraws
 at the new size; a terminal too small for the tables says so until it grows.
 `--once` prints one frame as plain text. A store that stops answering shows as
-a line at the top while the last frame stays.
+a line at the top while the last frame stays. The store is read on a thread of
+its own, so a key is answered within 0.1 s however long a query takes.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -274,25 +276,62 @@ def _loop(screen, store, args) -> int:
     except curses.error:
         pass
     screen.timeout(100)                 # a key is read within 0.1 s
-    data, due = None, 0.0
-    while True:
-        if time.monotonic() >= due:
-            data, due = _refresh(store, args.job, data), time.monotonic() + args.interval
-        height, width = screen.getmaxyx()
-        screen.erase()
-        for y, line in enumerate(frame(data, width, height)):
-            try:
-                screen.addnstr(y, 0, line.text, width - 1, styles.get(line.style, 0))
-            except curses.error:        # the terminal shrank under us: the next frame fits
-                break
-        screen.refresh()
-        key = screen.getch()
-        if key in (ord("q"), ord("Q")):
-            return 0
-        if key == curses.KEY_RESIZE:
-            # a frame drawn at the old size may have scrolled the terminal: repaint it all
-            curses.update_lines_cols()
-            screen.clear()
+    reader = Reader(store, args.job, args.interval)
+    reader.start()
+    try:
+        while True:
+            if reader.failure is not None:
+                raise reader.failure
+            _draw(screen, reader.data, styles, curses)
+            key = screen.getch()
+            if key in (ord("q"), ord("Q")):
+                return 0
+            if key == curses.KEY_RESIZE:
+                # a frame drawn at the old size may have scrolled the terminal: repaint it all
+                curses.update_lines_cols()
+                screen.clear()
+    finally:
+        reader.stop()
+
+
+def _draw(screen, data: TopData | None, styles: dict[str, int], curses) -> None:
+    height, width = screen.getmaxyx()
+    screen.erase()
+    for y, line in enumerate(frame(data, width, height)):
+        try:
+            screen.addnstr(y, 0, line.text, width - 1, styles.get(line.style, 0))
+        except curses.error:            # the terminal shrank under us: the next frame fits
+            break
+    screen.refresh()
+
+
+class Reader:
+    """Reads the store every `interval` seconds on a daemon thread; `data` is the
+    latest frame's data (None before the first read). A store error is shown on the
+    frame (_refresh); anything else ends the thread as `failure`, which the screen's
+    loop raises. Quitting never waits for a query in flight: the thread is a daemon
+    and `stop` only asks it to end."""
+
+    def __init__(self, store, job: str | None, interval: float):
+        self.store, self.job, self.interval = store, job, interval
+        self.data: TopData | None = None
+        self.failure: BaseException | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="top-reader", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self.data = _refresh(self.store, self.job, self.data)
+                self._stopping.wait(self.interval)
+        except Exception as exc:        # noqa: BLE001 - handed to the screen's thread
+            self.failure = exc
 
 
 def _refresh(store, job: str | None, last: TopData | None) -> TopData:

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from diagnosis.engine import AMBIGUOUS_EVALS, JobEngine
-from diagnosis.evidence import SECOND, JobEvidence
+from diagnosis.evidence import SECOND, CellKey, JobEvidence
 from diagnosis.finding import Finding, severity_rank
 from diagnosis.replay import replay, slice_until
 from diagnosis.thresholds import DEFAULT
@@ -103,6 +103,31 @@ def test_rtt_inflated_lossy_cells_are_a_saturated_buffer_at_the_tor_uplink():
     assert {a.knob for a in f.advice} >= {"ECN marking at tor0's uplinks", "DDP bucket_cap_mb"}
 
 
+def with_storage_writes(spec: SynthJob, writers: tuple[int, ...], hop: HopPlan) -> JobEvidence:
+    """The job's evidence plus, from FAULT on, each writer's flow to the storage (a
+    peer outside the job: its checkpoint writes) carrying `hop`."""
+    ev = build(spec)
+    for k in writers:
+        key = CellKey(spec.node(k), spec.addr(k), STORAGE, str(k))
+        ev.cells[key] = {spec.t0_s + s: cell_second(hop) for s in range(FAULT, spec.seconds)}
+    return ev
+
+
+@pytest.mark.parametrize("hop, writers, cause, where", [
+    # tor0's uplink overflows and also drops the checkpoints node0 and node1 write
+    # through it: their RTT has no floor, so they cannot say "no queue"
+    (uplink_queue, (0, 1), "buffer_saturation", "tor0 uplink"),
+    # node1's port drops at random, its checkpoints too, and the store answers late
+    (lossy_port(1), (1,), "lossy_link", "node1")])
+def test_lossy_hops_to_a_peer_outside_the_job_do_not_vote_on_the_queue(hop, writers, cause,
+                                                                      where):
+    spec = SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop)
+    ev = with_storage_writes(spec, writers, HopPlan(loss=0.02, rtt_us=6000.0))
+    engine = JobEngine(spec.job, tor_of=TWO_TORS)
+    findings = replay(engine, ev, spec.t0_s, spec.end_s + 5)
+    assert [(f.cause, f.where) for f in serious(findings)] == [(cause, where)]
+
+
 def test_a_place_keeps_its_cause_when_its_queue_dips():
     def hop(s, src, dst):           # the queue drains for 10 s while the drops go on
         h = uplink_queue(s, src, dst)
@@ -163,6 +188,18 @@ def test_a_rank_computing_five_times_the_others_is_a_compute_straggler():
     assert f.advice[0].knob == "host of rank 2"
     # the others' long grad sync is the straggler's doing, not the fabric's
     assert all(g.severity == "info" for g in findings if g.cause == "network_bound")
+
+
+def test_a_duty_cycle_that_rises_as_the_steps_slow_unexplained_is_a_warning_after_a_hold():
+    def step(i, t):         # every rank's grad sync grows alike, without loss or queueing
+        return StepPlan(sync=0.6) if t < FAULT else StepPlan(seconds=1.7, sync=1.3)
+    engine, findings = run(SynthJob(seconds=60, step=step))
+    bound = [f for f in findings if f.cause == "network_bound"]
+    assert bound and max(severity_rank(f.severity) for f in bound) == 1, bound
+    warned = [f for f in findings if f.cause == "network_bound" and f.severity == "warning"]
+    assert warned and "up from D = 0.60" in warned[0].summary
+    # no other cause was named for it
+    assert {f.cause for f in serious(findings)} <= {"network_bound", "unexplained_slowdown"}
 
 
 def test_one_slow_step_is_no_straggler():

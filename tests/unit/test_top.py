@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -14,8 +15,8 @@ from diagnosis.evidence import SECOND
 from diagnosis.finding import Finding
 from diagnosis.store import Store
 from fabricscope.services import InfluxServer
-from surface.top import (MIN_HEIGHT, MIN_WIDTH, Collective, Link, RankStep, TopData, frame,
-                         read)
+from surface.top import (MIN_HEIGHT, MIN_WIDTH, Collective, Link, RankStep, Reader, TopData,
+                         frame, read)
 from tests.unit.test_diagnosis_evidence import T0, build, to_records
 from tests.unit.test_report_cli import (JOB, LOSSY, NOWHERE, ROOT, fabric_records,
                                         one_line_error)
@@ -128,3 +129,38 @@ def test_top_with_the_store_unreachable_or_a_bad_interval_is_one_line():
                               capture_output=True, text=True, timeout=120)
     assert "unreachable" in one_line_error(top(*NOWHERE, "--once"))
     assert "--interval 0.0 is not positive" in one_line_error(top(*NOWHERE, "--interval", "0"))
+
+
+class BlockingStore:
+    """A store whose every query waits until released, as a slow store does."""
+
+    def __init__(self, fail: Exception | None = None):
+        self.entered, self.release, self.fail = threading.Event(), threading.Event(), fail
+
+    def query(self, *_args, **_kwargs):
+        self.entered.set()
+        self.release.wait()
+        if self.fail:
+            raise self.fail
+        return []
+
+
+def test_a_query_in_flight_neither_blocks_the_screen_nor_quitting():
+    slow = BlockingStore()
+    reader = Reader(slow, "job-a", 0.1)
+    reader.start()
+    assert slow.entered.wait(30)
+    assert reader.data is None            # the screen draws "reading the store..." meanwhile
+    reader.stop()                         # returns at once: q needs no answer from the store
+    slow.release.set()
+    reader._thread.join(30)
+    assert not reader._thread.is_alive() and reader.failure is None
+
+
+def test_a_reader_that_breaks_hands_its_error_to_the_screen():
+    broken = BlockingStore(fail=RuntimeError("decoder bug"))
+    broken.release.set()
+    reader = Reader(broken, None, 0.1)
+    reader.start()
+    reader._thread.join(30)
+    assert isinstance(reader.failure, RuntimeError)

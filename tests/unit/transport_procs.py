@@ -141,7 +141,9 @@ def synthetic_counts(influx, db: str = "fs") -> dict[str, tuple[int, int]]:
         if "database not found" in str(exc):
             return {}
         raise
-    return {r["_tags"]["node"]: (r["count"], r["sum"]) for r in rows}
+    # a series whose points are still being written can come back with null
+    # aggregates: nothing of it counted yet
+    return {r["_tags"]["node"]: (int(r["count"] or 0), int(r["sum"] or 0)) for r in rows}
 
 
 def complete(count: int) -> tuple[int, int]:
