@@ -209,26 +209,42 @@ def run_scenario(bench: Bench, scenario: Scenario, log=lambda msg: None) -> Outc
     if sc.cleared and out.clear_ns:
         out.compare = _compare(bench.store, job, out.onset_ns, out.clear_ns, end_ns)
     if sc.name == "healthy":
-        halves = _halves(bench.store, job, start_ns, end_ns)
-        if halves:
-            out.compare = _compare(bench.store, job, *halves)
+        first = _after_startup(bench.store, job, start_ns, end_ns)
+        if first:
+            out.compare = _null_compare(bench.store, job, first, end_ns)
     return out
 
 
-def _halves(store, job: str, start_ns: int, end_ns: int) -> tuple[int, int, int] | None:
-    """The job's steps after its first two (start-up), split in two halves by step
-    count, not by wall time: how long the start (imports, rendezvous) takes depends on
-    the machine's load, and a split by the clock could leave one half almost empty."""
+def _after_startup(store, job: str, start_ns: int, end_ns: int) -> int | None:
+    """When the job's third step began: its first two (imports, rendezvous, DDP's
+    buckets) are start-up (thresholds.warmup_steps)."""
     from diagnosis.store import quote
     rows = store.query(f"SELECT seconds FROM gloo_step WHERE job = {quote(job)} AND "
                        f"time >= {start_ns} AND time <= {end_ns} GROUP BY rank")
     by_rank: dict[str, list[int]] = {}
     for r in rows:
         by_rank.setdefault(r["_tags"].get("rank", ""), []).append(int(r["time"]))
-    times = sorted(min(by_rank.values(), key=len)[2:]) if by_rank else []
-    if len(times) < 4:
-        return None
-    return times[0], times[len(times) // 2], times[-1] + 1
+    times = sorted(min(by_rank.values(), key=len)) if by_rank else []
+    return times[2] if len(times) > 6 else None
+
+
+def _null_compare(store, job: str, start_ns: int, end_ns: int) -> dict:
+    """`compare` of a healthy job against itself: each metric's samples of the job
+    after its start-up, dealt in alternating blocks of consecutive samples (the
+    bootstrap's block length, n^(1/3)) into two windows. Both windows then span the
+    whole run, so the shared machine's own changes of pace (another process's
+    burst, influxd compacting), which move a healthy run's consecutive halves by up
+    to 28 %, fall on both alike: what is left to see is what compare itself would
+    invent from samples of one regime."""
+    from diagnosis import compare as cmp
+    from diagnosis.timespan import Span
+    dealt = {}
+    for m in cmp.METRICS:
+        xs = cmp.values(store, job, m.name, Span(start_ns, end_ns))
+        k = max(1, round(len(xs) ** (1 / 3)))
+        dealt[m.name] = ([x for i, x in enumerate(xs) if (i // k) % 2 == 0],
+                         [x for i, x in enumerate(xs) if (i // k) % 2 == 1])
+    return _results(cmp.compare_samples(dealt))
 
 
 def _dump(bench: Bench, out: Outcome, start_ns: int, folder: str) -> None:
@@ -254,7 +270,10 @@ def _annotate(bench: Bench, job: str, at_ns: int, text: str) -> None:
 def _compare(store, job: str, a: int, b: int, c: int) -> dict:
     from diagnosis import compare as cmp
     from diagnosis.timespan import Span
-    results = cmp.compare_samples(cmp.samples(store, job, Span(a, b), Span(b, c)))
+    return _results(cmp.compare_samples(cmp.samples(store, job, Span(a, b), Span(b, c))))
+
+
+def _results(results) -> dict:
     return {r.metric: {"verdict": r.verdict, "p_holm": r.p_holm, "change_pct": r.change_pct,
                        "drift": [r.drift_before, r.drift_after]} for r in results}
 
