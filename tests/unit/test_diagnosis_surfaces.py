@@ -190,3 +190,12 @@ def test_forgetting_a_job_removes_its_series():
     metrics.forget_job("job-1")
     assert set(active(registry)) == {other.id}
     assert registry.get_sample_value("fabricscope_job_step_seconds", {"job": "job-1"}) is None
+
+
+def test_compare_text_keeps_its_columns_apart_for_a_huge_change():
+    from diagnosis.compare import Result
+    from diagnosis.present import compare_text
+    r = Result("retransmit_ratio", "fraction", 5, 13, 6.343e-05, 0.01065, 16685.5,
+               [0.00986, 0.0125], 0.003, 0.01818, 4.06e-05, 0.00172, "worse")
+    line = compare_text("j", "a", "b", [r]).splitlines()[4]
+    assert line.split()[:4] == ["retransmit_ratio", "6.343e-05", "0.01065", "+16685.5%"]
