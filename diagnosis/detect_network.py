@@ -201,7 +201,8 @@ def _evidence(snap: Snapshot, located: Located, lossy, delayed) -> list[Evidence
                             f"{snap.rtt_floor_us:.0f} us)", round(c.rtt_p50_us or 0), "us",
                             w.start_ns, w.end_ns, [c.key.node]))
     if lossy and not delayed:
-        rtts = [b.cell.rtt_p50_us for b in located.cells if b.lossy and b.timed]
+        timed = {id(c) for c in snap.timed}
+        rtts = [c.rtt_p50_us for c in lossy if id(c) in timed]
         if rtts:
             out.append(Evidence("tcp_flow", "median RTT of the lossy hops: no queue before "
                                 "the drop", round(statistics.median(rtts)), "us",

@@ -237,11 +237,10 @@ class JobEngine:
         if unexplained:
             out += slow
         # a D that rises as the steps slow is a warning only while nothing else explains
-        # the slowdown (`busy` holds this evaluation's stragglers and input stalls too),
-        # held as long as an unexplained slowdown is: a compute straggler's late entry
-        # lengthens the others' grad sync before the straggler is named
+        # the slowdown, held as long as an unexplained slowdown is: a compute straggler's
+        # late entry lengthens the others' grad sync before the straggler is named
         out += detect_steps.network_bound(snap, may_warn=unexplained and not (
-            network_open or busy))
+            network_open or busy or strag))
         return out, ruled
 
     def _same_cause(self, c: Candidate) -> Candidate:
