@@ -69,6 +69,7 @@ DETECT_GOAL_S = 5.0
 KEPT_UP_S = 1.0        # sender lateness and ack p99 below this: the round kept up
 TICK = "fabricscope_diagnosis_tick_seconds"
 ERRORS = "fabricscope_diagnosis_errors_total"
+ENGINE_CPU = "fabricscope_diagnosis_cpu_seconds_total"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -90,6 +91,7 @@ class Sample:
     tick_sum_s: float
     ticks: float
     errors: float = 0.0           # engine ticks that failed (store or engine), so far
+    engine_cpu_s: float = 0.0     # the engine's own thread CPU (its ticks), so far
 
 
 @dataclass
@@ -245,7 +247,8 @@ class _Sides:
                                   cpu_seconds(influx.pid), time.process_time(),
                                   metric_value(text, f"{TICK}_sum"),
                                   metric_value(text, f"{TICK}_count"),
-                                  metric_value(text, ERRORS))
+                                  metric_value(text, ERRORS),
+                                  metric_value(text, ENGINE_CPU) if diagnosis else 0.0)
 
                 fleet.onset_s = first_s + WARM_S + ONSET_AFTER_S
                 stream = _Stream(fleet, proc.urls["grpc"], first_s, sample)
@@ -268,6 +271,7 @@ class _Sides:
             "influxd CPU-us/node-s, engine on": on.per_node_s("influx_cpu_s"),
             "influxd ratio on/off": on.per_node_s("influx_cpu_s") /
             off.per_node_s("influx_cpu_s"),
+            "engine thread CPU-us/node-s": on.per_node_s("engine_cpu_s"),
             "engine tick s (mean)": on.tick_s,
             "engine ticks per s": on.ticks_per_s,
             "onset -> first_seen s": float("nan") if on.first_seen_s is None

@@ -6,14 +6,16 @@
 real time, which this 2-core machine manages only up to a few hundred nodes. This
 measures the tick alone at any size: a fresh influxd gets a job of NODES ranks as
 bench/fleet.py streams it (the steps and phases of the engine's 120 s horizon, then
-LIVE_S seconds of everything, ending now, one node lossy for the last 8), and a
-LiveDiagnosis (diagnosis/live.py, one replica) takes the job over and ticks TICKS
-times at the same clock. Each such tick reads what a tick of a running job reads
-(cells and nodes from the last window's start, steps and phases of the last
-READ_BACK_S) and evaluates the job. Per tick it prints the CPU of this process
-(the part in StoreSource.read: queries, JSON, tables; the rest: evaluation,
-merging, writes; and how much of it was the garbage collector), the rows read,
-and influxd's CPU (utime + stime from /proc) for the queries.
+LIVE_S seconds of everything, one node lossy for the last 8), and a LiveDiagnosis
+(diagnosis/live.py, one replica) takes the job over and ticks TICKS times, a
+second apart on its clock. Before each tick the store gets the second that a
+running job's agents would have shipped by then, so each tick reads what a tick of
+a running job reads (cells and nodes from the last window's start, steps and
+phases of the last READ_BACK_S) and evaluates the job. Per tick it prints the CPU
+of this process in the tick (the part in StoreSource.read: queries, JSON, tables;
+the rest: evaluation, merging, writes; and how much of it was the garbage
+collector), the rows read, and influxd's CPU (utime + stime from /proc) for the
+queries.
 """
 
 from __future__ import annotations
@@ -93,19 +95,27 @@ def measure(nodes: int, ticks: int, log=print) -> list[TickCost]:
     from prometheus_client import CollectorRegistry
 
     with InfluxServer() as influx:
-        now = int(time.time())
-        first = now - LIVE_S
-        fleet = Fleet(nodes, lossy=nodes // 3, onset_s=now - 8, start_s=first - 121)
+        end = int(time.time())
+        first, live_from = end - LIVE_S, end - ticks
+        fleet = Fleet(nodes, lossy=nodes // 3, onset_s=end - 8, start_s=first - 121)
         influx.query('CREATE DATABASE "fabricscope"')
         write_history(influx, "fabricscope", fleet, first)
-        write_lines(influx, "fabricscope", [x for s in range(first, now) for i in range(nodes)
-                                            for x in fleet.lines(i, s)])
+
+        def ship(seconds: range) -> None:
+            write_lines(influx, "fabricscope", [x for s in seconds for i in range(nodes)
+                                                for x in fleet.lines(i, s)])
+        ship(range(first, live_from))
+        clock = [live_from * SECOND + 300_000_000]
         live = LiveDiagnosis(Store(influx.url), DiagnosisMetrics(CollectorRegistry()), "bench",
-                             clock=lambda: (now + 1) * SECOND + 300_000_000)
+                             clock=lambda: clock[0])
         meter = _Meter()
         meter.wrap(live)
         out = []
         for k in range(ticks + 1):
+            # the tick at second S + 0.3 s finds the seconds before S in the store
+            clock[0] = (live_from + k) * SECOND + 300_000_000
+            if k:
+                ship(range(live_from + k - 1, live_from + k))
             meter.reset()
             cpu, influx_cpu = time.process_time(), cpu_seconds(influx.pid)
             found = live.tick()

@@ -90,7 +90,9 @@ class JobEngine:
 
     # -- input -------------------------------------------------------------------------
     def feed(self, evidence: JobEvidence) -> None:
-        self.ev.merge(evidence)
+        """Take what was read (evidence read into the engine's own is taken already)."""
+        if evidence is not self.ev:
+            self.ev.merge(evidence)
         latest = self.ev.latest_second()
         if latest is not None and latest - self.pruned_s >= PRUNE_EVERY_S:
             self.pruned_s = latest
@@ -114,8 +116,10 @@ class JobEngine:
         t = self.thresholds
         window = self.ev.window(end_s - t.eval_seconds, end_s)
         cells = window.cells()
-        self._learn_floors(cells)
-        data, lossy, delayed, timed = classify_cells(cells, self._floor_of, t)
+        job_nodes = set(self.ev.node_of_rank.values())
+        self._learn_floors(cells, job_nodes)
+        data, lossy, delayed, timed = classify_cells(
+            cells, lambda cell: self._floor_of(cell, job_nodes), t)
         ranks = recent_ranks(self.ev, 1 << 62, t.recent_steps)
         if self.baseline is None:
             self.baseline = self._find_baseline()
@@ -130,20 +134,17 @@ class JobEngine:
             snap.steps_end_ns = max(r.steps[-1].end_ns for r in ranks.values())
         return snap
 
-    def _floor_of(self, cell: CellTotals) -> float | None:
+    def _floor_of(self, cell: CellTotals, job_nodes: set[str]) -> float | None:
         """The RTT floor a cell's delay is judged against: the job's, for hops between
         its nodes. A hop to a peer outside the job (storage, the collector) has no
         floor: its RTT carries the server's own pace (a store busy writing a
         checkpoint acknowledges late), which is no queue in the fabric; its loss
         still counts, and a slow store is the input detector's."""
-        if cell.peer_node is not None and cell.peer_node in self.ev.node_of_rank.values():
-            return self.rtt_floor_us
-        return None
+        return self.rtt_floor_us if cell.peer_node in job_nodes else None
 
-    def _learn_floors(self, cells: list[CellTotals]) -> None:
+    def _learn_floors(self, cells: list[CellTotals], job_nodes: set[str]) -> None:
         """The lowest median RTT a data hop between the job's nodes showed."""
         t = self.thresholds
-        job_nodes = set(self.ev.node_of_rank.values())
         for c in cells:
             if c.bytes_acked >= t.cell_min_bytes and c.rtt_p50_us is not None \
                     and c.peer_node in job_nodes:

@@ -2,7 +2,7 @@
 and its ranks' steps and phases, as read from the store (diagnosis/source.py).
 
 The agents' records are already aggregated in the kernel and per window; the
-engine reads them back per second (InfluxQL GROUP BY time(1s)) and keeps a
+engine reads them back and sums them per second (diagnosis/source.py) and keeps a
 sliding horizon in memory. Seconds are UNIX seconds (int); a record's second is
 that of its window start. Evaluation windows sum seconds (`Window`), so the
 live engine and `diagnose --recompute` aggregate with the same code.
@@ -17,10 +17,11 @@ from typing import NamedTuple
 SECOND = 1_000_000_000
 
 
-# The per-second rows and the steps and phases are NamedTuples, not dataclasses: an
-# engine holds a few hundred thousand of them per thousand nodes, and the garbage
-# collector stops tracking tuples of plain values, where it walked every dataclass
-# instance in each full collection (half a tick's CPU at a thousand nodes).
+# The per-second rows and the steps and phases are NamedTuples: an engine holds about
+# a million of them per thousand nodes (steps and phases of its horizon), and a tuple
+# is built, compared and stored without the instance dict of a dataclass. The
+# garbage collector still tracks them (it untracks exact tuples only), so a full
+# collection walks them all: ~0.3 s at a thousand nodes, once every few dozen ticks.
 class CellSecond(NamedTuple):
     """One node's flows to one peer address in one second (tcp_flow, summed)."""
 
@@ -139,14 +140,20 @@ class JobEvidence:
                 table = mine.setdefault(rank, {})
                 added = [k for k in rows if k not in table]
                 _update(table, rows)
-                for order in self._order.get((name, rank), {}).values():
-                    order.add(added)
+                self.keys_added(name, rank, added)
         self.node_of_rank.update(other.node_of_rank)
         self.addr_node.update(other.addr_node)
         for node, ns in other.last_seen_ns.items():
             self.last_seen_ns[node] = max(ns, self.last_seen_ns.get(node, 0))
         for node, n in other.lost_records.items():
             self.lost_records[node] = max(n, self.lost_records.get(node, 0))
+
+    def keys_added(self, table_name: str, rank: str, keys: list) -> None:
+        """Keys just added to a rank's steps or phases (by merge, or by a read into
+        this evidence): the kept orders take them in."""
+        if keys:
+            for order in self._order.get((table_name, rank), {}).values():
+                order.add(keys)
 
     def prune(self, before_s: int, steps_before_ns: int) -> None:
         """Forget seconds before `before_s` and steps before `steps_before_ns` (the
@@ -214,6 +221,9 @@ class _Order:
 
 def weighted_median(pairs: list[tuple[float, int]]) -> float | None:
     """The value below which half the weight lies ((value, weight) pairs)."""
+    if len(pairs) == 1:         # most windows' cells: one sampled second, or one flow
+        value, weight = pairs[0]
+        return float(value) if weight > 0 else None
     pairs = sorted(p for p in pairs if p[1] > 0)
     total = sum(w for _, w in pairs)
     acc = 0
@@ -285,26 +295,24 @@ class Window:
 
     def cells(self) -> list[CellTotals]:
         out = []
+        seconds, addr_node = range(self.start_s, self.end_s), self.ev.addr_node
         for key, table in self.ev.cells.items():
-            secs = [table[s] for s in range(self.start_s, self.end_s) if s in table]
+            secs = [table[s] for s in seconds if s in table]
             if not secs:
                 continue
-            c = CellTotals(key, self.ev.addr_node.get(key.peer), seconds=len(secs))
-            for s in secs:
-                c.bytes_acked += s.bytes_acked
-                c.bytes_received += s.bytes_received
-                c.retrans_segs += s.retrans_segs
-                c.retrans_bytes += s.retrans_bytes
-                c.timeouts += s.timeouts
-                c.rtt_samples += s.rtt_samples
+            acked, received, retrans, retrans_bytes, timeouts, _p50, _p90, samples = \
+                zip(*secs)
             # weighted by samples: a second of a few RTT samples (a quiet moment, a
             # checkpoint's pause) must not outvote seconds of thousands
             sampled = [s for s in secs if s.rtt_p50_us is not None and s.bytes_acked
                        and s.rtt_samples]
-            c.rtt_p50_us = weighted_median([(s.rtt_p50_us, s.rtt_samples) for s in sampled])
-            c.rtt_p90_us = weighted_median([(s.rtt_p90_us, s.rtt_samples) for s in sampled
-                                            if s.rtt_p90_us is not None])
-            out.append(c)
+            out.append(CellTotals(
+                key, addr_node.get(key.peer), sum(acked), sum(received), sum(retrans),
+                sum(retrans_bytes), sum(timeouts),
+                weighted_median([(s.rtt_p50_us, s.rtt_samples) for s in sampled]),
+                weighted_median([(s.rtt_p90_us, s.rtt_samples) for s in sampled
+                                 if s.rtt_p90_us is not None]),
+                sum(samples), len(secs)))
         return out
 
     def nodes(self) -> dict[str, NodeTotals]:

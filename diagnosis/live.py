@@ -118,6 +118,13 @@ class LiveDiagnosis:
 
     # -- one tick ----------------------------------------------------------------------
     def tick(self) -> list[Finding]:
+        cpu = time.thread_time()
+        try:
+            return self._tick()
+        finally:
+            self.metrics.cpu_seconds.inc(time.thread_time() - cpu)
+
+    def _tick(self) -> list[Finding]:
         now = self.clock()
         with self.metrics.tick_seconds.time(), _collection_paused():
             replicas = self._heartbeat(now)
@@ -138,7 +145,7 @@ class LiveDiagnosis:
                 ev = self.source.read(members, max(back, _still_evaluated_ns(engine)),
                                       now + SECOND,
                                       steps_from_ns=back - self._step_lag_ns(engine),
-                                      heartbeats=late_s > LATE_S)
+                                      heartbeats=late_s > LATE_S, into=engine.ev)
                 self.read_until[job] = now
                 engine.feed(ev)
                 found = engine.evaluate(now)

@@ -119,13 +119,13 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
     a fault's hops show does not move the finding to a neighbour."""
     remaining = list(bad)
     found: list[Located] = []
+    clean_paths = [(c, path(c.key.node, c.peer_node, tor_of, c.key.peer)) for c in clean]
     while remaining and len(found) < max_places:
         scored = []
         for place in candidates(remaining, tor_of):
             els = elements(place)
             mine = [b for b in remaining if implicated(b, tor_of) & els]
-            against = [c for c in clean
-                       if path(c.key.node, c.peer_node, tor_of, c.key.peer) & els]
+            against = [c for c, elements_on_path in clean_paths if elements_on_path & els]
             sides = sum(_plausible_side(place, b, tor_of) for b in mine)
             scored.append(((len(mine), -len(against), place in prefer, sides,
                             place.kind == "node"), place, mine, against))

@@ -49,6 +49,9 @@ class DiagnosisMetrics:
         self.tick_seconds = Histogram("fabricscope_diagnosis_tick_seconds", "time of one "
                                       "engine tick (reads, evaluations, writes)", registry=r,
                                       buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+        self.cpu_seconds = Counter("fabricscope_diagnosis_cpu_seconds", "CPU time of the "
+                                   "engine's ticks (their thread's, so the ingest beside "
+                                   "them is not counted)", registry=r)
         self.errors = Counter("fabricscope_diagnosis_errors", "engine ticks that failed, by "
                               "kind (store: InfluxDB unreachable or refusing)", ["kind"],
                               registry=r)

@@ -3,7 +3,7 @@
 From the job's evidence (diagnosis/evidence.py) at one moment: the network cells
 of the last `eval_seconds` with their verdicts (lossy, delayed), the nodes'
 totals, each rank's recent steps (medians of its last `recent_steps`), the
-job's medians across ranks, and the job's own baseline (diagnosis/baseline.py).
+job's medians across ranks, and the job's own baseline (found by the engine).
 Detectors read a Snapshot and return candidates; none reads the store.
 """
 
@@ -26,8 +26,7 @@ class RankRecent:
     seconds: float
     sync: float
     compute: float
-    data_load: float | None     # seconds of data loading per step (median; None: unknown)
-    checkpoint: float | None
+    data_load: float | None     # seconds of data loading per step (None: unknown)
 
     @property
     def duty(self) -> float:
@@ -108,27 +107,30 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
     """Each rank's last `count` complete steps ending before until_ns, as medians.
 
     Phases arrive later than steps (a transfer is reported when its flow's next one
-    starts), so data loading and checkpoints are the medians of the last `count`
-    steps that ended before the rank's latest phase began: steps whose phases are
-    all in (None while there are none)."""
+    starts), so data loading is read from the steps that ended before the rank's
+    latest phase began: steps whose phases are all in."""
     out = {}
     for rank, table in ev.steps.items():
         times = ev.step_times(rank)
         done = list(itertools.islice(_latest_first(table, times, until_ns), count))[::-1]
         if len(done) < count:
             continue
-        settled_ns = min(until_ns, ev.latest_phase_ns(rank))
-
-        def settled():
-            return _latest_first(table, times, settled_ns)
+        settled = _latest_first(table, times, min(until_ns, ev.latest_phase_ns(rank)))
         out[rank] = RankRecent(
             rank, done[-1].node, done,
-            statistics.median(s.seconds for s in done),
-            statistics.median(s.sync_seconds for s in done),
-            statistics.median(max(0.0, s.seconds - s.sync_seconds) for s in done),
-            _phase_median(ev, rank, settled(), "data_load", PHASE_STEPS),
-            _phase_median(ev, rank, settled(), "checkpoint", PHASE_STEPS))
+            _median([s.seconds for s in done]),
+            _median([s.sync_seconds for s in done]),
+            _median([max(0.0, s.seconds - s.sync_seconds) for s in done]),
+            _data_load(ev, rank, itertools.islice(settled, PHASE_LOOKBACK_STEPS)))
     return out
+
+
+def _median(values: list[float]) -> float:
+    """statistics.median of a few values, without its generality (a call per rank and
+    number per evaluation)."""
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def _latest_first(table: dict, times: list[int], until_ns: int) -> Iterator[Step]:
@@ -140,25 +142,29 @@ def _latest_first(table: dict, times: list[int], until_ns: int) -> Iterator[Step
             yield s
 
 
-#: steps with a phase that say how long the rank's reads take now: phases come a step
+#: steps with a read that say how long the rank's reads take now: phases come a step
 #: late (a transfer is reported when its flow's next one starts), so two, and the
 #: shorter of the two, so that one read slowed by a descheduled reader is no trend
 PHASE_STEPS = 2
+#: how many of the latest settled steps are searched for them: a job that reads no
+#: data over the network (data in memory, on local disk) has no data_load phase in
+#: any step, and its evaluations must not walk every step kept; reads that none of
+#: the last 16 steps showed say nothing about how long reads take now
+PHASE_LOOKBACK_STEPS = 16
 
 
-def _phase_median(ev: JobEvidence, rank: str, steps: Iterable[Step], kind: str,
-                  count: int) -> float | None:
-    """The shortest `kind` time of the first `count` of these steps (the latest first)
-    that had one: the agent reports a read's pieces only from one that is large enough
-    or follows another closely, so a slow store's read may go unreported in some steps;
-    a step without one says nothing about how long its read took (None when none has
-    one)."""
+def _data_load(ev: JobEvidence, rank: str, steps: Iterable[Step]) -> float | None:
+    """The shortest data_load time of the first PHASE_STEPS of these steps (the latest
+    first) that had one: the agent reports a read's pieces only from one that is large
+    enough or follows another closely, so a slow store's read may go unreported in
+    some steps; a step without one says nothing about how long its read took (None
+    when none has one)."""
     spans = []
     for step in steps:
-        seconds = phase_seconds(ev, rank, step, kind)
+        seconds = phase_seconds(ev, rank, step, "data_load")
         if seconds > 0:
             spans.append(seconds)
-            if len(spans) == count:
+            if len(spans) == PHASE_STEPS:
                 return min(spans)
     return None
 

@@ -14,7 +14,9 @@ from.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from operator import itemgetter
 
 from diagnosis.evidence import (SECOND, CellKey, CellSecond, JobEvidence, NodeSecond, Phase,
                                 Step)
@@ -54,12 +56,19 @@ class StoreSource:
 
     def read(self, members: Members, t0_ns: int, t1_ns: int,
              steps_from_ns: int | None = None, heartbeat_from_ns: int | None = None,
-             heartbeats: bool = True) -> JobEvidence:
+             heartbeats: bool = True, into: JobEvidence | None = None) -> JobEvidence:
         """The job's evidence of [t0, t1) (steps and phases from steps_from_ns). Each
         node's latest window is looked up from heartbeat_from_ns (default: two minutes
         back) unless `heartbeats` is False: then the windows read say it (a live tick
-        that knows the older ones)."""
-        ev = JobEvidence(members.job, node_of_rank=dict(members.node_of_rank))
+        that knows the older ones).
+
+        `into`: evidence to read into, as JobEvidence.merge would take a fresh read
+        (what is read again replaces what was there where it differs, and only
+        there): a live tick rereads mostly rows it holds, and leaving those be spares
+        building each of them again. A read that fails part-way leaves in `into` the
+        rows it had read, which are true; the next read fills in the rest."""
+        ev = into if into is not None else JobEvidence(members.job)
+        ev.node_of_rank.update(members.node_of_rank)
         if not members.nodes:
             return ev
         span = _span(t0_ns, t1_ns)
@@ -67,107 +76,121 @@ class StoreSource:
         self._cells(ev, members.job, span)
         self._nodes(ev, nodes, span)
         steps_span = _span(steps_from_ns if steps_from_ns is not None else t0_ns, t1_ns)
-        self._steps(ev, members.job, steps_span)
+        self._steps(ev, members, steps_span)
         self._phases(ev, members.job, steps_span)
         hb_from = heartbeat_from_ns if heartbeat_from_ns is not None else t1_ns - 120 * SECOND
         self._heartbeats(ev, nodes, _span(hb_from, t1_ns), heartbeats)
         return ev
 
     def _cells(self, ev: JobEvidence, job: str, span: str) -> None:
-        keys: dict[int, tuple[CellKey, list[int]]] = {}   # per series: its key, sum columns
-        for tags, second, rows, col in _per_second(self.store.series(
-                f"SELECT {', '.join(CELL_FIELDS)} FROM tcp_flow WHERE job = {quote(job)} "
-                f"AND {span} GROUP BY node, saddr, daddr, rank")):
-            known = keys.get(id(tags))
-            if known is None:
-                known = keys[id(tags)] = (
-                    CellKey(tags.get("node", ""), tags.get("saddr", ""), tags.get("daddr", ""),
-                            tags.get("rank", "")), [col[f] for f in CELL_SUMS])
-                ev.addr_node.setdefault(known[0].addr, known[0].node)
-            key, sums = known
-            if len(rows) == 1:         # one flow to the peer: its window is the second
-                v = rows[0]
-                total = [int(v[i] or 0) for i in sums]
-                p50, p90 = v[col["rtt_p50_us"]], v[col["rtt_p90_us"]]
-                p50, p90 = (None if p50 is None else float(p50)), \
-                    (None if p90 is None else float(p90))
-            else:
-                total = [_sum(rows, i) for i in sums]
-                p50, p90 = _median(rows, col["rtt_p50_us"]), _median(rows, col["rtt_p90_us"])
-            ev.cells.setdefault(key, {})[second] = CellSecond(*total[:5], p50, p90, total[5])
+        addr_node: dict[str, str] = {}
+        for tags, columns, values in self.store.series(
+                f"SELECT {', '.join(CellSecond._fields)} FROM tcp_flow WHERE "
+                f"job = {quote(job)} AND {span} GROUP BY node, saddr, daddr, rank"):
+            key = CellKey(tags.get("node", ""), tags.get("saddr", ""), tags.get("daddr", ""),
+                          tags.get("rank", ""))
+            addr_node.setdefault(key.addr, key.node)
+            _keep(ev.cells.setdefault(key, {}), CellSecond, _per_second(
+                values, _picker(columns, CellSecond._fields), _combine_cells))
+        ev.addr_node.update(addr_node)
 
     def _nodes(self, ev: JobEvidence, nodes: str, span: str) -> None:
-        fields: dict[tuple[str, int], dict] = {}     # (node, second) -> NodeSecond's fields
-
-        def table(node: str, second: int) -> dict:
-            return fields.setdefault((node, second), {})
-
-        for tags, second, rows, col in _per_second(self.store.series(
-                "SELECT segs_out, retrans_segs, timeouts, bytes_out FROM tcp_node "
-                f"WHERE node =~ {nodes} AND {span} GROUP BY node")):
-            ev.last_seen_ns[tags["node"]] = max(ev.last_seen_ns.get(tags["node"], 0),
-                                                rows[-1][0])
-            table(tags["node"], second).update(
-                (name, _sum(rows, col[name]))
-                for name in ("segs_out", "retrans_segs", "timeouts", "bytes_out"))
-        for tags, second, rows, col in _per_second(self.store.series(
+        tcp: dict[str, dict[int, tuple]] = {}     # node -> second -> tcp_node's fields
+        nic: dict[tuple[str, str], dict[int, tuple]] = {}   # (node, direction) -> ...
+        qdisc: dict[str, dict[int, tuple]] = {}
+        for tags, columns, values in self.store.series(
+                f"SELECT {', '.join(_TCP_NODE)} FROM tcp_node WHERE node =~ {nodes} AND "
+                f"{span} GROUP BY node"):
+            node = tags["node"]
+            if values:
+                ev.last_seen_ns[node] = max(ev.last_seen_ns.get(node, 0), values[-1][0])
+            tcp[node] = _per_second(values, _picker(columns, _TCP_NODE), _combine_sums)
+        for tags, columns, values in self.store.series(
                 "SELECT peak_util, hot_bins, bursts FROM nic_window WHERE node =~ "
-                f"{nodes} AND {span} GROUP BY node, direction")):
-            s = table(tags["node"], second)
-            util = float(_max(rows, col["peak_util"]) or 0.0)
-            peak = "tx_peak_util" if tags.get("direction") == "tx" else "rx_peak_util"
-            s[peak] = max(s.get(peak, 0.0), util)
-            s["hot_bins"] = s.get("hot_bins", 0) + _sum(rows, col["hot_bins"])
-            s["bursts"] = s.get("bursts", 0) + _sum(rows, col["bursts"])
-        for tags, second, rows, col in _per_second(self.store.series(
+                f"{nodes} AND {span} GROUP BY node, direction"):
+            nic[(tags["node"], "tx" if tags.get("direction") == "tx" else "rx")] = \
+                _per_second(values, _picker(columns, ("peak_util", "hot_bins", "bursts")),
+                            _combine_nic)
+        for tags, columns, values in self.store.series(
                 "SELECT drops, backlog_bytes FROM nic_qdisc WHERE node =~ "
-                f"{nodes} AND {span} GROUP BY node")):
-            s = table(tags["node"], second)
-            s["qdisc_drops"] = _sum(rows, col["drops"])
-            s["qdisc_backlog_bytes"] = int(_max(rows, col["backlog_bytes"]) or 0)
-        for (node, second), values in fields.items():
-            ev.nodes.setdefault(node, {})[second] = NodeSecond(**values)
+                f"{nodes} AND {span} GROUP BY node"):
+            qdisc[tags["node"]] = _per_second(
+                values, _picker(columns, ("drops", "backlog_bytes")), _combine_qdisc)
+        for node in set(tcp) | {n for n, _ in nic} | set(qdisc):
+            own = [tcp.get(node, {}), nic.get((node, "tx"), {}), nic.get((node, "rx"), {}),
+                   qdisc.get(node, {})]
+            seconds: dict[int, tuple] = {}
+            for second in set().union(*own):
+                t, tx, rx, q = (part.get(second) for part in own)
+                util_tx, hot_tx, bursts_tx = tx or _NIC_ZERO
+                util_rx, hot_rx, bursts_rx = rx or _NIC_ZERO
+                seconds[second] = (*(t or _TCP_ZERO), max(0.0, float(util_tx)),
+                                   max(0.0, float(util_rx)), hot_tx + hot_rx,
+                                   bursts_tx + bursts_rx, *(q or _QDISC_ZERO))
+            _keep(ev.nodes.setdefault(node, {}), NodeSecond, seconds)
 
-    def _steps(self, ev: JobEvidence, job: str, span: str) -> None:
+    def _steps(self, ev: JobEvidence, members: Members, span: str) -> None:
+        node_of_rank: dict[str, str] = {}
         for tags, columns, values in self.store.series(
                 "SELECT seconds, sync_seconds, compute_seconds, retrans_segs, "
-                f"sync_retrans_segs FROM gloo_step WHERE job = {quote(job)} AND {span} "
-                "GROUP BY rank, node"):
+                f"sync_retrans_segs FROM gloo_step WHERE job = {quote(members.job)} AND "
+                f"{span} GROUP BY rank, node"):
             rank, node = tags.get("rank") or "-", tags.get("node") or ""
-            ev.node_of_rank.setdefault(rank, node)
-            table = ev.steps.setdefault(rank, {})
-            i = _columns(columns, "time", "seconds", "sync_seconds", "compute_seconds",
-                         "retrans_segs", "sync_retrans_segs")
+            node_of_rank.setdefault(rank, node)
+            table, added = ev.steps.setdefault(rank, {}), []
+            pick = _picker(columns, ("time", "seconds", "sync_seconds", "compute_seconds",
+                                     "retrans_segs", "sync_retrans_segs"))
             for v in values:
-                if v[i[2]] is None:       # the agent writes every field of a step at once:
+                fields = pick(v)
+                time_ns, seconds, sync, compute, retrans, sync_retrans = fields
+                if sync is None:          # the agent writes every field of a step at once:
                     continue              # a row without sync_seconds is one being written
-                time_ns = v[i[0]]
-                table[time_ns] = Step(rank, node, int(time_ns), v[i[1]], float(v[i[2]]),
-                                      v[i[3]], int(v[i[4]] or 0), int(v[i[5]] or 0))
+                step = (seconds, float(sync), compute, retrans or 0, sync_retrans or 0)
+                old = table.get(time_ns)
+                if old is None:
+                    added.append(time_ns)
+                elif old[3:] == step and old.node == node:
+                    continue
+                table[time_ns] = Step(rank, node, time_ns, *step)
+            ev.keys_added("steps", rank, added)
+        ev.node_of_rank.update((rank, node) for rank, node in node_of_rank.items()
+                               if rank not in members.node_of_rank)
 
     def _phases(self, ev: JobEvidence, job: str, span: str) -> None:
+        # a rank's kinds come as series of their own; its new keys go to its kept
+        # orders at once, so that the order of all its phases takes them in one step
+        added: dict[str, list] = {}
         for tags, columns, values in self.store.series(
                 "SELECT seconds, bytes, peer FROM gloo_phase WHERE "
                 f"job = {quote(job)} AND (phase = 'data_load' OR phase = 'checkpoint') "
                 f"AND {span} GROUP BY rank, node, phase"):
             rank, phase, node = tags.get("rank") or "-", tags.get("phase"), \
                 tags.get("node") or ""
-            table = ev.phases.setdefault(rank, {})
-            i = _columns(columns, "time", "seconds", "bytes", "peer")
+            table, new = ev.phases.setdefault(rank, {}), added.setdefault(rank, [])
+            pick = _picker(columns, ("time", "seconds", "bytes", "peer"))
             for v in values:
-                time_ns = v[i[0]]
-                table[(time_ns, phase)] = Phase(rank, node, int(time_ns), phase,
-                                                float(v[i[1]] or 0.0), int(v[i[2]] or 0),
-                                                v[i[3]] or "")
+                time_ns, seconds, size, peer = pick(v)
+                fields = (float(seconds or 0.0), size or 0, peer or "")
+                key = (time_ns, phase)
+                old = table.get(key)
+                if old is None:
+                    new.append(key)
+                elif old[4:] == fields and old.node == node:
+                    continue
+                table[key] = Phase(rank, node, time_ns, phase, *fields)
+        for rank, keys in added.items():
+            ev.keys_added("phases", rank, keys)
 
     def _heartbeats(self, ev: JobEvidence, nodes: str, span: str, latest: bool) -> None:
         if latest:
             for r in self.store.query(f"SELECT last(seconds) FROM tcp_node WHERE node =~ "
                                       f"{nodes} AND {span} GROUP BY node"):
-                ev.last_seen_ns[r["_tags"]["node"]] = int(r["time"])
+                node = r["_tags"]["node"]
+                ev.last_seen_ns[node] = max(ev.last_seen_ns.get(node, 0), int(r["time"]))
         for r in self.store.query(f"SELECT max(records) AS records FROM agent_loss WHERE "
                                   f"node =~ {nodes} AND {span} GROUP BY node"):
-            ev.lost_records[r["_tags"]["node"]] = int(r["records"] or 0)
+            node = r["_tags"]["node"]
+            ev.lost_records[node] = max(ev.lost_records.get(node, 0), int(r["records"] or 0))
 
 
 # Per-second tables are summed here from the raw points, not by InfluxQL's
@@ -175,48 +198,82 @@ class StoreSource:
 # for that, which made the cells' query cost influxd ~8x a plain read of the same
 # points (measured with bench/diagnosis_cost.py's fleet). The sums, maxima and
 # medians are InfluxQL's: nulls left out, and an even count's median is
-# lo + (hi - lo) / 2 as InfluxDB computes it.
-CELL_SUMS = ("bytes_acked", "bytes_received", "retrans_segs", "retrans_bytes", "timeouts",
-             "rtt_samples")
-CELL_FIELDS = CELL_SUMS + ("rtt_p50_us", "rtt_p90_us")
+# lo + (hi - lo) / 2 as InfluxDB computes it (tests/unit/test_diagnosis_source.py
+# checks them against GROUP BY time(1s)). A tick reads tens of thousands of rows,
+# so the common row (one per series and second, no nulls) takes the shortest path.
+_TCP_NODE = ("segs_out", "retrans_segs", "timeouts", "bytes_out")
+_TCP_ZERO, _NIC_ZERO, _QDISC_ZERO = (0, 0, 0, 0), (0.0, 0, 0), (0, 0)
 
 
-def _per_second(series) -> list[tuple[dict, int, list[list], dict[str, int]]]:
-    """Series of a query as (tags, UNIX second, that second's rows of values, column
-    index by name), in the order InfluxQL gives GROUP BY time(1s) rows: series by
-    series, seconds in time order (a series' rows come in time order)."""
-    out = []
-    for tags, columns, values in series:
-        col = {name: i for i, name in enumerate(columns)}
-        current, rows = None, []
-        for v in values:
-            second = v[0] // SECOND
-            if second != current:
-                if rows:
-                    out.append((tags, current, rows, col))
-                current, rows = second, []
-            rows.append(v)
-        if rows:
-            out.append((tags, current, rows, col))
+def _per_second(values: list[list], pick, combine) -> dict[int, tuple]:
+    """UNIX second -> the picked fields of one series' rows in it: a row's own where
+    it is the second's only one and has no nulls (most), else combine(rows)."""
+    out: dict[int, tuple] = {}
+    several: dict[int, list[tuple]] = {}
+    for v in values:
+        second = v[0] // SECOND
+        if second in out:
+            several.setdefault(second, [out[second]]).append(pick(v))
+        else:
+            out[second] = pick(v)
+    for second, fields in out.items():
+        if second in several:
+            out[second] = combine(several[second])
+        elif None in fields:
+            out[second] = combine([fields])
     return out
 
 
-def _columns(columns: list[str], *names: str) -> list[int]:
-    """Where each named column is (InfluxDB names every selected field, null or not)."""
-    return [columns.index(n) for n in names]
+def _keep(table: dict, kind, seconds: dict[int, tuple]) -> None:
+    """Store a read's seconds as `kind` rows where they differ from what is held (a
+    reread second is mostly the same, and building its row again is the cost)."""
+    for second, fields in seconds.items():
+        if table.get(second) != fields:
+            table[second] = kind._make(fields)
 
 
-def _sum(rows: list[list], i: int) -> int:
-    return int(sum(v[i] for v in rows if v[i] is not None))
+@functools.lru_cache(maxsize=64)
+def _picker_of(columns: tuple[str, ...], names: tuple[str, ...]):
+    return itemgetter(*(columns.index(n) for n in names))
 
 
-def _max(rows: list[list], i: int):
-    values = [v[i] for v in rows if v[i] is not None]
+def _picker(columns: list[str], names: tuple[str, ...]):
+    """A row's named fields, in order (InfluxDB names every selected field, null or
+    not; every series of an answer has the same columns)."""
+    return _picker_of(tuple(columns), names)
+
+
+def _total(column: tuple) -> int:
+    return sum(column) if None not in column else sum(x for x in column if x is not None)
+
+
+def _combine_cells(rows: list[tuple]) -> tuple:
+    cols = list(zip(*rows))
+    return (*(_total(cols[i]) for i in range(5)), _median(cols[5]), _median(cols[6]),
+            _total(cols[7]))
+
+
+def _combine_sums(rows: list[tuple]) -> tuple:
+    return tuple(_total(column) for column in zip(*rows))
+
+
+def _combine_nic(rows: list[tuple]) -> tuple:
+    util, hot, bursts = zip(*rows)
+    return _max(util) or 0.0, _total(hot), _total(bursts)
+
+
+def _combine_qdisc(rows: list[tuple]) -> tuple:
+    drops, backlog = zip(*rows)
+    return _total(drops), int(_max(backlog) or 0)
+
+
+def _max(column: tuple):
+    values = [x for x in column if x is not None]
     return max(values) if values else None
 
 
-def _median(rows: list[list], i: int) -> float | None:
-    values = sorted(v[i] for v in rows if v[i] is not None)
+def _median(column: tuple) -> float | None:
+    values = sorted(x for x in column if x is not None)
     if not values:
         return None
     mid = len(values) // 2

@@ -76,8 +76,10 @@ BUFFER_SATURATION = _on_finding(
         "the hot 100 us bins, RTT rises with the queue, a shaped port's backlog and drops "
         "grow. Unlike a lossy link it depends on load: smaller or paced bursts stop it.",
         (EXPLAIN,
-         "In the evidence: retransmits inside bursts (`retrans_in_bursts` of `diag_node`), "
-         "RTT p99 far above its floor, qdisc drops or backlog on the place.",
+         "In the evidence: the place's hops lose segments and their RTT is far above the "
+         "job's floor (`tcp_flow`), in seconds at or near line rate (`hot_bins` and "
+         "`peak_util` of `nic_window`), with qdisc drops or backlog where the queue is "
+         "visible (`nic_qdisc`).",
          DIAGNOSE,
          f"{board('topology')}: the ToR or uplink edge is red. {board('fabric')}: "
          "microbursts at line rate when the retransmits happen."),

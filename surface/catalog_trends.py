@@ -138,7 +138,7 @@ and on(job)
         f"{TREND_FOR} is three of the ratio's 10 s windows.",
         (DIAGNOSE + " The lossy link or buffer saturation finding says where the losses are.",
          f"{board('job')}: retransmits and RTOs inside the grad-sync phases, per "
-         "rank; RTO counts (`timeouts` of `diag_node`) near the retransmit counts mean "
+         "rank; RTO counts (`timeouts` of `tcp_node`) near the retransmit counts mean "
          "timeouts."),
         ("Make each loss cheaper: `ip route change ROUTE rto_min 5ms` on the job's nodes "
          "(or `tcp_rto_min_us`); on IB, NCCL_IB_TIMEOUT (default 20, about 4.3 s a retry).",

@@ -67,63 +67,12 @@ MEASUREMENTS = [
                 "author": Field(str, "", "who wrote it (user@host)")},
     ),
     Measurement(
-        name="diag_node",
-        doc="One node's evidence over one second, summarised where the node's stream "
-            "lands (diagnosis/node.py) for the job-level detectors, which read it from the "
-            "store. Time: the second's start.",
-        source=_ENGINE,
-        tags={},
-        fields={
-            "segs_out": Field(int, "segments", "own TCP segments sent (tcp_node)"),
-            "retrans_segs": Field(int, "segments", "segments retransmitted"),
-            "timeouts": Field(int, "events", "retransmission timeouts (RTO)"),
-            "bytes_out": Field(int, "bytes", "TCP payload sent"),
-            "rtt_p50_us": Field(float, "us", "median of the node's flows' median RTT"),
-            "rtt_p99_us": Field(float, "us", "largest 99th percentile RTT of its flows"),
-            "rtt_min_us": Field(float, "us", "smallest RTT sample of its flows"),
-            "tx_peak_util": Field(float, "fraction", "busiest 100 us bin, tx, any interface"),
-            "rx_peak_util": Field(float, "fraction", "busiest 100 us bin, rx"),
-            "hot_bins": Field(int, "bins", "bins at or above the burst threshold, both ways"),
-            "bursts": Field(int, "bursts", "microbursts started"),
-            "retrans_in_bursts": Field(int, "segments", "retransmits stamped inside a "
-                                       "listed burst of the node's interfaces"),
-            "qdisc_drops": Field(int, "packets", "drops of the node's qdiscs"),
-            "qdisc_backlog_bytes": Field(int, "bytes", "largest backlog read"),
-            "ce_marks": Field(int, "packets", "ECN CE-marked segments"),
-            "records": Field(int, "records", "records of the node observed in the second"),
-            "lost_events": Field(int, "events", "events the agent reported lost (agent_loss "
-                                 "growth, missed kernel hits)"),
-        },
-    ),
-    Measurement(
-        name="diag_pair",
-        doc="One node's traffic to one peer address over one second (its tcp_flow and "
-            "tcp_retransmit records summed): a cell of the job's connection matrix. "
-            "Time: the second's start.",
-        source=_ENGINE,
-        tags={"addr": "the node's own address of these flows",
-              "peer": "the remote address",
-              "job": "job of the process that owns the flows (`-`: none)",
-              "rank": "its rank (`-`: none)"},
-        fields={
-            "bytes_acked": Field(int, "bytes", "bytes the peer acknowledged"),
-            "bytes_received": Field(int, "bytes", "payload received from the peer"),
-            "retrans_segs": Field(int, "segments", "segments retransmitted to the peer"),
-            "retrans_bytes": Field(int, "bytes", "payload bytes retransmitted"),
-            "timeouts": Field(int, "events", "RTOs toward the peer"),
-            "rtt_p50_us": Field(float, "us", "median smoothed RTT"),
-            "rtt_p90_us": Field(float, "us", "90th percentile"),
-            "rtt_min_us": Field(float, "us", "smallest sample"),
-            "rtt_samples": Field(int, "samples", "RTT samples"),
-        },
-    ),
-    Measurement(
         name="collector_heartbeat",
         doc="A collector replica is alive (every second): the replicas that wrote one in "
             "the last seconds share out the jobs by rendezvous hashing, so a job's "
             "analysis has one owner and moves when its owner stops.",
-        source="collector (diagnosis/ownership.py)",
-        tags={"replica": "replica id (config diagnosis_replica_id)"},
+        source="collector diagnosis (diagnosis/live.py)",
+        tags={"replica": "replica id (collector config replica_id)"},
         optional_tags=frozenset({"node"}),
         fields={"jobs_owned": Field(int, "jobs", "jobs this replica analyses now"),
                 "started_ns": Field(int, "ns", "when the replica started")},

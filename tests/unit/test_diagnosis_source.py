@@ -3,6 +3,8 @@ records of a synthetic job go in as line protocol, the same tables come out."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from diagnosis.evidence import SECOND
@@ -72,3 +74,101 @@ def test_an_unreachable_store_is_one_line_error():
     line = err.value.one_line()
     assert line.startswith("fabricscope: error: InfluxDB at http://127.0.0.1:")
     assert "unreachable" in line and "; fix: " in line and "\n" not in line
+
+
+def test_per_second_tables_equal_influxql_group_by_time(stored):
+    """The per-second sums, maxima and medians the source computes from raw points are
+    what InfluxQL's GROUP BY time(1s) answers for the same points: several rows a second
+    (flows to one peer, both directions of a NIC), fields left out (nulls), even and
+    odd counts for the medians."""
+    store, _ev = stored
+    rng = random.Random(7)
+    job, t0 = "groupby-check", T0 + 1000
+    tags = {"job": job, "rank": "0", "node": "nodeG", "saddr": "198.18.9.1",
+            "daddr": "198.18.9.2"}
+    records = [Record("gloo_step", t0 * SECOND, {"job": job, "rank": "0", "node": "nodeG"},
+                      {"seconds": 0.5, "sync_seconds": 0.2})]
+    for second in range(t0, t0 + 6):
+        for k in range(rng.randint(1, 4)):
+            fields = {f: rng.randint(0, 10_000) for f in
+                      ("bytes_acked", "bytes_received", "retrans_segs", "retrans_bytes",
+                       "timeouts", "rtt_samples")}
+            fields |= {"rtt_p50_us": rng.uniform(50, 900), "rtt_p90_us": rng.uniform(900, 2000)}
+            for name in rng.sample(sorted(fields), rng.randint(0, 3)):
+                del fields[name]
+            records.append(Record("tcp_flow", second * SECOND + k * 1000,
+                                  {**tags, "sport": str(40000 + k), "dport": "29500"}, fields))
+        records.append(Record("tcp_node", second * SECOND, {"node": "nodeG"},
+                              {"segs_out": rng.randint(1, 99), "retrans_segs": 1,
+                               "timeouts": 0, "bytes_out": 5}))
+        for direction in ("rx", "tx"):
+            for k in range(rng.randint(1, 2)):
+                records.append(Record("nic_window", second * SECOND + k * 1000,
+                                      {"node": "nodeG", "direction": direction,
+                                       "interface": f"eth{k}"},
+                                      {"peak_util": rng.random(), "hot_bins": rng.randint(0, 9),
+                                       "bursts": rng.randint(0, 3)}))
+        records.append(Record("nic_qdisc", second * SECOND, {"node": "nodeG", "qdisc": "tbf"},
+                              {"drops": rng.randint(0, 5), "backlog_bytes": rng.randint(0, 9)}))
+    store.write(records)
+    span = f"time >= {t0 * SECOND} AND time < {(t0 + 6) * SECOND}"
+    back = StoreSource(store).read(Members(job, {"0": "nodeG"}), t0 * SECOND,
+                                   (t0 + 6) * SECOND)
+
+    def grouped(select: str, measurement: str, where: str) -> dict[int, dict]:
+        return {r["time"] // SECOND: r for r in store.query(
+            f"SELECT {select} FROM {measurement} WHERE {where} AND {span} "
+            "GROUP BY time(1s) fill(none)")}
+
+    sums = ("bytes_acked", "bytes_received", "retrans_segs", "retrans_bytes", "timeouts",
+            "rtt_samples")
+    flows = grouped(", ".join([f"sum({f}) AS {f}" for f in sums] +
+                              ["median(rtt_p50_us) AS rtt_p50_us",
+                               "median(rtt_p90_us) AS rtt_p90_us"]), "tcp_flow",
+                    f"job = '{job}'")
+    [(key, cells)] = back.cells.items()
+    assert (key.node, key.addr, key.peer, key.rank) == ("nodeG", "198.18.9.1", "198.18.9.2", "0")
+    assert sorted(cells) == sorted(flows) == list(range(t0, t0 + 6))
+    for second, cell in cells.items():
+        for name in sums:
+            assert getattr(cell, name) == (flows[second][name] or 0), (second, name)
+        for name in ("rtt_p50_us", "rtt_p90_us"):
+            assert getattr(cell, name) == pytest.approx(flows[second][name]), (second, name)
+    nics = {d: grouped("max(peak_util) AS peak, sum(hot_bins) AS hot, sum(bursts) AS bursts",
+                       "nic_window", f"node = 'nodeG' AND direction = '{d}'")
+            for d in ("rx", "tx")}
+    qdisc = grouped("sum(drops) AS drops, max(backlog_bytes) AS backlog", "nic_qdisc",
+                    "node = 'nodeG'")
+    tcp = grouped("sum(segs_out) AS segs_out", "tcp_node", "node = 'nodeG'")
+    for second, node in back.nodes["nodeG"].items():
+        assert node.segs_out == tcp[second]["segs_out"]
+        assert node.tx_peak_util == pytest.approx(nics["tx"][second]["peak"])
+        assert node.rx_peak_util == pytest.approx(nics["rx"][second]["peak"])
+        assert node.hot_bins == nics["rx"][second]["hot"] + nics["tx"][second]["hot"]
+        assert node.bursts == nics["rx"][second]["bursts"] + nics["tx"][second]["bursts"]
+        assert (node.qdisc_drops, node.qdisc_backlog_bytes) == \
+            (qdisc[second]["drops"], qdisc[second]["backlog"])
+
+
+def test_a_read_into_evidence_equals_merging_a_fresh_read(stored):
+    """The live tick reads into its engine's evidence; what it ends with is what
+    merging a separate read would give, including the kept order of steps and phases."""
+    store, ev = stored
+    source = StoreSource(store)
+    members = Members(SPEC.job, dict(ev.node_of_rank))
+    merged = source.read(members, T0 * SECOND, (T0 + 8) * SECOND)
+    direct = source.read(members, T0 * SECOND, (T0 + 8) * SECOND)
+    for evidence in (merged, direct):      # orders kept from before the second read
+        for rank in evidence.steps:
+            evidence.step_times(rank)
+            evidence.phases_between(rank, "checkpoint", 0, 1 << 62)
+    later = dict(t0_ns=(T0 + 5) * SECOND, t1_ns=(T0 + 20) * SECOND,
+                 steps_from_ns=(T0 + 4) * SECOND)
+    merged.merge(source.read(members, **later))
+    assert source.read(members, **later, into=direct) is direct
+    assert direct == merged
+    for rank in merged.steps:
+        assert direct.step_times(rank) == merged.step_times(rank) == sorted(ev.steps[rank])
+        assert direct.phases_between(rank, "checkpoint", 0, 1 << 62) == \
+            merged.phases_between(rank, "checkpoint", 0, 1 << 62)
+    assert direct.cells == ev.cells and direct.steps == ev.steps
