@@ -131,15 +131,15 @@ class JobEvidence:
     def merge(self, other: "JobEvidence") -> None:
         """Take what `other` read (newer reads of a second replace older ones)."""
         for key, seconds in other.cells.items():
-            _update(self.cells.setdefault(key, {}), seconds)
+            update_changed(self.cells.setdefault(key, {}), seconds)
         for node, seconds in other.nodes.items():
-            _update(self.nodes.setdefault(node, {}), seconds)
+            update_changed(self.nodes.setdefault(node, {}), seconds)
         for name in ("steps", "phases"):
             mine = getattr(self, name)
             for rank, rows in getattr(other, name).items():
                 table = mine.setdefault(rank, {})
                 added = [k for k in rows if k not in table]
-                _update(table, rows)
+                update_changed(table, rows)
                 self.keys_added(name, rank, added)
         self.node_of_rank.update(other.node_of_rank)
         self.addr_node.update(other.addr_node)
@@ -182,13 +182,15 @@ class JobEvidence:
         return Window(self, start_s, end_s)
 
 
-def _update(table: dict, rows: dict) -> None:
+def update_changed(table: dict, rows: dict, kind=None) -> None:
     """table.update(rows), keeping the objects of rows reread unchanged: most of what a
     tick reads it read before, and a replaced object is one more for the garbage
-    collector's next full pass to walk (its cost grows with what survives each tick)."""
+    collector's next full pass to walk (its cost grows with what survives each tick).
+    With `kind` (a NamedTuple), rows are plain tuples of its fields, built into one
+    only where they differ from what the table holds."""
     for key, value in rows.items():
         if table.get(key) != value:
-            table[key] = value
+            table[key] = value if kind is None else kind._make(value)
 
 
 class _Order:

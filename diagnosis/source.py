@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from diagnosis.evidence import (SECOND, CellKey, CellSecond, JobEvidence, NodeSecond, Phase,
-                                Step)
+                                Step, update_changed)
 from diagnosis.store import Store, quote, regex_of
 
 
@@ -90,8 +90,8 @@ class StoreSource:
             key = CellKey(tags.get("node", ""), tags.get("saddr", ""), tags.get("daddr", ""),
                           tags.get("rank", ""))
             addr_node.setdefault(key.addr, key.node)
-            _keep(ev.cells.setdefault(key, {}), CellSecond, _per_second(
-                values, _picker(columns, CellSecond._fields), _combine_cells))
+            update_changed(ev.cells.setdefault(key, {}), _per_second(
+                values, _picker(columns, CellSecond._fields), _combine_cells), CellSecond)
         ev.addr_node.update(addr_node)
 
     def _nodes(self, ev: JobEvidence, nodes: str, span: str) -> None:
@@ -127,7 +127,7 @@ class StoreSource:
                 seconds[second] = (*(t or _TCP_ZERO), max(0.0, float(util_tx)),
                                    max(0.0, float(util_rx)), hot_tx + hot_rx,
                                    bursts_tx + bursts_rx, *(q or _QDISC_ZERO))
-            _keep(ev.nodes.setdefault(node, {}), NodeSecond, seconds)
+            update_changed(ev.nodes.setdefault(node, {}), seconds, NodeSecond)
 
     def _steps(self, ev: JobEvidence, members: Members, span: str) -> None:
         node_of_rank: dict[str, str] = {}
@@ -222,14 +222,6 @@ def _per_second(values: list[list], pick, combine) -> dict[int, tuple]:
         elif None in fields:
             out[second] = combine([fields])
     return out
-
-
-def _keep(table: dict, kind, seconds: dict[int, tuple]) -> None:
-    """Store a read's seconds as `kind` rows where they differ from what is held (a
-    reread second is mostly the same, and building its row again is the cost)."""
-    for second, fields in seconds.items():
-        if table.get(second) != fields:
-            table[second] = kind._make(fields)
 
 
 @functools.lru_cache(maxsize=64)
