@@ -11,9 +11,9 @@ its data flows). Per-step samples are autocorrelated and not normal, so:
 - the 95 % interval of the change of the median is a moving-block bootstrap
   (blocks of n^(1/3) consecutive samples keep the autocorrelation);
 - step time drifts inside a healthy run (checkpoints, caches, neighbours), so
-  each window's drift (its Theil-Sen trend carried over half its length: how far
-  its level moves by itself) is shown, and a change counts only when it exceeds
-  1.5 x the two windows' drifts together (what a steady drift alone makes two
+  each window's drift (its Theil-Sen trend carried over half its length, with its
+  sign: how far its level moves by itself) is shown, and a change counts only when
+  it exceeds 1.5 x the drifts that run its way (what a steady drift alone makes two
   adjacent windows differ by): a verdict never rests on a p-value alone.
 Verdicts: better, worse, no change, or insufficient (fewer than MIN_SAMPLES).
 """
@@ -112,16 +112,27 @@ def block_bootstrap_ci(a: list[float], b: list[float], rng: np.random.Generator
 
 
 def drift(x: list[float]) -> float:
-    """How far the window's own trend carries its level to its edge: |Theil-Sen slope|
-    (the median of the pairwise slopes, robust to outliers such as checkpoint steps)
-    x half the window's length. A steady drift shows here; noise without a trend
-    does not."""
+    """How far the window's own trend carries its level to its edge, with its sign: the
+    Theil-Sen slope (the median of the pairwise slopes, robust to outliers such as
+    checkpoint steps) x half the window's length. A steady drift shows here; noise
+    without a trend does not."""
     n = len(x)
     if n < 4:
         return 0.0
     idx = range(n) if n <= 400 else range(0, n, n // 400 + 1)
     slopes = [(x[j] - x[i]) / (j - i) for i in idx for j in idx if j > i]
-    return abs(statistics.median(slopes)) * n / 2
+    return statistics.median(slopes) * n / 2
+
+
+def drift_allowance(delta: float, drift_before: float, drift_after: float) -> float:
+    """How much of a difference of medians the windows' own drifts could make. Two
+    adjacent windows of one steady drift differ by about their two drifts together, and
+    a change must exceed that by half again (DRIFT_MARGIN). A drift moves the level only
+    its own way, so only a drift in the direction of the difference counts: a fault
+    window whose steps grow slower as the fault worsens cannot explain why the steps
+    after it are faster."""
+    direction = 1.0 if delta >= 0 else -1.0
+    return DRIFT_MARGIN * sum(max(0.0, d * direction) for d in (drift_before, drift_after))
 
 
 def holm(pvalues: list[float | None]) -> list[float | None]:
@@ -157,9 +168,7 @@ def compare_samples(samples: dict[str, tuple[list[float], list[float]]],
         if r.verdict:
             continue
         delta = r.after_median - r.before_median
-        # two adjacent windows of a steady drift differ by about the two windows' drifts
-        # together: a change must exceed that by half again
-        allowance = DRIFT_MARGIN * (r.drift_before + r.drift_after)
+        allowance = drift_allowance(delta, r.drift_before, r.drift_after)
         significant = r.p_holm is not None and r.p_holm < ALPHA and abs(delta) > allowance \
             and not (r.ci95[0] <= 0 <= r.ci95[1])
         if not significant:

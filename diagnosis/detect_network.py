@@ -36,18 +36,25 @@ def bad_cells(snap: Snapshot) -> list[BadCell]:
 
 
 def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
-           stragglers: frozenset = frozenset()) -> tuple[list[Candidate], list[RuledOut]]:
+           stragglers: frozenset = frozenset(), recent: list[BadCell] = ()
+           ) -> tuple[list[Candidate], list[RuledOut]]:
     """`prefer`: places of open network findings; `stragglers`: nodes of ranks that
     compute late (their hosts answer late, which inflates RTTs all around the ring:
-    delay alone then proves no slow link)."""
+    delay alone then proves no slow link); `recent`: lossy cells of the last seconds
+    (localize.locate)."""
     bad = bad_cells(snap)
-    if not snap.lossy and stragglers:
-        bad = []
+    if stragglers:
+        # a compute straggler's host answers late: the delay of its own hops is its
+        # CPU's, and without loss anywhere no delay proves a slow link
+        bad = [b for b in bad if b.lossy or not {b.src, b.dst} & stragglers] \
+            if snap.lossy else []
     if not bad:
         return _microbursts(snap), _clean(snap)
     bad_ids = {id(b.cell) for b in bad}
     clean = [c for c in snap.data_cells if id(c) not in bad_ids]
-    found, unexplained = locate(bad, clean, tor_of, prefer=prefer)
+    keys = {b.cell.key for b in bad}
+    found, unexplained = locate(bad, clean, tor_of, prefer=prefer,
+                                recent=[b for b in recent if b.cell.key not in keys])
     t = snap.thresholds
     explained = sum(len(f.cells) for f in found)
     if explained < t.place_explains * len(bad):
@@ -60,7 +67,7 @@ def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
 
 def _cause(located: Located) -> str:
     """Queueing before the drop is what tells an overflowing buffer from a bad link: the
-    lossy hops themselves must show the inflated RTT (half of them at least). Only
+    lossy hops themselves must show the inflated RTT (more than half of them). Only
     hops whose delay was judged vote: a lossy hop to a peer outside the job (a
     checkpoint written to storage through the same queue) has no RTT floor, so its
     RTT proves neither a queue nor its absence. Where no lossy hop could be timed,
@@ -71,7 +78,9 @@ def _cause(located: Located) -> str:
     timed = [b for b in lossy if b.timed]
     voters = timed or [b for b in located.cells if b.timed]
     queued = [b for b in voters if b.delayed]
-    if voters and 2 * len(queued) >= len(voters):
+    # the queue must be shown, by most of the voters: a busy host delays a hop's RTT
+    # now and then by itself, so one of a lossy port's two hops delayed is no queue
+    if voters and 2 * len(queued) > len(voters):
         return "buffer_saturation"
     return "lossy_link"
 

@@ -45,9 +45,16 @@ NETWORK_CAUSES = {"lossy_link", "buffer_saturation", "straggler_network"}
 EXPLAINING_CAUSES = NETWORK_CAUSES | {"straggler_compute", "input_stall"}
 #: causes read from one window of hops: a new finding needs two evaluations in a row
 #: that agree on cause and place (the first seconds of a fault can show its loss before
-#: its queue, or one of its hops before the others)
+#: its queue, or one of its hops before the others), over thresholds.confirm_seconds
 CONFIRMED_CAUSES = NETWORK_CAUSES
-AMBIGUOUS_EVALS = 4
+#: while other places explain a new network finding's hops as well, it waits up to this
+#: many evaluations for the hops that tell them apart (the flows that cross one of the
+#: places and not the other: in a training job, within a few of its steps)
+AMBIGUOUS_EVALS = 8
+#: lossy cells rank the places of later windows this long (localize.locate's `recent`):
+#: a few of a training job's steps, in which its checkpoints and other nodes' flows
+#: cross the places that one window's hops cannot tell apart
+LOSS_MEMORY_S = 10
 
 
 @dataclass
@@ -82,6 +89,7 @@ class JobEngine:
     slow_since_ns: int = 0
     pending: dict = field(default_factory=dict)      # network key -> (evals, first evidence)
     node_known_ns: dict = field(default_factory=dict)   # node -> when the engine first knew it
+    lossy_seen: dict = field(default_factory=dict)  # cell key -> (window end s, BadCell)
     pruned_s: int = 0
 
     def __post_init__(self) -> None:
@@ -194,10 +202,12 @@ class JobEngine:
     # -- detectors ---------------------------------------------------------------------
     def _detect(self, snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
         strag, ruled = detect_steps.straggler(snap)
-        stragglers = frozenset(c.place.get("node") for c in strag)
+        stragglers = frozenset(c.place.get("node") for c in strag) | frozenset(
+            f.place.get("node") for f in self.open.values() if f.cause == "straggler_compute")
         prefer = frozenset(_place_of(f) for f in self.open.values()
                            if f.cause in NETWORK_CAUSES)
-        net, r1 = detect_network.detect(snap, self.tor_of, prefer, stragglers)
+        net, r1 = detect_network.detect(snap, self.tor_of, prefer, stragglers,
+                                        self._recent_loss(snap))
         net = [self._same_cause(c) for c in net]
         # a rank whose own port is a network culprit waits on its link, not on its CPU
         culprits = {c.place.get("node") for c in net if c.cause in NETWORK_CAUSES}
@@ -244,6 +254,17 @@ class JobEngine:
             network_open or busy or strag))
         return out, ruled
 
+    def _recent_loss(self, snap: Snapshot) -> list:
+        """The lossy cells of the last LOSS_MEMORY_S, each as last seen, this window's
+        included (detect_network leaves out those the window holds)."""
+        end_s = snap.window.end_s
+        for b in detect_network.bad_cells(snap):
+            if b.lossy:
+                self.lossy_seen[b.cell.key] = (end_s, b)
+        for key in [k for k, (s, _) in self.lossy_seen.items() if end_s - s > LOSS_MEMORY_S]:
+            del self.lossy_seen[key]
+        return [b for _, b in self.lossy_seen.values()]
+
     def _same_cause(self, c: Candidate) -> Candidate:
         """A place keeps the network cause it was named with: a window in which an
         overflowing queue's RTT medians dip (or a lossy link's rise) is the same fault,
@@ -278,9 +299,11 @@ class JobEngine:
                 c.bad_from_ns = min(c.bad_from_ns, since_ns)
                 # a new network finding: seen twice in a row first, and while other
                 # places explain its hops as well (one hop of a fault shows first),
-                # up to AMBIGUOUS_EVALS times, for the hops that tell them apart
+                # up to AMBIGUOUS_EVALS times, for the hops that tell them apart; and
+                # its bad seconds must span confirm_seconds (the windows overlap)
                 need = AMBIGUOUS_EVALS if c.facts.get("alternatives") else 2
-                if times < need:
+                span_ns = c.bad_until_ns - c.bad_from_ns
+                if times < need or span_ns < self.thresholds.confirm_seconds * SECOND:
                     self.pending[c.key] = (times, c.bad_from_ns)
                     continue
             c.advice = advise(c, self.backend)

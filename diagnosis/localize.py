@@ -9,9 +9,15 @@ path back, because a standing queue in either direction lengthens the RTT.
 
 A place is a node's port (both directions) or a ToR's uplink (both). A place
 explains a bad cell when one of its elements lies on the cell's implicated
-paths; clean cells that carried data through the place count against it. The
-place that explains the most bad cells wins, then the one fewer clean cells
-contradict, then the place already named by an open finding; remaining ties
+paths (a cell both lossy and delayed: its data path, where one element explains
+both); clean cells that carried data through the elements a place's bad cells
+implicate count against it, unless its loss comes with a queue (`_queue`). The place that explains the most lossy cells wins,
+then the one that explains most of the loss of the last seconds (lossy cells
+this window lacks), then the most bad cells, then the one fewer clean cells
+contradict, then the place already named by an open finding: a dropped frame
+died on its own data path, while a delay lies on either direction's path or in
+a busy host that answers late, so loss places a fault first and delay only
+among places the loss cannot tell apart; remaining ties
 go to the place where such a fault can physically sit (`_plausible_side`: a
 queue at a switch egress toward the receiver, a drop on the cable the frames
 leave through; a ToR's uplink queues its rack's outgoing traffic), then to a
@@ -96,8 +102,10 @@ def elements(place: Place) -> set[tuple[str, str]]:
 
 
 def implicated(bad: BadCell, tor_of) -> set[tuple[str, str]]:
+    """A lossy cell's data path (frames die where they travel; one element there also
+    explains its delay, if any); a delayed cell's data path and its ACKs' path back."""
     fwd = path(bad.src, bad.dst, tor_of, bad.cell.key.peer)
-    if bad.delayed and bad.dst is not None:
+    if bad.delayed and not bad.lossy and bad.dst is not None:
         return fwd | path(bad.dst, bad.src, tor_of)
     return fwd
 
@@ -111,30 +119,51 @@ def candidates(bad: list[BadCell], tor_of) -> list[Place]:
 
 
 def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int = 3,
-           prefer: frozenset = frozenset()) -> tuple[list[Located], list[BadCell]]:
+           prefer: frozenset = frozenset(), recent: list[BadCell] = ()
+           ) -> tuple[list[Located], list[BadCell]]:
     """The places that explain the bad cells, greedily (at most max_places), and the
     cells none of them explains. The caller names causes only when the places
     explain enough of the bad cells (thresholds.place_explains). `prefer`: places
     already named (open findings) win ties, so that a window in which only part of
-    a fault's hops show does not move the finding to a neighbour."""
+    a fault's hops show does not move the finding to a neighbour. `recent`: lossy
+    cells of the last seconds that this window does not hold; they rank the places
+    that explain this window's loss equally (the flow that tells a node's port from
+    its ToR's uplink, another node's or a checkpoint's through the uplink, crosses
+    it only now and then), and are explained by no place of their own."""
     remaining = list(bad)
     found: list[Located] = []
     clean_paths = [(c, path(c.key.node, c.peer_node, tor_of, c.key.peer)) for c in clean]
+    recent_paths = [(b, implicated(b, tor_of)) for b in recent]
     while remaining and len(found) < max_places:
         scored = []
         for place in candidates(remaining, tor_of):
             els = elements(place)
             mine = [b for b in remaining if implicated(b, tor_of) & els]
-            against = [c for c, elements_on_path in clean_paths if elements_on_path & els]
-            sides = sum(_plausible_side(place, b, tor_of) for b in mine)
-            scored.append(((len(mine), -len(against), place in prefer, sides,
-                            place.kind == "node"), place, mine, against))
+            # a clean cell contradicts the place where it crossed an element the bad
+            # cells implicate: faults and queues are one-directional as often as not
+            used = set().union(*(implicated(b, tor_of) & els for b in mine))
+            against = [] if _queue(mine) else \
+                [c for c, elements_on_path in clean_paths if elements_on_path & used]
+            before = [b for b, elements_on_path in recent_paths if elements_on_path & els]
+            sides = sum(_plausible_side(place, b, tor_of) for b in mine + before)
+            scored.append(((sum(b.lossy for b in mine), len(before), len(mine),
+                            -len(against), place in prefer, sides, place.kind == "node"),
+                           place, mine, against))
         scored.sort(key=lambda s: s[0], reverse=True)
         best_key, place, mine, against = scored[0]
-        ties = [s[1] for s in scored[1:] if s[0][:2] == best_key[:2]]
+        ties = [s[1] for s in scored[1:] if s[0][:4] == best_key[:4]]
         found.append(Located(place, mine, against, ties))
         remaining = [b for b in remaining if b not in mine]
     return found, remaining
+
+
+def _queue(cells: list[BadCell]) -> bool:
+    """The loss comes with a queue: every lossy cell whose delay was judged is delayed.
+    A queue overflows under the job's synchronized bursts and lets a lone flow
+    through (another node's checkpoint between them), so clean cells through its
+    place do not contradict it as they contradict a link that drops at random."""
+    timed = [b for b in cells if b.lossy and b.timed]
+    return bool(timed) and all(b.delayed for b in timed)
 
 
 def _plausible_side(place: Place, bad: BadCell, tor_of) -> int:

@@ -94,11 +94,11 @@ def compare_text(job: str, before, after, results) -> str:
         ci = "-" if r.ci95 is None else f"[{r.ci95[0]:+.3g}, {r.ci95[1]:+.3g}]"
         # a resent share from 6e-5 to 1e-2 is +16685.5 %: the column keeps a space free
         change = "-" if r.change_pct is None else f"{r.change_pct:+.1f}%"
-        drift = "-" if r.drift_before is None else f"{r.drift_before:.3g}/{r.drift_after:.3g}"
+        drift = "-" if r.drift_before is None else f"{r.drift_before:+.3g}/{r.drift_after:+.3g}"
         lines.append(f"{r.metric:<18}{num(r.before_median):>12}{num(r.after_median):>12}"
                      f"{change:>11}{ci:>26}{num(r.p_holm):>10}{drift:>20}  {r.verdict}"
                      f"  (n {r.n_before}/{r.n_after})")
     lines += ["", "A change counts when its Holm-corrected Mann-Whitney p < 0.05, its "
-                  "bootstrap interval excludes 0 and it exceeds 1.5 x the two windows' drifts "
-                  "(each window's own trend over half its length)."]
+                  "bootstrap interval excludes 0 and it exceeds 1.5 x the windows' drifts in its "
+                  "direction (each window's own trend over half its length, signed)."]
     return "\n".join(lines) + "\n"

@@ -46,6 +46,13 @@ class Thresholds:
         "1.25 MB at 10 Gbit/s, more than a shallow ToR buffer gives one port; below it a "
         "busy host's own scheduling moves a flow's median RTT (up to ~1 ms measured on "
         "the lab's loaded 4-node runs), which is no queue in the fabric", "us"))
+    confirm_seconds: int = field(default=2, metadata=why(
+        "a new network finding needs bad evidence at its place in seconds at least this "
+        "far apart, first to last, besides two evaluations in a row: the evaluations' "
+        "windows overlap by all but a second, so two of them can read one bad second "
+        "twice; a fault persists, while one second is what a single event leaves (one "
+        "retransmission timeout, a host's stall, the first hop of the ring to meet a "
+        "fault showing before the others do)", "s"))
     place_explains: float = field(default=0.8, metadata=why(
         "a place (a node's port, a ToR's uplink) is named when it lies on the path of at "
         "least this share of the bad cells; else the finding says the network is impaired "

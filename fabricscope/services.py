@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import random
 import signal
 import socket
 import subprocess
@@ -107,9 +108,37 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picked it)."""
-    with socket.socket() as s:
+#: free_port() draws above the well-known and registered services' usual ports
+_LOWEST_PORT = 10000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(rng: random.Random = random.SystemRandom()) -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago, chosen outside the kernel's
+    ephemeral range: a port the kernel hands out (bind to 0) can be given, once it is
+    released, to any outgoing connection on this machine as its local port before the
+    server meant for it binds it; ports outside the range only go to who asks for them
+    by number."""
+    lo, hi = _ephemeral_range()
+    pool = [r for r in (range(_LOWEST_PORT, lo), range(hi + 1, 65536)) if len(r)]
+    for _ in range(200 if pool else 0):
+        span = rng.choices(pool, weights=[len(r) for r in pool])[0]
+        port = rng.choice(span)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:          # every draw taken: let the kernel pick one
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -163,7 +163,7 @@ def compare_html(data: ReportData) -> str:
     rows = []
     for r in c.results:
         ci = "-" if r.ci95 is None else f"[{r.ci95[0]:+.3g}, {r.ci95[1]:+.3g}]"
-        drift = "-" if r.drift_before is None else f"{r.drift_before:.3g} / {r.drift_after:.3g}"
+        drift = "-" if r.drift_before is None else f"{r.drift_before:+.3g} / {r.drift_after:+.3g}"
         rows.append(f'<tr class="verdict-{escape(r.verdict.replace(" ", "-"))}">'
                     f"<td>{escape(r.metric)} <small>({escape(r.unit)})</small></td>"
                     f"<td class=num>{num(r.before_median)}</td>"
@@ -176,8 +176,8 @@ def compare_html(data: ReportData) -> str:
             f"after {escape(str(c.after))}.</p>"
             f'<table class="rows compare">{head}{"".join(rows)}</table>'
             '<p class="note">A change counts when its Holm-corrected Mann-Whitney p &lt; 0.05, '
-            "its bootstrap interval excludes 0 and it exceeds 1.5 x the two windows' own "
-            "drifts (diagnosis/compare.py).</p>")
+            "its bootstrap interval excludes 0 and it exceeds 1.5 x the windows' own "
+            "drifts in its direction (diagnosis/compare.py).</p>")
 
 
 def links_html(data: ReportData) -> str:

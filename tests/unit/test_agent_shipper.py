@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import socket
 
 import grpc
 import pytest
@@ -14,6 +13,7 @@ from agent.metrics import AgentMetrics
 from agent.shipper import Backoff, Shipper
 from agent.spool import BatchSpool
 from fabricscope.errors import UserError
+from fabricscope.services import free_port
 from fabricscope.records import Record
 from fabricscope.wire import pb, pb_grpc
 
@@ -67,11 +67,6 @@ async def start_server(servicer, port=0):
     await server.start()
     return server, port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_shipper(port, metrics, max_records=10_000, spool_dir="", max_bytes=1 << 30,

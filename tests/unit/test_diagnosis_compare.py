@@ -75,7 +75,7 @@ def test_drift_is_the_trend_over_half_the_window():
     # robust: checkpoint spikes do not move it
     spiky = [x + (0.5 if i % 10 == 9 else 0.0) for i, x in enumerate(line)]
     assert drift(spiky) == pytest.approx(0.2, rel=0.05)
-    assert drift([1.0 - 0.01 * i for i in range(40)]) == pytest.approx(0.2)
+    assert drift([1.0 - 0.01 * i for i in range(40)]) == pytest.approx(-0.2)   # signed
     noise = np.random.default_rng(5).normal(1.0, 0.05, 40).tolist()
     assert drift(noise) < 0.05
     assert drift([1.0, 2.0, 3.0]) == 0.0                 # too few to say
@@ -129,6 +129,31 @@ def test_a_clear_improvement_is_better_and_a_regression_worse():
     worse = {r.metric: r.verdict for r in compare_samples(
         {name: (after[name], before[name]) for name in before})}
     assert worse["step_time"] == worse["busbw"] == "worse"
+
+
+def test_a_fault_that_worsens_until_it_is_cleared_is_better_after():
+    """The fault window's own rising trend (steps slower as the fault worsens) cannot
+    explain why the steps after the clearing are faster: only drift in the direction of
+    the change is allowed for (allowing for both windows' drifts regardless of their
+    direction withheld this verdict)."""
+    rng = np.random.default_rng(13)
+    noise = ar1(rng, 80, 0.0, sd=0.03)
+    worsening = [0.6 + 0.02 * i + noise[i] for i in range(40)]      # 0.6 -> 1.4 s
+    after = [0.45 + noise[40 + i] for i in range(40)]
+    step = compare_samples({"step_time": (worsening, after)})[0]
+    delta = abs(step.after_median - step.before_median)
+    assert step.drift_before == pytest.approx(0.4, rel=0.2)
+    assert 1.5 * (abs(step.drift_before) + abs(step.drift_after)) > delta
+    assert step.verdict == "better", step
+
+
+def test_a_drift_in_the_direction_of_the_change_withholds_the_verdict():
+    """A run that slows steadily by itself: the later window is slower by what the drift
+    carries between the windows, which is no change."""
+    line = [1.0 + 0.005 * i + 0.01 * ((i * 7) % 5 - 2) for i in range(80)]
+    step = compare_samples({"step_time": (line[:40], line[40:])})[0]
+    assert step.p_holm < ALPHA and step.drift_before > 0 and step.drift_after > 0
+    assert step.verdict == "no change", step
 
 
 def test_too_few_samples_are_insufficient():

@@ -128,6 +128,37 @@ def test_lossy_hops_to_a_peer_outside_the_job_do_not_vote_on_the_queue(hop, writ
     assert [(f.cause, f.where) for f in serious(findings)] == [(cause, where)]
 
 
+def test_a_lossy_port_with_one_hop_delayed_by_its_host_is_still_a_lossy_link():
+    """Node1's port drops at random both ways; a busy host delays one of its two lossy
+    hops (1 -> 0) now and then. A queue must show on most of the lossy hops: one of
+    two is a tie, which proves no queue before the drop."""
+    lossy = lossy_port(1)
+
+    def hop(s, src, dst):
+        h = lossy(s, src, dst)
+        return HopPlan(loss=h.loss, rtt_us=3000.0) if (src, dst) == (1, 0) and h.loss else h
+    _, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop))
+    assert [(f.cause, f.where) for f in serious(findings)] == [("lossy_link", "node1")]
+
+
+def test_loss_beside_a_compute_straggler_is_placed_at_the_lossy_port():
+    """Node2's port drops (hops 3 -> 2 and 2 -> 1) while rank 3 computes late: its
+    slow host delays the hop into it (0 -> 3) and the ring waits on it. The delay is
+    the straggler's host, not a second lossy place."""
+    lossy = lossy_port(2)
+
+    def hop(s, src, dst):
+        h = lossy(s, src, dst)
+        return HopPlan(rtt_us=3000.0) if s >= FAULT and (src, dst) == (0, 3) else h
+
+    def step(i, t):
+        return StepPlan() if t < FAULT else StepPlan(seconds=3.8, sync=3.1,
+                                                     sync_of={"3": 0.3})
+    _, findings = run(SynthJob(nodes=4, seconds=60, step=step, hop=hop))
+    assert sorted((f.cause, f.where) for f in serious(findings)) == [
+        ("lossy_link", "node2"), ("straggler_compute", "node3")]
+
+
 def test_a_place_keeps_its_cause_when_its_queue_dips():
     def hop(s, src, dst):           # the queue drains for 10 s while the drops go on
         h = uplink_queue(s, src, dst)
@@ -154,6 +185,22 @@ def test_a_new_network_finding_needs_two_agreeing_evaluations():
     assert evaluate(engine, two, FAULT + 2) == []           # another place: starts over
     assert evaluate(engine, two, FAULT + 3) == ["lossy_link"]
     assert [f.place["node"] for f in engine.open.values()] == ["node2"]
+
+
+def test_one_bad_second_read_by_several_evaluations_opens_no_finding():
+    """One second of loss at node2's port (the ring's first hop to meet a fault, a
+    host's stall) is in three overlapping windows; two evaluations agree on it, but it
+    spans no confirm_seconds, so it stays pending and is gone with its window. The
+    fault at node1 that follows, persisting, opens as soon as two evaluations agree."""
+    blip, fault = lossy_port(2, since=FAULT, until=FAULT + 1), lossy_port(1, since=FAULT + 6)
+
+    def hop(s, src, dst):
+        a, b = blip(s, src, dst), fault(s, src, dst)
+        return a if a.loss else b
+    engine, findings = run(SynthJob(seconds=60, step=slowed_sync(since=FAULT + 6), hop=hop))
+    assert DEFAULT.confirm_seconds == 2
+    assert [(f.cause, f.where) for f in serious(findings)] == [("lossy_link", "node1")]
+    assert serious(findings)[0].first_seen_ns == at(FAULT + 6 + 2)
 
 
 def test_a_fault_that_stops_ends_at_its_last_evidence():

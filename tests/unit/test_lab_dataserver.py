@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fabricscope.errors import UserError
+from fabricscope.services import free_port
 from lab.dataserver import MAX_LENGTH, OP_GET, DataClient, parse_addr, request
 from lab.training import read_io_log, start_training
 
@@ -175,18 +176,13 @@ def test_read_io_log_skips_a_line_still_being_written(tmp_path):
     assert read_io_log(str(path)) == [{"kind": "data_load", "step": 0}]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def test_single_rank_worker_logs_data_loads_and_checkpoints(server, tmp_path):
     """A real train_worker (world size 1, gloo on loopback) against the real server."""
     proc, addr = server
     io_log = tmp_path / "rank0.jsonl"
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port()), "GLOO_SOCKET_IFNAME": "lo",
+           "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo",
            "FABRICSCOPE_MARKERS_DIR": str(tmp_path / "markers"), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT)}
     env.pop("FABRICSCOPE_LAB_PARENT", None)

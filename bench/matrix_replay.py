@@ -1,0 +1,97 @@
+"""Replay a diagnosis-matrix dump through the engine as it is now.
+
+    FABRICSCOPE_MATRIX_DUMP=/tmp/dump python -m pytest tests/kernel/test_diagnosis_matrix.py
+    python -m bench.matrix_replay /tmp/dump/*.json
+
+A dump (bench/scenarios._dump) holds a scenario's raw measurements as the store
+answered them, the lab's node-to-ToR map and the fault's onset. Each is loaded
+into a fresh influxd on loopback (every column typed by fabricscope.schema, tags
+apart from fields), `diagnose --recompute`'s engine runs over it, and its
+warnings are judged as the matrix judges the live engine's: so a change to the
+engine can be tried on a run's real evidence in seconds instead of a lab run.
+The live engine read the same rows as they arrived; replay gives each second
+once it is over, so first_seen can differ from the live run's by a second or so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from fabricscope.records import Record
+from fabricscope.schema import measurements
+from fabricscope.services import InfluxServer
+
+DB = "fabricscope"
+SECOND = 1_000_000_000
+
+
+def records_of(dump: dict) -> list[Record]:
+    out = []
+    for name, spec in measurements().items():
+        if name == "finding":
+            continue
+        tags = spec.all_tags()
+        for row in dump.get(name, []):
+            fields = {}
+            for key, value in row.items():
+                if key in ("time", "_tags") or key in tags or value is None:
+                    continue
+                f = spec.fields.get(key)
+                fields[key] = f.type(value) if f is not None and f.type in (int, float) \
+                    else value
+            if fields:
+                out.append(Record(name, int(row["time"]), {k: str(row[k]) for k in tags
+                                                           if row.get(k) not in (None, "")},
+                                  fields))
+    return out
+
+
+def replay_dump(path: str, influx: InfluxServer) -> dict:
+    from diagnosis.cli import recompute
+    from diagnosis.finding import Finding
+    from diagnosis.store import Store
+    from diagnosis.timespan import Span
+    with open(path) as fh:
+        dump = json.load(fh)
+    influx.query(f"DROP DATABASE {DB}")
+    influx.query(f"CREATE DATABASE {DB}")
+    store = Store(influx.url, DB)
+    records = records_of(dump)
+    for i in range(0, len(records), 5000):
+        store.write(records[i:i + 5000])
+    tors = {n["name"]: n.get("tor") for n in dump["nodes"]}
+    times = [r.time_ns for r in records]
+    onset = next((e["ns"] for e in dump["events"] if e["event"] == "on"), 0)
+    job = dump["outcome"]["job"]
+    live = [Finding.from_row({**r, **r.get("_tags", {})}) for r in dump.get("finding", [])
+            if r.get("job") == job or r.get("_tags", {}).get("job") == job]
+    found = recompute(store, Span(min(times), max(times) + SECOND), job, tors.get)
+    return {"scenario": dump["outcome"]["scenario"], "params": dump["outcome"]["params"],
+            "live": [_brief(f, onset) for f in live], "replay": [_brief(f, onset) for f in found]}
+
+
+def _brief(f, onset_ns: int) -> tuple:
+    """(cause, place, severity, first_seen after the onset, seconds of bad evidence)."""
+    return (f.cause, f.where, f.severity,
+            round((f.first_seen_ns - onset_ns) / 1e9, 2) if onset_ns else None,
+            round(((f.end_ns or f.last_seen_ns) - f.start_ns) / 1e9, 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dumps", nargs="+", help="JSON files written by a matrix run with "
+                        "FABRICSCOPE_MATRIX_DUMP set")
+    args = parser.parse_args(argv)
+    with InfluxServer() as influx:
+        for path in args.dumps:
+            out = replay_dump(path, influx)
+            print(f"{out['scenario']} ({out['params']})")
+            print(f"  live:   {out['live']}")
+            print(f"  replay: {out['replay']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
