@@ -8,21 +8,22 @@ path; a *delayed* one (RTT inflated) those of its data path and of its ACKs'
 path back, because a standing queue in either direction lengthens the RTT.
 
 A place is a node's port (both directions) or a ToR's uplink (both). A place
-explains a bad cell when one of its elements lies on the cell's implicated
-paths (a cell both lossy and delayed: its data path, where one element explains
-both); clean cells that carried data through the elements a place's bad cells
-implicate count against it, unless its loss comes with a queue (`_queue`). The place that explains the most lossy cells wins,
-then the one that explains most of the loss of the last seconds (lossy cells
-this window lacks), then the most bad cells, then the one fewer clean cells
-contradict, then the place already named by an open finding: a dropped frame
-died on its own data path, while a delay lies on either direction's path or in
-a busy host that answers late, so loss places a fault first and delay only
-among places the loss cannot tell apart; remaining ties
-go to the place where such a fault can physically sit (`_plausible_side`: a
+explains a bad cell when one of its elements lies on the cell's implicated paths
+(a cell both lossy and delayed: its data path, where one element explains both);
+clean cells that carried data through the elements a place's bad cells implicate
+count against it, unless its loss comes with a queue (`_queue`). The place that
+explains the most lossy cells wins, then the one that explains most of the loss
+of the last seconds (lossy cells this window lacks), then the most bad cells,
+then the one fewer clean cells contradict, then the place already named by an
+open finding: a dropped frame died on its own data path, while a delay lies on
+either direction's path or in a busy host that answers late, so loss places a
+fault first and delay only among places the loss cannot tell apart; remaining
+ties go to the place where such a fault can physically sit (`_plausible_side`: a
 queue at a switch egress toward the receiver, a drop on the cable the frames
 leave through; a ToR's uplink queues its rack's outgoing traffic), then to a
-node over a ToR. Several faults are found greedily: the best place takes its
-cells, the rest are explained again. This is how a bad row or column of the
+node's port for a drop at random and to a ToR's uplink for a queue. Several
+faults are found greedily: the best place takes its cells, the rest are
+explained again. This is how a bad row or column of the
 matrix points to a node and a block crossing two ToRs to an uplink; with two
 ToRs, tor0's uplink and tor1's downlink lie in series on every cross path, and
 the sending ToR is named (documented in docs/DIAGNOSIS.md).
@@ -146,8 +147,12 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
                 [c for c, elements_on_path in clean_paths if elements_on_path & used]
             before = [b for b, elements_on_path in recent_paths if elements_on_path & els]
             sides = sum(_plausible_side(place, b, tor_of) for b in mine + before)
+            # the last guess: a drop at random at a node's port (there are many more
+            # of them than uplinks), a queue at a ToR's uplink (where a rack's traffic
+            # converges, oversubscribed; one sender cannot overfill a node's port)
+            guess = place.kind == ("tor" if _queue(mine) else "node")
             scored.append(((sum(b.lossy for b in mine), len(before), len(mine),
-                            -len(against), place in prefer, sides, place.kind == "node"),
+                            -len(against), place in prefer, sides, guess),
                            place, mine, against))
         scored.sort(key=lambda s: s[0], reverse=True)
         best_key, place, mine, against = scored[0]
