@@ -19,12 +19,12 @@ import argparse
 import json
 import sys
 
+from diagnosis.evidence import SECOND
 from fabricscope.records import Record
 from fabricscope.schema import measurements
 from fabricscope.services import InfluxServer
 
 DB = "fabricscope"
-SECOND = 1_000_000_000
 
 
 def records_of(dump: dict) -> list[Record]:

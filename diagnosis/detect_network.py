@@ -36,13 +36,13 @@ def bad_cells(snap: Snapshot) -> list[BadCell]:
 
 
 def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
-           stragglers: frozenset = frozenset(), recent: list[BadCell] = ()
-           ) -> tuple[list[Candidate], list[RuledOut]]:
+           stragglers: frozenset = frozenset(), recent: list[BadCell] = (),
+           bad: list[BadCell] | None = None) -> tuple[list[Candidate], list[RuledOut]]:
     """`prefer`: places of open network findings; `stragglers`: nodes of ranks that
     compute late (their hosts answer late, which inflates RTTs all around the ring:
     delay alone then proves no slow link); `recent`: lossy cells of the last seconds
-    (localize.locate)."""
-    bad = bad_cells(snap)
+    (localize.locate); `bad`: bad_cells(snap), where the caller has them already."""
+    bad = bad_cells(snap) if bad is None else bad
     if stragglers:
         # a compute straggler's host answers late: the delay of its own hops is its
         # CPU's, and without loss anywhere no delay proves a slow link

@@ -206,8 +206,9 @@ class JobEngine:
             f.place.get("node") for f in self.open.values() if f.cause == "straggler_compute")
         prefer = frozenset(_place_of(f) for f in self.open.values()
                            if f.cause in NETWORK_CAUSES)
+        bad = detect_network.bad_cells(snap)
         net, r1 = detect_network.detect(snap, self.tor_of, prefer, stragglers,
-                                        self._recent_loss(snap))
+                                        self._recent_loss(snap.window.end_s, bad), bad)
         net = [self._same_cause(c) for c in net]
         # a rank whose own port is a network culprit waits on its link, not on its CPU
         culprits = {c.place.get("node") for c in net if c.cause in NETWORK_CAUSES}
@@ -254,11 +255,11 @@ class JobEngine:
             network_open or busy or strag))
         return out, ruled
 
-    def _recent_loss(self, snap: Snapshot) -> list:
+    def _recent_loss(self, end_s: int, bad: list) -> list:
         """The lossy cells of the last LOSS_MEMORY_S, each as last seen, this window's
-        included (detect_network leaves out those the window holds)."""
-        end_s = snap.window.end_s
-        for b in detect_network.bad_cells(snap):
+        (`bad`, ending at end_s) included (detect_network leaves out those the window
+        holds)."""
+        for b in bad:
             if b.lossy:
                 self.lossy_seen[b.cell.key] = (end_s, b)
         for key in [k for k, (s, _) in self.lossy_seen.items() if end_s - s > LOSS_MEMORY_S]:

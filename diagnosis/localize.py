@@ -135,22 +135,24 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
     found: list[Located] = []
     clean_paths = [(c, path(c.key.node, c.peer_node, tor_of, c.key.peer)) for c in clean]
     recent_paths = [(b, implicated(b, tor_of)) for b in recent]
+    implicated_of = {id(b): implicated(b, tor_of) for b in bad}
     while remaining and len(found) < max_places:
         scored = []
         for place in candidates(remaining, tor_of):
             els = elements(place)
-            mine = [b for b in remaining if implicated(b, tor_of) & els]
+            mine = [b for b in remaining if implicated_of[id(b)] & els]
+            queue = _queue(mine)
             # a clean cell contradicts the place where it crossed an element the bad
             # cells implicate: faults and queues are one-directional as often as not
-            used = set().union(*(implicated(b, tor_of) & els for b in mine))
-            against = [] if _queue(mine) else \
+            used = set().union(*(implicated_of[id(b)] & els for b in mine))
+            against = [] if queue else \
                 [c for c, elements_on_path in clean_paths if elements_on_path & used]
             before = [b for b, elements_on_path in recent_paths if elements_on_path & els]
             sides = sum(_plausible_side(place, b, tor_of) for b in mine + before)
             # the last guess: a drop at random at a node's port (there are many more
             # of them than uplinks), a queue at a ToR's uplink (where a rack's traffic
             # converges, oversubscribed; one sender cannot overfill a node's port)
-            guess = place.kind == ("tor" if _queue(mine) else "node")
+            guess = place.kind == ("tor" if queue else "node")
             scored.append(((sum(b.lossy for b in mine), len(before), len(mine),
                             -len(against), place in prefer, sides, guess),
                            place, mine, against))

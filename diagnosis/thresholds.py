@@ -47,8 +47,9 @@ class Thresholds:
         "busy host's own scheduling moves a flow's median RTT (up to ~1 ms measured on "
         "the lab's loaded 4-node runs), which is no queue in the fabric", "us"))
     confirm_seconds: int = field(default=2, metadata=why(
-        "a new network finding needs bad evidence at its place in seconds at least this "
-        "far apart, first to last, besides two evaluations in a row: the evaluations' "
+        "a new network finding needs bad seconds at its place spanning at least this "
+        "long, from the first one's start to the last one's end, besides two "
+        "evaluations in a row: the evaluations' "
         "windows overlap by all but a second, so two of them can read one bad second "
         "twice; a fault persists, while one second is what a single event leaves (one "
         "retransmission timeout, a host's stall, the first hop of the ring to meet a "

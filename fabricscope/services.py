@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import random
+import shutil
 import signal
 import socket
 import subprocess

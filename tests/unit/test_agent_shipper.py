@@ -13,8 +13,8 @@ from agent.metrics import AgentMetrics
 from agent.shipper import Backoff, Shipper
 from agent.spool import BatchSpool
 from fabricscope.errors import UserError
-from fabricscope.services import free_port
 from fabricscope.records import Record
+from fabricscope.services import free_port
 from fabricscope.wire import pb, pb_grpc
 
 OK, RETRY, REJECTED = pb.Ack.OK, pb.Ack.RETRY, pb.Ack.REJECTED
@@ -66,7 +66,6 @@ async def start_server(servicer, port=0):
     port = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return server, port
-
 
 
 def make_shipper(port, metrics, max_records=10_000, spool_dir="", max_bytes=1 << 30,

@@ -176,7 +176,6 @@ def test_read_io_log_skips_a_line_still_being_written(tmp_path):
     assert read_io_log(str(path)) == [{"kind": "data_load", "step": 0}]
 
 
-
 def test_single_rank_worker_logs_data_loads_and_checkpoints(server, tmp_path):
     """A real train_worker (world size 1, gloo on loopback) against the real server."""
     proc, addr = server
