@@ -54,6 +54,7 @@ def summarize(outcomes) -> dict:
         rows[name] = {
             "runs": len(mine), "right": sum(o.primary_ok and o.all_found for o in mine),
             "false_alarms": sum(len(o.false_alarms) for o in mine),
+            "moved": sum(len(o.moved) for o in mine),
             "errors": sum(bool(o.error) for o in mine),
             "latency_median_s": statistics.median(lat) if lat else None,
             "latency_p95_s": percentile(lat, 95),
@@ -68,6 +69,7 @@ def summarize(outcomes) -> dict:
              "accuracy": sum(o.primary_ok and o.all_found for o in outcomes) / len(outcomes)
              if outcomes else None,
              "false_alarms": sum(len(o.false_alarms) for o in outcomes),
+             "moved": sum(len(o.moved) for o in outcomes),
              "healthy_warnings": sum(len(o.false_alarms) for o in outcomes
                                      if o.scenario == "healthy"),
              "latency_median_s": statistics.median(lat) if lat else None,
@@ -76,17 +78,18 @@ def summarize(outcomes) -> dict:
 
 
 def text(summary: dict) -> str:
-    out = [f"{'scenario':<14}{'runs':>5}{'right':>7}{'false':>7}{'latency med':>13}"
+    out = [f"{'scenario':<14}{'runs':>5}{'right':>7}{'false':>7}{'moved':>7}{'latency med':>13}"
            f"{'p95':>7}{'end after clear':>17}  compare (step time)"]
     for name, r in summary["scenarios"].items():
         def s(v):
             return "-" if v is None else f"{v:.1f}"
-        out.append(f"{name:<14}{r['runs']:>5}{r['right']:>7}{r['false_alarms']:>7}"
+        out.append(f"{name:<14}{r['runs']:>5}{r['right']:>7}{r['false_alarms']:>7}{r['moved']:>7}"
                    f"{s(r['latency_median_s']):>13}{s(r['latency_p95_s']):>7}"
                    f"{s(r['end_after_clear_max_s']):>17}  {r['compare']}")
     t = summary["total"]
     out.append(f"\nall: {t['right']}/{t['runs']} right ({t['accuracy']:.1%}), "
                f"{t['false_alarms']} false alarms ({t['healthy_warnings']} in healthy runs), "
+               f"{t['moved']} moved, "
                f"onset -> first_seen median {t['latency_median_s']} s, p95 "
                f"{t['latency_p95_s']} s")
     return "\n".join(out)

@@ -69,7 +69,28 @@ def replay_dump(path: str, influx: InfluxServer) -> dict:
             if r.get("job") == job or r.get("_tags", {}).get("job") == job]
     found = recompute(store, Span(min(times), max(times) + SECOND), job, tors.get)
     return {"scenario": dump["outcome"]["scenario"], "params": dump["outcome"]["params"],
-            "live": [_brief(f, onset) for f in live], "replay": [_brief(f, onset) for f in found]}
+            "live": [_brief(f, onset) for f in live], "replay": [_brief(f, onset) for f in found],
+            "judged": _judged(dump, found, onset, store, max(times))}
+
+
+def _judged(dump: dict, found: list, onset_ns: int, store, end_ns: int):
+    """The replay's findings judged as bench/scenarios.judge judges the live ones, and
+    the scenario's compare (around the clearing; the healthy job against itself) run
+    again on its samples."""
+    from bench.scenarios import (Expect, Outcome, Scenario, _after_startup, _compare,
+                                 _null_compare, judge)
+    o = dump["outcome"]
+    sc = Scenario(o["scenario"], [], [Expect(e["cause"], e["place"]) for e in o["expected"]],
+                  cleared=o["scenario"] == "cleared")
+    out = Outcome(o["scenario"], o["params"], o["job"], onset_ns=onset_ns,
+                  clear_ns=o.get("clear_ns") or 0)
+    judge(out, sc, found)
+    if sc.cleared and out.clear_ns:
+        out.compare = _compare(store, o["job"], onset_ns, out.clear_ns, end_ns)
+    elif sc.name == "healthy":
+        first = _after_startup(store, o["job"], 0, end_ns)
+        out.compare = _null_compare(store, o["job"], first, end_ns) if first else {}
+    return out
 
 
 def _brief(f, onset_ns: int) -> tuple:
@@ -79,17 +100,36 @@ def _brief(f, onset_ns: int) -> tuple:
             round(((f.end_ns or f.last_seen_ns) - f.start_ns) / 1e9, 1))
 
 
+def _step(compare: dict) -> str:
+    s = compare.get("step_time", {})
+    drift = ", ".join(f"{d:+.3f}" for d in s.get("drift") or [] if d is not None)
+    return (f"{s.get('verdict')} ({s.get('change_pct') or 0:+.1f} %, p_holm "
+            f"{s.get('p_holm') or 0:.3g}, drift {drift}); all verdicts "
+            f"{sorted({v['verdict'] for v in compare.values()})}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dumps", nargs="+", help="JSON files written by a matrix run with "
                         "FABRICSCOPE_MATRIX_DUMP set")
     args = parser.parse_args(argv)
+    right, latency = 0, []
     with InfluxServer() as influx:
         for path in args.dumps:
             out = replay_dump(path, influx)
-            print(f"{out['scenario']} ({out['params']})")
+            judged = out["judged"]
+            right += judged.ok
+            latency += judged.latency_s
+            print(f"{out['scenario']} ({out['params']}): "
+                  f"{'right' if judged.ok else 'WRONG'}, false alarms {judged.false_alarms}, "
+                  f"moved {judged.moved}" + (f"; compare step time {_step(judged.compare)}"
+                                             if judged.compare else ""))
             print(f"  live:   {out['live']}")
             print(f"  replay: {out['replay']}")
+    latency.sort()
+    print(f"\nreplay: {right}/{len(args.dumps)} right; onset -> first_seen median "
+          f"{latency[len(latency) // 2] if latency else None} s, max "
+          f"{latency[-1] if latency else None} s")
     return 0
 
 

@@ -74,6 +74,9 @@ class Outcome:
     primary_ok: bool = False
     all_found: bool = False
     false_alarms: list[str] = field(default_factory=list)
+    #: warnings at another place that a right finding took over (Finding.superseded_by):
+    #: the fault localized again; counted here, not as false alarms
+    moved: list[str] = field(default_factory=list)
     latency_s: list[float] = field(default_factory=list)  # onset -> first_seen, per expected
     end_after_clear_s: float | None = None
     compare: dict = field(default_factory=dict)           # metric -> (verdict, p)
@@ -293,7 +296,8 @@ def judge(out: Outcome, sc: Scenario, findings: list[Finding]) -> None:
     serious = [f for f in findings if severity_rank(f.severity) >= 1]
     out.found = [{"cause": f.cause, "where": f.where, "severity": f.severity,
                   "first_seen_s": round((f.first_seen_ns - out.onset_ns) / 1e9, 2)
-                  if out.onset_ns else None, "id": f.id} for f in findings]
+                  if out.onset_ns else None, "id": f.id,
+                  "superseded_by": f.superseded_by} for f in findings]
     expected = sc.expect
     hits = [next((f for f in serious if _matches(f, e)), None) for e in expected]
     out.all_found = all(hits)
@@ -302,8 +306,13 @@ def judge(out: Outcome, sc: Scenario, findings: list[Finding]) -> None:
         (top is not None and any(_matches(top, e) for e in expected))
     # false alarms: a warning that matches no expected cause and place
     explained = {id(f) for f in hits if f is not None}
-    out.false_alarms = [f"{f.cause} at {f.where} ({f.severity})" for f in serious
-                        if id(f) not in explained and not any(_matches(f, e) for e in expected)]
+    wrong = [f for f in serious
+             if id(f) not in explained and not any(_matches(f, e) for e in expected)]
+    right_ids = {f.id for f in hits if f is not None}
+    out.moved = [f"{f.cause} at {f.where} ({f.severity})" for f in wrong
+                 if f.superseded_by in right_ids]
+    out.false_alarms = [f"{f.cause} at {f.where} ({f.severity})" for f in wrong
+                        if f.superseded_by not in right_ids]
     if out.onset_ns:
         out.latency_s = [round((f.first_seen_ns - out.onset_ns) / 1e9, 2) for f in hits if f]
     if sc.cleared and out.clear_ns:

@@ -13,8 +13,8 @@ its data flows). Per-step samples are autocorrelated and not normal, so:
 - step time drifts inside a healthy run (checkpoints, caches, neighbours), so
   each window's drift (its Theil-Sen trend carried over half its length, with its
   sign: how far its level moves by itself) is shown, and a change counts only when
-  it exceeds 1.5 x the drifts that run its way (what a steady drift alone makes two
-  adjacent windows differ by): a verdict never rests on a p-value alone.
+  it exceeds 1.5 x what a steady drift seen in both windows, running its way, makes
+  two adjacent windows differ by: a verdict never rests on a p-value alone.
 Verdicts: better, worse, no change, or insufficient (fewer than MIN_SAMPLES).
 """
 
@@ -125,14 +125,17 @@ def drift(x: list[float]) -> float:
 
 
 def drift_allowance(delta: float, drift_before: float, drift_after: float) -> float:
-    """How much of a difference of medians the windows' own drifts could make. Two
-    adjacent windows of one steady drift differ by about their two drifts together, and
-    a change must exceed that by half again (DRIFT_MARGIN). A drift moves the level only
-    its own way, so only a drift in the direction of the difference counts: a fault
-    window whose steps grow slower as the fault worsens cannot explain why the steps
-    after it are faster."""
+    """How much of a difference of medians the run's own drift could make. A steady
+    drift carries both windows the same way, and two adjacent windows of it differ by
+    about their two drifts together; a change must exceed that by half again
+    (DRIFT_MARGIN). So the allowance is twice the smaller of the two drifts that run
+    in the direction of the difference: a trend only one window shows is that
+    window's own (a fault that worsens or wears off until it is cleared, a warm-up),
+    not a drift that carries across the boundary, and it cannot explain why the other
+    window differs."""
     direction = 1.0 if delta >= 0 else -1.0
-    return DRIFT_MARGIN * sum(max(0.0, d * direction) for d in (drift_before, drift_after))
+    steady = min(max(0.0, d * direction) for d in (drift_before, drift_after))
+    return DRIFT_MARGIN * 2 * steady
 
 
 def holm(pvalues: list[float | None]) -> list[float | None]:

@@ -90,6 +90,7 @@ class JobEngine:
     pending: dict = field(default_factory=dict)      # network key -> (evals, first evidence)
     node_known_ns: dict = field(default_factory=dict)   # node -> when the engine first knew it
     lossy_seen: dict = field(default_factory=dict)  # cell key -> (window end s, BadCell)
+    hops_of: dict = field(default_factory=dict)     # open network key -> its hops (elements)
     pruned_s: int = 0
 
     def __post_init__(self) -> None:
@@ -310,8 +311,8 @@ class JobEngine:
             c.advice = advise(c, self.backend)
             others = [{"cause": r.cause, "why": r.why} for r in ruled_out if r.cause != c.cause]
             f = self.open.get(c.key)
-            if f is None and c.key in self.closed and \
-                    c.bad_from_ns - (self.closed[c.key].end_ns or 0) <= REOPEN_S * SECOND:
+            if f is None and c.key in self.closed and not self.closed[c.key].superseded_by \
+                    and c.bad_from_ns - (self.closed[c.key].end_ns or 0) <= REOPEN_S * SECOND:
                 f = self.closed.pop(c.key)
                 f.end_ns = None
                 self.open[c.key] = f
@@ -320,8 +321,11 @@ class JobEngine:
                             first_seen_ns=now_ns)
                 self.open[c.key] = f
             _apply(f, c, others)
+            if c.cause in NETWORK_CAUSES:
+                self.hops_of[c.key] = self.hops_of.get(c.key, frozenset()) | c.hops
             seen.add(c.key)
             changed.append(f)
+        changed += self._supersede(seen)
         for key, f in list(self.open.items()):
             if key in seen:
                 continue
@@ -334,9 +338,34 @@ class JobEngine:
             if clock - f.last_seen_ns >= quiet:
                 f.end_ns = f.last_seen_ns
                 del self.open[key]
+                self.hops_of.pop(key, None)
                 self.closed[key] = f
                 changed.append(f)
         return changed
+
+    def _supersede(self, seen: set) -> list[Finding]:
+        """Close the open network findings that a finding named in this evaluation took
+        over: its place explains every hop the other was named on, and it explains hops
+        the other's place cannot, while the other was not named this time. That is one
+        fault whose first hops to show could be explained by a place on their path (the
+        sender's port, for a ToR uplink's first lossy hop; a neighbour, for the first
+        hop of the ring to meet a port's loss), localized again once its other hops
+        showed; two faults keep a hop each that only their own place explains."""
+        out = []
+        for key in sorted((k for k in seen if k in self.hops_of), key=lambda k: self.open[k].id):
+            mine, taker = self.hops_of[key], self.open[key]
+            els = elements(_place_of(taker))
+            for other_key in [k for k in self.open if k not in seen and k in self.hops_of]:
+                f = self.open[other_key]
+                theirs, other_els = self.hops_of[other_key], elements(_place_of(f))
+                if all(h & els for h in theirs) and any(not h & other_els for h in mine):
+                    f.end_ns = f.last_seen_ns
+                    f.superseded_by = taker.id
+                    del self.open[other_key]
+                    del self.hops_of[other_key]
+                    self.closed[other_key] = f
+                    out.append(f)
+        return out
 
     def close_all(self, end_ns: int | None = None) -> list[Finding]:
         """End every open finding (the job stopped, or its ownership moved)."""
@@ -345,6 +374,7 @@ class JobEngine:
             f.end_ns = end_ns if end_ns is not None else f.last_seen_ns
             self.closed[key] = self.open.pop(key)
             out.append(f)
+        self.hops_of.clear()
         return out
 
     def findings(self) -> list[Finding]:

@@ -78,6 +78,10 @@ class Finding:
     retransmit_amplification: float | None = None
     victims: list[dict] = field(default_factory=list)       # {rank, node, waited_s}
     id: str = ""
+    #: the id of the finding that took this one over: a place that explains every hop
+    #: this one was named on, and hops it cannot (one fault, first seen on part of its
+    #: hops, localized again); such a finding is closed and not the primary
+    superseded_by: str | None = None
 
     def __post_init__(self) -> None:
         if self.cause not in CAUSES:
@@ -138,7 +142,8 @@ class Finding:
                    share_of_step=float(impact.get("share_of_step", 0.0)),
                    explained_share=float(obj.get("explained_share", 0.0)),
                    retransmit_amplification=obj.get("retransmit_amplification"),
-                   victims=list(obj.get("victims", [])), id=obj.get("id", ""))
+                   victims=list(obj.get("victims", [])), id=obj.get("id", ""),
+                   superseded_by=obj.get("superseded_by"))
 
     def to_record(self) -> Record:
         """The `finding` point (fabricscope/measurements/diagnosis.py)."""
@@ -160,6 +165,8 @@ class Finding:
             fields["end_ns"] = int(self.end_ns)
         if self.retransmit_amplification is not None:
             fields["retransmit_amplification"] = float(self.retransmit_amplification)
+        if self.superseded_by:
+            fields["superseded_by"] = self.superseded_by
         return Record("finding", int(self.start_ns), tags, fields)
 
     @classmethod
@@ -179,7 +186,8 @@ class Finding:
                    share_of_step=float(row.get("share_of_step") or 0.0),
                    explained_share=float(row.get("explained_share") or 0.0),
                    retransmit_amplification=row.get("retransmit_amplification"),
-                   victims=json.loads(row.get("victims") or "[]"), id=row["id"])
+                   victims=json.loads(row.get("victims") or "[]"), id=row["id"],
+                   superseded_by=row.get("superseded_by") or None)
 
 
 def finding_key(cause: str, place: dict) -> tuple:
@@ -194,7 +202,9 @@ def finding_id(job: str, cause: str, place: dict, start_ns: int) -> str:
 
 
 def primary(findings: list[Finding]) -> Finding | None:
-    """The finding a person should read first: highest severity, ties by impact."""
-    if not findings:
+    """The finding a person should read first: highest severity, ties by impact; a
+    finding another one took over is not it."""
+    current = [f for f in findings if not f.superseded_by]
+    if not current:
         return None
-    return max(findings, key=lambda f: (severity_rank(f.severity), f.step_seconds_added))
+    return max(current, key=lambda f: (severity_rank(f.severity), f.step_seconds_added))

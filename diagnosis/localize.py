@@ -71,6 +71,7 @@ class Located:
     cells: list[BadCell]                      # the bad cells it explains
     contradicting: list[CellTotals] = field(default_factory=list)
     alternatives: list[Place] = field(default_factory=list)   # places that tied with it
+    recent: list[BadCell] = field(default_factory=list)       # the recent loss it explains
 
 
 def path(src: str, dst: str | None, tor_of, peer: str = "") -> set[tuple[str, str]]:
@@ -155,11 +156,11 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
             guess = place.kind == ("tor" if queue else "node")
             scored.append(((sum(b.lossy for b in mine), len(before), len(mine),
                             -len(against), place in prefer, sides, guess),
-                           place, mine, against))
+                           place, mine, against, before))
         scored.sort(key=lambda s: s[0], reverse=True)
-        best_key, place, mine, against = scored[0]
+        best_key, place, mine, against, before = scored[0]
         ties = [s[1] for s in scored[1:] if s[0][:4] == best_key[:4]]
-        found.append(Located(place, mine, against, ties))
+        found.append(Located(place, mine, against, ties, before))
         remaining = [b for b in remaining if b not in mine]
     return found, remaining
 

@@ -28,6 +28,9 @@ def one_finding(f: Finding, width: int = 100) -> list[str]:
     out = [f"{MARK[f.severity]} {f.severity.upper():8s} {f.cause} at {f.where}  [{when}{impact}]"
            f"  id {f.id}",
            f"   {f.summary}"]
+    if f.superseded_by:
+        out.append(f"   (localized again: finding {f.superseded_by} took it over)")
+        return out
     for a in f.advice[:3]:
         out.append(f"   -> {a.knob}: {a.value}")
     return out

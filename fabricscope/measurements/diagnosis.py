@@ -54,6 +54,9 @@ MEASUREMENTS = [
                                               "lost per unit of bytes resent (grad-sync "
                                               "slowdown / retransmitted share of bytes)"),
             "victims": Field(str, "", "JSON list of {rank, node, waited_s}: who waited"),
+            "superseded_by": Field(str, "", "id of the finding that took this one over (a "
+                                   "place that explains all its hops and more): set when "
+                                   "the engine localized the fault again; absent otherwise"),
         },
     ),
     Measurement(

@@ -5,8 +5,9 @@ bench/scenarios.py runs each scenario as a training job of its own in a 4-node,
 its faults on after the job's baseline, and judges only what the live engine
 wrote to InfluxDB: the primary finding (highest severity, ties by impact) must
 be the fault's cause at the fault's place, every fault of the scenario must be
-found, no warning may name anything else, and a healthy job gets no warning at
-all. How fast (onset to first_seen) is measured by `fabricscope bench
+found, no warning may name anything else (one that the right finding took over,
+`superseded_by`, is the fault localized again, and counted as moved), and a
+healthy job gets no warning at all. How fast (onset to first_seen) is measured by `fabricscope bench
 diagnosis-matrix`, not asserted here.
 """
 
@@ -33,7 +34,7 @@ def outcomes():
 def describe(out) -> str:
     return (f"{out.scenario} ({out.params}): expected {out.expected}, found "
             f"{[(f['cause'], f['where'], f['severity']) for f in out.found]}, false alarms "
-            f"{out.false_alarms}, error {out.error!r}")
+            f"{out.false_alarms}, moved {out.moved}, error {out.error!r}")
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "healthy"])

@@ -147,6 +147,21 @@ def test_a_fault_that_worsens_until_it_is_cleared_is_better_after():
     assert step.verdict == "better", step
 
 
+def test_a_fault_that_wears_off_until_it_is_cleared_is_better_after():
+    """A fault window whose steps grow faster (TCP settling around a lossy port) runs
+    the change's way, but the window after it is flat: a trend one window alone shows
+    is not a drift that carries across the boundary (allowing for it withheld this
+    verdict at -40 %, p_holm 0.001)."""
+    rng = np.random.default_rng(14)
+    noise = ar1(rng, 80, 0.0, sd=0.03)
+    easing = [1.2 - 0.012 * i + noise[i] for i in range(40)]         # 1.2 -> 0.73 s
+    after = [0.7 + noise[40 + i] for i in range(40)]
+    step = compare_samples({"step_time": (easing, after)})[0]
+    delta = step.after_median - step.before_median
+    assert step.drift_before < 0 and 1.5 * abs(step.drift_before) > abs(delta)
+    assert step.verdict == "better", step
+
+
 def test_a_drift_in_the_direction_of_the_change_withholds_the_verdict():
     """A run that slows steadily by itself: the later window is slower by what the drift
     carries between the windows, which is no change."""

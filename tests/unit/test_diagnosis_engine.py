@@ -10,7 +10,7 @@ import pytest
 
 from diagnosis.engine import AMBIGUOUS_EVALS, JobEngine
 from diagnosis.evidence import SECOND, CellKey, JobEvidence
-from diagnosis.finding import Finding, severity_rank
+from diagnosis.finding import Finding, primary, severity_rank
 from diagnosis.replay import replay, slice_until
 from diagnosis.thresholds import DEFAULT
 from tests.unit.test_diagnosis_evidence import (STORAGE, T0, HopPlan, StepPlan, SynthJob,
@@ -157,6 +157,30 @@ def test_loss_beside_a_compute_straggler_is_placed_at_the_lossy_port():
     _, findings = run(SynthJob(nodes=4, seconds=60, step=step, hop=hop))
     assert sorted((f.cause, f.where) for f in serious(findings)) == [
         ("lossy_link", "node2"), ("straggler_compute", "node3")]
+
+
+def test_a_finding_whose_hops_a_later_place_explains_with_more_is_taken_over():
+    """tor0's uplink drops at random: at first only the ring's hop 0 -> 3 crosses it,
+    which node0's port explains as well (the last guess names the port); 15 s later
+    node1's checkpoint loses frames through the uplink too, which node0's port cannot
+    explain. The uplink's finding takes node0's over: node0's closes, superseded by
+    it, and is not the primary."""
+    def hop(s, src, dst):
+        return HopPlan(loss=0.01) if s >= FAULT and (src, dst) == (0, 3) else HopPlan()
+    spec = SynthJob(nodes=4, seconds=70, step=slowed_sync(), hop=hop)
+    ev = build(spec)
+    key = CellKey(spec.node(1), spec.addr(1), STORAGE, "1")
+    ev.cells[key] = {spec.t0_s + s: cell_second(HopPlan(loss=0.02))
+                     for s in range(FAULT + 15, spec.seconds)}
+    engine = JobEngine(spec.job, tor_of=TWO_TORS)
+    findings = replay(engine, ev, spec.t0_s, spec.end_s + 5)
+    by_where = {f.where: f for f in serious(findings)}
+    assert sorted(by_where) == ["node0", "tor0 uplink"]
+    port, uplink = by_where["node0"], by_where["tor0 uplink"]
+    assert port.first_seen_ns < uplink.first_seen_ns
+    assert port.superseded_by == uplink.id and not port.open
+    assert uplink.open and uplink.superseded_by is None
+    assert primary(findings) is uplink
 
 
 def test_a_place_keeps_its_cause_when_its_queue_dips():
