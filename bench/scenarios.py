@@ -10,7 +10,7 @@ a training job of its own (its own MASTER_PORT, so its own job id):
     loss          random loss (1-3 %) on one node's switch port
     shape-node    a shallow TBF on one node's switch port
     shape-uplink  a shallow TBF on tor0's uplink
-    cpu           a CPU quota (10-20 % of a CPU) on one rank
+    cpu           a CPU quota (5-10 % of a CPU) on one rank
     storage       the data server throttled (10-30 Mbit/s)
     loss+cpu      loss on one node and a CPU straggler on another
     cleared       loss on one node, cleared halfway; `fabricscope annotate` marks it

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from diagnosis.compare import VERDICT_RULE
 from diagnosis.finding import Finding, primary, severity_rank
 
 SECOND = 1_000_000_000
@@ -90,7 +91,7 @@ def explain(f: Finding) -> str:
 def compare_text(job: str, before, after, results) -> str:
     lines = [f"job {job}", f"before {before}  |  after {after}", "",
              f"{'metric':<18}{'before':>12}{'after':>12}{'change':>11}{'95% CI of change':>26}"
-             f"{'p (Holm)':>10}{'drift b/a':>20}  verdict"]
+             f"{'p (adj.)':>10}{'drift b/a':>20}  verdict"]
     for r in results:
         def num(v):
             return "-" if v is None else f"{v:.4g}"
@@ -101,7 +102,5 @@ def compare_text(job: str, before, after, results) -> str:
         lines.append(f"{r.metric:<18}{num(r.before_median):>12}{num(r.after_median):>12}"
                      f"{change:>11}{ci:>26}{num(r.p_holm):>10}{drift:>20}  {r.verdict}"
                      f"  (n {r.n_before}/{r.n_after})")
-    lines += ["", "A change counts when its Holm-corrected Mann-Whitney p < 0.05, its "
-                  "bootstrap interval excludes 0 and it exceeds 1.5 x the windows' drifts in its "
-                  "direction (each window's own trend over half its length, signed)."]
+    lines += ["", VERDICT_RULE]
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ import statistics
 import time
 from html import escape
 
+from diagnosis.compare import VERDICT_RULE
 from diagnosis.finding import Finding, primary, severity_rank
 from surface.report_data import ReportData
 
@@ -158,7 +159,7 @@ def _pct(v: float | None) -> str:
 def compare_html(data: ReportData) -> str:
     c = data.comparison
     head = ("<tr><th>metric</th><th>before</th><th>after</th><th>change</th>"
-            "<th>95 % interval of the change</th><th>p (Holm)</th><th>drift before / after"
+            "<th>95 % interval of the change</th><th>p (adjusted)</th><th>drift before / after"
             "</th><th>samples</th><th>verdict</th></tr>")
     rows = []
     for r in c.results:
@@ -175,9 +176,7 @@ def compare_html(data: ReportData) -> str:
     return (f'<p class="meta">Split at {escape(c.label)}: before {escape(str(c.before))}, '
             f"after {escape(str(c.after))}.</p>"
             f'<table class="rows compare">{head}{"".join(rows)}</table>'
-            '<p class="note">A change counts when its Holm-corrected Mann-Whitney p &lt; 0.05, '
-            "its bootstrap interval excludes 0 and it exceeds 1.5 x the windows' own "
-            "drifts in its direction (diagnosis/compare.py).</p>")
+            f'<p class="note">{escape(VERDICT_RULE)} (diagnosis/compare.py)</p>')
 
 
 def links_html(data: ReportData) -> str:

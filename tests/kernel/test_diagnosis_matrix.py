@@ -34,12 +34,14 @@ def outcomes():
 def describe(out) -> str:
     return (f"{out.scenario} ({out.params}): expected {out.expected}, found "
             f"{[(f['cause'], f['where'], f['severity']) for f in out.found]}, false alarms "
-            f"{out.false_alarms}, moved {out.moved}, error {out.error!r}")
+            f"{out.false_alarms}, moved {out.moved}, latency_s {out.latency_s}, "
+            f"step-time compare {out.compare.get('step_time')}, error {out.error!r}")
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "healthy"])
 def test_the_fault_is_named_with_its_cause_and_place(outcomes, name):
     out = outcomes[name]
+    print(describe(out))     # with -rA the log keeps each run's figures
     assert not out.error, describe(out)
     assert out.all_found and out.primary_ok, describe(out)
     assert out.false_alarms == [], describe(out)
@@ -47,6 +49,7 @@ def test_the_fault_is_named_with_its_cause_and_place(outcomes, name):
 
 def test_a_healthy_job_gets_no_warning_and_compare_sees_no_change(outcomes):
     out = outcomes["healthy"]
+    print(describe(out))
     assert not out.error, describe(out)
     assert [f for f in out.found if f["severity"] != "info"] == [], describe(out)
     # the job against itself (bench/scenarios._null_compare): both windows span the
@@ -58,6 +61,7 @@ def test_a_healthy_job_gets_no_warning_and_compare_sees_no_change(outcomes):
 
 def test_a_cleared_fault_ends_and_compare_around_the_clearing_says_better(outcomes):
     out = outcomes["cleared"]
+    print(describe(out))
     assert out.end_after_clear_s is not None, describe(out)
     step = out.compare["step_time"]
     assert step["verdict"] == "better" and step["p_holm"] < 0.05, out.compare

@@ -176,3 +176,20 @@ def test_too_few_samples_are_insufficient():
     assert {r.verdict for r in results} == {"insufficient"}
     assert results[0].n_before == MIN_SAMPLES - 1 and results[0].after_median == 0.5
     assert results[1].before_median is None
+
+
+def test_step_time_is_tested_alone_and_the_other_metrics_as_one_holm_family():
+    """A step-time change with p about 0.01 is a change even where none of the seven
+    metrics that explain it changed (corrected with them, it would need p < 0.05 / 8);
+    they share one Holm correction among themselves."""
+    rng = np.random.default_rng(21)
+    before = {m.name: list(rng.normal(1.0, 0.05, 12)) for m in METRICS}
+    after = {m.name: list(rng.normal(1.0, 0.05, 12)) for m in METRICS}
+    after["step_time"] = [0.97, 0.7, 0.72, 1.01, 0.69, 0.73, 0.98, 0.71, 0.7, 0.99, 0.72, 0.7]
+    before["step_time"] = [1.0, 0.95, 1.02, 0.71, 0.99, 1.03, 0.97, 1.01, 0.72, 0.98, 1.0, 0.96]
+    results = compare_samples({m.name: (before[m.name], after[m.name]) for m in METRICS})
+    step, others = results[0], results[1:]
+    assert step.metric == "step_time"
+    assert ALPHA / len(METRICS) < step.p_value < ALPHA
+    assert step.p_holm == step.p_value and step.verdict == "better"
+    assert [r.p_holm for r in others] == pytest.approx(holm([r.p_value for r in others]))
