@@ -201,6 +201,13 @@ def finding_id(job: str, cause: str, place: dict, start_ns: int) -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:12]
 
 
+def ordered(findings: list[Finding]) -> list[Finding]:
+    """The order a person reads findings in: current before taken over, then severity,
+    impact, start."""
+    return sorted(findings, key=lambda f: (bool(f.superseded_by), -severity_rank(f.severity),
+                                           -f.step_seconds_added, f.start_ns))
+
+
 def primary(findings: list[Finding]) -> Finding | None:
     """The finding a person should read first: highest severity, ties by impact; a
     finding another one took over is not it."""

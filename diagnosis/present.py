@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from diagnosis.compare import VERDICT_RULE
-from diagnosis.finding import Finding, primary, severity_rank
+from diagnosis.finding import Finding, ordered, primary
 
 SECOND = 1_000_000_000
 MARK = {"critical": "!!", "warning": "! ", "info": "  "}
@@ -40,8 +40,7 @@ def one_finding(f: Finding, width: int = 100) -> list[str]:
 def findings_text(findings: list[Finding], show_info: bool = True) -> str:
     if not findings:
         return "No findings: every job's evidence is within its own baseline.\n"
-    shown = [f for f in findings if show_info or f.severity != "info"]
-    shown.sort(key=lambda f: (-severity_rank(f.severity), -f.step_seconds_added, f.start_ns))
+    shown = ordered([f for f in findings if show_info or f.severity != "info"])
     lines = []
     top = primary(shown)
     if top is not None and top.severity != "info":
@@ -61,7 +60,12 @@ def explain(f: Finding) -> str:
     lines = [f"{f.cause} ({f.severity}) at {f.where}, job {f.job}",
              f"id {f.id}; started {_t(f.start_ns)}, first raised {_t(f.first_seen_ns)}, "
              + (f"ended {_t(f.end_ns)}" if f.end_ns else "still open"),
-             "", f.summary, "", "What was seen:"]
+             "", f.summary]
+    if f.superseded_by:
+        lines += ["", f"Localized again: finding {f.superseded_by} took it over (its place "
+                      "explains every hop this one was named on, and more); its advice "
+                      "applies, not this one's."]
+    lines += ["", "What was seen:"]
     for e in f.evidence:
         nodes = f" on {', '.join(e.nodes)}" if e.nodes else ""
         span = f" ({_t(e.start_ns)}-{_t(e.end_ns)})" if e.start_ns else ""
@@ -81,7 +85,7 @@ def explain(f: Finding) -> str:
     if f.ruled_out:
         lines += ["", "Why not something else:"]
         lines += [f"  - not {r['cause']}: {r['why']}" for r in f.ruled_out]
-    if f.advice:
+    if f.advice and not f.superseded_by:
         lines += ["", "What to change:"]
         for a in f.advice:
             lines += [f"  - {a.knob}: {a.value}", f"      because {a.why}"]

@@ -69,7 +69,7 @@ def context(data: ReportData, marks: str = "bands") -> tuple[list[dict], list[di
     """Finding bands and annotation lines, shared by every time axis."""
     shapes, labels = [], []
     for f in data.findings:
-        if severity_rank(f.severity) < 1:
+        if severity_rank(f.severity) < 1 or f.superseded_by:     # its taker has the band
             continue
         color = SEVERITY_COLORS[f.severity]
         start = max(f.start_ns, data.span.start_ns)

@@ -9,7 +9,7 @@ import time
 from html import escape
 
 from diagnosis.compare import VERDICT_RULE
-from diagnosis.finding import Finding, primary, severity_rank
+from diagnosis.finding import Finding, ordered, primary, severity_rank
 from surface.report_data import ReportData
 
 SECOND = 1_000_000_000
@@ -21,12 +21,6 @@ def hms(ns: int | None) -> str:
 
 def num(v, fmt: str = ".4g") -> str:
     return "-" if v is None else format(v, fmt)
-
-
-def ordered(findings: list[Finding]) -> list[Finding]:
-    """As `fabricscope diagnose` lists them: severity, then impact, then start."""
-    return sorted(findings, key=lambda f: (-severity_rank(f.severity), -f.step_seconds_added,
-                                           f.start_ns))
 
 
 def badge(severity: str) -> str:
@@ -61,7 +55,8 @@ def step_numbers(data: ReportData) -> list[tuple[str, str]]:
 
 
 def summary(data: ReportData) -> str:
-    serious = [f for f in data.findings if severity_rank(f.severity) >= 1]
+    serious = [f for f in data.findings
+               if severity_rank(f.severity) >= 1 and not f.superseded_by]
     top = primary(serious)
     open_ = sum(1 for f in data.findings if f.open)
     zone = time.strftime("UTC%z", time.localtime(data.span.start_ns / SECOND))
@@ -132,15 +127,20 @@ def finding_html(f: Finding) -> str:
         parts.append("<h4>Why not something else</h4><ul class=\"ruled-out\">" + "".join(
             f"<li>not <b>{escape(str(r.get('cause')))}</b>: {escape(str(r.get('why')))}</li>"
             for r in f.ruled_out) + "</ul>")
-    if f.advice:
+    if f.superseded_by:
+        parts.append(f'<p class="note">Localized again: <a href="#finding-'
+                     f'{escape(f.superseded_by)}">finding {escape(f.superseded_by)}</a> took it '
+                     "over; its advice applies.</p>")
+    elif f.advice:
         parts.append("<h4>What to change</h4><table class=\"rows advice\"><tr><th>knob</th>"
                      "<th>set to</th><th>because</th></tr>" + "".join(
                          f"<tr><td><b>{escape(a.knob)}</b></td><td>{escape(a.value)}</td>"
                          f"<td>{escape(a.why)}</td></tr>" for a in f.advice) + "</table>")
     body = "".join(parts)
-    if severity_rank(f.severity) == 0:
+    if severity_rank(f.severity) == 0 or f.superseded_by:
+        moved = " (localized again)" if f.superseded_by else ""
         return (f'<details class="finding sev-info" id="finding-{escape(f.id)}"><summary>'
-                f"{badge(f.severity)} {escape(f.cause)} at {escape(f.where)}: "
+                f"{badge(f.severity)} {escape(f.cause)} at {escape(f.where)}{moved}: "
                 f"{escape(f.summary)}</summary>{body}</details>")
     return f'<article class="finding sev-{escape(f.severity)}" id="finding-{escape(f.id)}">' \
            f"{body}</article>"

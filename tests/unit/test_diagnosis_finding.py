@@ -7,10 +7,12 @@ import dataclasses
 
 import pytest
 
-from diagnosis.finding import Advice, Evidence, Finding, finding_id, primary
+from diagnosis.finding import Advice, Evidence, Finding, finding_id, ordered, primary
+from diagnosis.present import explain, findings_text
 from diagnosis.store import Store
 from fabricscope.schema import validate
 from fabricscope.services import InfluxServer
+from surface.report_html import finding_html
 
 DB = "fabricscope"
 START = 1_700_000_025_123_456_789
@@ -73,10 +75,29 @@ def test_primary_is_the_most_severe_then_the_costliest():
     assert primary([]) is None
 
 
+def test_a_finding_taken_over_is_never_primary_reads_last_and_points_to_its_taker():
+    taker = lossy(place={"tor": "tor0", "interface": "uplink"}, step_seconds_added=0.2)
+    moved = lossy(step_seconds_added=0.9, end_ns=START + 4_000_000_000,
+                  superseded_by=taker.id)
+    assert primary([moved, taker]) is taker and primary([moved]) is None
+    assert ordered([moved, taker]) == [taker, moved]
+    text = findings_text([moved, taker])
+    assert text.startswith("Primary: lossy_link at tor0 uplink")
+    assert f"finding {taker.id} took it over" in text
+    assert text.count("reseat the optic") == 1            # the taker's advice only
+    why = explain(moved)
+    assert f"finding {taker.id} took it over" in why and "What to change" not in why
+    page = finding_html(moved)
+    assert page.startswith("<details") and f'href="#finding-{taker.id}"' in page
+    assert "reseat the optic" not in page
+
+
 @pytest.mark.parametrize("finding", [lossy(), lossy(end_ns=START + 40_000_000_000),
                                      lossy(retransmit_amplification=None,
-                                           place={"tor": "tor0", "interface": "uplink"})],
-                         ids=["open", "closed", "uplink"])
+                                           place={"tor": "tor0", "interface": "uplink"}),
+                                     lossy(end_ns=START + 40_000_000_000,
+                                           superseded_by="a1b2c3")],
+                         ids=["open", "closed", "uplink", "taken over"])
 def test_the_record_is_valid_against_the_schema(finding):
     r = finding.to_record()
     validate(r)
@@ -101,8 +122,10 @@ def read_back(store: Store, finding_id_: str) -> list[Finding]:
 
 @pytest.mark.parametrize("finding", [lossy(), lossy(end_ns=START + 40_000_000_000, job="b"),
                                      lossy(retransmit_amplification=None, job="c",
-                                           place={"tor": "tor0", "interface": "uplink"})],
-                         ids=["open", "closed", "uplink"])
+                                           place={"tor": "tor0", "interface": "uplink"}),
+                                     lossy(end_ns=START + 40_000_000_000, job="d",
+                                           superseded_by="a1b2c3")],
+                         ids=["open", "closed", "uplink", "taken over"])
 def test_a_finding_reads_back_from_influxdb_as_it_was_written(store, finding):
     store.write([finding.to_record()])
     assert read_back(store, finding.id) == [finding]
@@ -119,7 +142,8 @@ def test_a_rewritten_finding_stays_one_point_holding_its_latest_state(store):
 
 
 def test_json_round_trip():
-    for f in (lossy(), lossy(end_ns=START + 40_000_000_000)):
+    for f in (lossy(), lossy(end_ns=START + 40_000_000_000),
+              lossy(end_ns=START + 40_000_000_000, superseded_by="a1b2c3")):
         obj = f.to_json()
         assert list(obj)[0] == "id" and obj["impact"] == {"step_seconds_added": 0.5,
                                                           "share_of_step": 0.3333}
