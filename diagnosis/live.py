@@ -113,7 +113,10 @@ class LiveDiagnosis:
                     self._warned = True
             except Exception:       # an engine bug must not stop the collector
                 self.metrics.errors.labels("engine").inc()
-                log.exception("diagnosis tick failed")
+                if not self._warned:        # once until a tick succeeds; the count goes on
+                    log.exception("diagnosis tick failed (counted in "
+                                  "fabricscope_diagnosis_errors_total{kind=\"engine\"})")
+                    self._warned = True
             await asyncio.sleep(max(0.05, self.interval_s - (time.monotonic() - started)))
 
     # -- one tick ----------------------------------------------------------------------
@@ -205,7 +208,10 @@ class LiveDiagnosis:
         rows = self.store.query(
             f"SELECT last(jobs_owned) FROM collector_heartbeat WHERE time > "
             f"{now - HEARTBEAT_TTL_S * SECOND} GROUP BY replica")
-        live = sorted({r["_tags"].get("replica") for r in rows} | {self.replica_id})
+        # a store that does not answer InfluxQL (an InfluxDB 2 API stand-in) returns
+        # rows without the tag: only the replicas that name themselves count
+        live = sorted({r["_tags"]["replica"] for r in rows if r["_tags"].get("replica")}
+                      | {self.replica_id})
         self.metrics.replicas.set(len(live))
         return live
 

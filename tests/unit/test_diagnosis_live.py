@@ -13,7 +13,7 @@ from diagnosis.evidence import SECOND
 from diagnosis.live import HEARTBEAT_TTL_S, LiveDiagnosis, owner
 from diagnosis.metrics import FINDING_ACTIVE, DiagnosisMetrics
 from diagnosis.store import Store
-from fabricscope.services import InfluxServer
+from fabricscope.services import InfluxServer, VictoriaMetricsServer
 from tests.unit.test_diagnosis_evidence import (T0, HopPlan, StepPlan, SynthJob, build,
                                                 to_records)
 
@@ -159,3 +159,15 @@ def test_a_step_that_reaches_the_store_late_is_read_by_the_next_catch_up(store):
         live.tick()
         clock.ns += SECOND
     assert steps["2"][late_second * SECOND].seconds == 1.0
+
+
+def test_a_store_that_does_not_answer_influxql_leaves_the_engine_idle_not_failing():
+    """VictoriaMetrics takes the InfluxDB 2 writes (the v2 sink's stand-in) and answers
+    any /query with a list of databases: no replica, no job, and no tick that fails."""
+    with VictoriaMetricsServer() as vm:
+        reg = CollectorRegistry()
+        live = LiveDiagnosis(Store(vm.url, "fabricscope"), DiagnosisMetrics(reg), "replica-a",
+                             clock=Clock(T0 + 12))
+        assert live.tick() == []
+        assert live.engines == {}
+        assert reg.get_sample_value("fabricscope_diagnosis_replicas_live") == 1.0
