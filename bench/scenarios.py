@@ -8,7 +8,7 @@ a training job of its own (its own MASTER_PORT, so its own job id):
 
     healthy       nothing
     loss          random loss (1-3 %) on one node's switch port
-    shape-node    a shallow TBF on one node's switch port
+    shape-node    a shallow TBF on one node's switch port, below the job's rate there
     shape-uplink  a shallow TBF on tor0's uplink
     cpu           a CPU quota (5-10 % of a CPU) on one rank
     storage       the data server throttled (10-30 Mbit/s)
@@ -104,7 +104,10 @@ def draw(name: str, rng: random.Random, nodes: int = 4) -> Scenario:
         return Scenario(name, [Fault("loss", k, rng.choice([2, 3]))],
                         [Expect("lossy_link", node)], cleared=True)
     if name == "shape-node":
-        return Scenario(name, [Fault("shape", k, rng.choice(["150mbit", "200mbit", "300mbit"]))],
+        # below what the job sends through one node's port (one ring hop each way,
+        # 160-200 Mbit/s per second of the lab's DDP): a TBF at 300 Mbit/s there
+        # costs the steps nothing measurable (+0 to +3 %), so it is no fault to find
+        return Scenario(name, [Fault("shape", k, rng.choice(["150mbit", "200mbit", "100mbit"]))],
                         [Expect("buffer_saturation", node)])
     if name == "shape-uplink":
         return Scenario(name, [Fault("uplink", "tor0", rng.choice(["150mbit", "200mbit",

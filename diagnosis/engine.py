@@ -350,8 +350,9 @@ class JobEngine:
         fault whose first hops to show could be explained by a place on their path (the
         sender's port, for a ToR uplink's first lossy hop; a neighbour, for the first
         hop of the ring to meet a port's loss), localized again once its other hops
-        showed; two faults keep a hop each that only their own place explains."""
-        out = []
+        showed; two faults keep a hop each that only their own place explains. And an
+        unexplained slowdown that a cause named since explains (_explained_slowdowns)."""
+        out = [self._close_taken_over(k, taker) for k, taker in self._explained_slowdowns(seen)]
         for key in sorted((k for k in seen if k in self.hops_of), key=lambda k: self.open[k].id):
             mine, taker = self.hops_of[key], self.open[key]
             els = elements(_place_of(taker))
@@ -359,13 +360,36 @@ class JobEngine:
                 f = self.open[other_key]
                 theirs, other_els = self.hops_of[other_key], elements(_place_of(f))
                 if all(h & els for h in theirs) and any(not h & other_els for h in mine):
-                    f.end_ns = f.last_seen_ns
-                    f.superseded_by = taker.id
-                    del self.open[other_key]
-                    del self.hops_of[other_key]
-                    self.closed[other_key] = f
-                    out.append(f)
+                    out.append(self._close_taken_over(other_key, taker))
         return out
+
+    def _explained_slowdowns(self, seen: set) -> list[tuple]:
+        """(key, taker) for each open unexplained slowdown that a cause named since
+        explains: a warning of an explaining cause, first raised after the slowdown was,
+        named in this evaluation with at least thresholds.explains of the lost time,
+        while the slowdown itself was not raised again. "Slow, cause unclear" was what
+        was known until the cause's evidence came in (a compute straggler is named only
+        after its slow steps have ended)."""
+        out = []
+        for key, f in list(self.open.items()):
+            if f.cause != "unexplained_slowdown" or key in seen:
+                continue
+            takers = [self.open[k] for k in seen
+                      if self.open[k].cause in EXPLAINING_CAUSES
+                      and severity_rank(self.open[k].severity) >= 1
+                      and self.open[k].first_seen_ns >= f.first_seen_ns
+                      and self.open[k].explained_share >= self.thresholds.explains]
+            if takers:
+                out.append((key, max(takers, key=lambda g: (g.explained_share, g.id))))
+        return out
+
+    def _close_taken_over(self, key: tuple, taker: Finding) -> Finding:
+        f = self.open.pop(key)
+        f.end_ns = f.last_seen_ns
+        f.superseded_by = taker.id
+        self.hops_of.pop(key, None)
+        self.closed[key] = f
+        return f
 
     def close_all(self, end_ns: int | None = None) -> list[Finding]:
         """End every open finding (the job stopped, or its ownership moved)."""

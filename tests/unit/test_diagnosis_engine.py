@@ -273,6 +273,24 @@ def test_a_duty_cycle_that_rises_as_the_steps_slow_unexplained_is_a_warning_afte
     assert {f.cause for f in serious(findings)} <= {"network_bound", "unexplained_slowdown"}
 
 
+def test_an_unexplained_slowdown_is_taken_over_by_the_straggler_named_later():
+    """A rank that grows slow by degrees: at twice the others' compute it explains
+    nothing yet (slow, cause unclear); at five times it is the straggler, and the
+    unexplained slowdown was that."""
+    def step(i, t):
+        if t < FAULT:
+            return StepPlan()
+        if t < FAULT + 20:      # rank 2 computes 1.4 s against 0.7 s: under straggler_ratio
+            return StepPlan(seconds=2.2, sync=1.5, sync_of={"2": 0.8})
+        return StepPlan(seconds=3.8, sync=3.1, sync_of={"2": 0.3})
+    _, findings = run(SynthJob(seconds=80, step=step))
+    (unclear,) = [f for f in serious(findings) if f.cause == "unexplained_slowdown"]
+    (strag,) = [f for f in serious(findings) if f.cause == "straggler_compute"]
+    assert strag.where == "node2" and strag.first_seen_ns > unclear.first_seen_ns
+    assert unclear.superseded_by == strag.id and unclear.end_ns is not None
+    assert primary(findings) is strag
+
+
 def test_one_slow_step_is_no_straggler():
     def step(i, t):
         return StepPlan(seconds=3.8, sync=3.1, sync_of={"2": 0.3}) if i == 30 else StepPlan()
