@@ -110,3 +110,21 @@ class Matrix:
 
 
 BENCH = Matrix()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.diagnosis_matrix [--repeats N] [--seed S]`: the bench with
+    another seed, so that its parameters are drawn anew (the CLI's runs use seed 1)."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m bench.diagnosis_matrix")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    print(text(summarize(run_matrix(args.repeats, seed=args.seed))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -323,7 +323,12 @@ class CountingProxy:
                 pass
             finally:
                 dst.close()
-        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
+        try:
+            await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
+        except asyncio.CancelledError:
+            # the loop's end cancels a relay still open; a cancelled client task makes
+            # asyncio's stream callback log an error, a returned one does not
+            pass
 
     async def stop(self):
         self.server.close()
