@@ -336,11 +336,7 @@ class JobEngine:
                     clock - f.last_seen_ns < JOB_GONE_S * SECOND:
                 continue      # nothing crossed the place since: no evidence it is healthy
             if clock - f.last_seen_ns >= quiet:
-                f.end_ns = f.last_seen_ns
-                del self.open[key]
-                self.hops_of.pop(key, None)
-                self.closed[key] = f
-                changed.append(f)
+                changed.append(self._close(key))
         return changed
 
     def _supersede(self, seen: set) -> list[Finding]:
@@ -384,22 +380,21 @@ class JobEngine:
         return out
 
     def _close_taken_over(self, key: tuple, taker: Finding) -> Finding:
-        f = self.open.pop(key)
-        f.end_ns = f.last_seen_ns
+        f = self._close(key)
         f.superseded_by = taker.id
+        return f
+
+    def _close(self, key: tuple, end_ns: int | None = None) -> Finding:
+        """End an open finding (at its last evidence unless told) and forget its hops."""
+        f = self.open.pop(key)
+        f.end_ns = end_ns if end_ns is not None else f.last_seen_ns
         self.hops_of.pop(key, None)
         self.closed[key] = f
         return f
 
     def close_all(self, end_ns: int | None = None) -> list[Finding]:
         """End every open finding (the job stopped, or its ownership moved)."""
-        out = []
-        for key, f in list(self.open.items()):
-            f.end_ns = end_ns if end_ns is not None else f.last_seen_ns
-            self.closed[key] = self.open.pop(key)
-            out.append(f)
-        self.hops_of.clear()
-        return out
+        return [self._close(key, end_ns) for key in list(self.open)]
 
     def findings(self) -> list[Finding]:
         return list(self.open.values()) + list(self.closed.values())
