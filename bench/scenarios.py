@@ -74,8 +74,8 @@ class Outcome:
     primary_ok: bool = False
     all_found: bool = False
     false_alarms: list[str] = field(default_factory=list)
-    #: warnings at another place that a right finding took over (Finding.superseded_by):
-    #: the fault localized again; counted here, not as false alarms
+    #: warnings that a right finding took over (Finding.superseded_by): the fault
+    #: localized again, or a slowdown explained since; counted here, not as false alarms
     moved: list[str] = field(default_factory=list)
     latency_s: list[float] = field(default_factory=list)  # onset -> first_seen, per expected
     end_after_clear_s: float | None = None
@@ -107,6 +107,7 @@ def draw(name: str, rng: random.Random, nodes: int = 4) -> Scenario:
         # below what the job sends through one node's port (one ring hop each way,
         # 160-200 Mbit/s per second of the lab's DDP): a TBF at 300 Mbit/s there
         # costs the steps nothing measurable (+0 to +3 %), so it is no fault to find
+        # (150 stays first: the CI seed's draw)
         return Scenario(name, [Fault("shape", k, rng.choice(["150mbit", "200mbit", "100mbit"]))],
                         [Expect("buffer_saturation", node)])
     if name == "shape-uplink":

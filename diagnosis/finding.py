@@ -80,7 +80,8 @@ class Finding:
     id: str = ""
     #: the id of the finding that took this one over: a place that explains every hop
     #: this one was named on, and hops it cannot (one fault, first seen on part of its
-    #: hops, localized again); such a finding is closed and not the primary
+    #: hops, localized again), or a cause named since that explains an unexplained
+    #: slowdown; such a finding is closed and not the primary
     superseded_by: str | None = None
 
     def __post_init__(self) -> None:
@@ -199,6 +200,13 @@ def finding_id(job: str, cause: str, place: dict, start_ns: int) -> str:
     """Stable over rewrites and across replicas: the same finding gets the same id."""
     key = json.dumps([job, cause, [place.get(k) for k in PLACE_KEYS], start_ns // 10**9])
     return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
+def taken_over_note(f: Finding) -> str:
+    """What a person reads on a finding another one took over (its superseded_by): a
+    network fault localized again, or a slowdown whose cause was named since."""
+    return (f"finding {f.superseded_by} took it over (the same trouble, placed or explained "
+            "better); its advice applies, not this one's")
 
 
 def ordered(findings: list[Finding]) -> list[Finding]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from diagnosis.compare import VERDICT_RULE
-from diagnosis.finding import Finding, ordered, primary
+from diagnosis.finding import Finding, ordered, primary, taken_over_note
 
 SECOND = 1_000_000_000
 MARK = {"critical": "!!", "warning": "! ", "info": "  "}
@@ -30,7 +30,7 @@ def one_finding(f: Finding, width: int = 100) -> list[str]:
            f"  id {f.id}",
            f"   {f.summary}"]
     if f.superseded_by:
-        out.append(f"   (localized again: finding {f.superseded_by} took it over)")
+        out.append(f"   ({taken_over_note(f)})")
         return out
     for a in f.advice[:3]:
         out.append(f"   -> {a.knob}: {a.value}")
@@ -62,9 +62,7 @@ def explain(f: Finding) -> str:
              + (f"ended {_t(f.end_ns)}" if f.end_ns else "still open"),
              "", f.summary]
     if f.superseded_by:
-        lines += ["", f"Localized again: finding {f.superseded_by} took it over (its place "
-                      "explains every hop this one was named on, and more); its advice "
-                      "applies, not this one's."]
+        lines += ["", f"Superseded: {taken_over_note(f)}."]
     lines += ["", "What was seen:"]
     for e in f.evidence:
         nodes = f" on {', '.join(e.nodes)}" if e.nodes else ""

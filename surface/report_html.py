@@ -9,7 +9,7 @@ import time
 from html import escape
 
 from diagnosis.compare import VERDICT_RULE
-from diagnosis.finding import Finding, ordered, primary, severity_rank
+from diagnosis.finding import Finding, ordered, primary, severity_rank, taken_over_note
 from surface.report_data import ReportData
 
 SECOND = 1_000_000_000
@@ -128,9 +128,8 @@ def finding_html(f: Finding) -> str:
             f"<li>not <b>{escape(str(r.get('cause')))}</b>: {escape(str(r.get('why')))}</li>"
             for r in f.ruled_out) + "</ul>")
     if f.superseded_by:
-        parts.append(f'<p class="note">Localized again: <a href="#finding-'
-                     f'{escape(f.superseded_by)}">finding {escape(f.superseded_by)}</a> took it '
-                     "over; its advice applies.</p>")
+        parts.append(f'<p class="note">Superseded: {escape(taken_over_note(f))} (<a '
+                     f'href="#finding-{escape(f.superseded_by)}">go to it</a>).</p>')
     elif f.advice:
         parts.append("<h4>What to change</h4><table class=\"rows advice\"><tr><th>knob</th>"
                      "<th>set to</th><th>because</th></tr>" + "".join(
@@ -138,7 +137,7 @@ def finding_html(f: Finding) -> str:
                          f"<td>{escape(a.why)}</td></tr>" for a in f.advice) + "</table>")
     body = "".join(parts)
     if severity_rank(f.severity) == 0 or f.superseded_by:
-        moved = " (localized again)" if f.superseded_by else ""
+        moved = " (superseded)" if f.superseded_by else ""
         return (f'<details class="finding sev-info" id="finding-{escape(f.id)}"><summary>'
                 f"{badge(f.severity)} {escape(f.cause)} at {escape(f.where)}{moved}: "
                 f"{escape(f.summary)}</summary>{body}</details>")

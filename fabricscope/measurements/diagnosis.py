@@ -54,9 +54,10 @@ MEASUREMENTS = [
                                               "lost per unit of bytes resent (grad-sync "
                                               "slowdown / retransmitted share of bytes)"),
             "victims": Field(str, "", "JSON list of {rank, node, waited_s}: who waited"),
-            "superseded_by": Field(str, "", "id of the finding that took this one over (a "
-                                   "place that explains all its hops and more): set when "
-                                   "the engine localized the fault again; absent otherwise"),
+            "superseded_by": Field(str, "", "id of the finding that took this one over: a "
+                                   "place that explains all its hops and more (the fault "
+                                   "localized again), or, for an unexplained slowdown, a "
+                                   "cause named since that explains it; absent otherwise"),
         },
     ),
     Measurement(

@@ -6,9 +6,9 @@ its faults on after the job's baseline, and judges only what the live engine
 wrote to InfluxDB: the primary finding (highest severity, ties by impact) must
 be the fault's cause at the fault's place, every fault of the scenario must be
 found, no warning may name anything else (one that the right finding took over,
-`superseded_by`, is the fault localized again, and counted as moved), and a
-healthy job gets no warning at all. How fast (onset to first_seen) is measured by `fabricscope bench
-diagnosis-matrix`, not asserted here.
+`superseded_by`: the fault localized again, or a slowdown explained since, is
+counted as moved), and a healthy job gets no warning at all. How fast (onset to
+first_seen) is measured by `fabricscope bench diagnosis-matrix`, not asserted here.
 """
 
 from __future__ import annotations
