@@ -89,7 +89,7 @@ class LiveDiagnosis:
         self._jobs_cache: tuple[int, dict] | None = None
         self.started_ns = clock()
         self._task: asyncio.Task | None = None
-        self._warned = False
+        self._warned: set[str] = set()   # kinds of failure logged since a tick succeeded
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="diagnosis")
@@ -105,19 +105,23 @@ class LiveDiagnosis:
             started = time.monotonic()
             try:
                 await asyncio.to_thread(self.tick)
-                self._warned = False
+                self._warned.clear()
             except StoreError as exc:
-                self.metrics.errors.labels("store").inc()
-                if not self._warned:
+                if self._failed("store"):
                     log.warning("diagnosis: %s; retrying every tick", exc.cause)
-                    self._warned = True
             except Exception:       # an engine bug must not stop the collector
-                self.metrics.errors.labels("engine").inc()
-                if not self._warned:        # once until a tick succeeds; the count goes on
+                if self._failed("engine"):
                     log.exception("diagnosis tick failed (counted in "
                                   "fabricscope_diagnosis_errors_total{kind=\"engine\"})")
-                    self._warned = True
             await asyncio.sleep(max(0.05, self.interval_s - (time.monotonic() - started)))
+
+    def _failed(self, kind: str) -> bool:
+        """Count a failed tick; True when this kind is to be logged (once until a tick
+        succeeds: the count goes on)."""
+        self.metrics.errors.labels(kind).inc()
+        first = kind not in self._warned
+        self._warned.add(kind)
+        return first
 
     # -- one tick ----------------------------------------------------------------------
     def tick(self) -> list[Finding]:
