@@ -77,19 +77,13 @@ def _judged(dump: dict, found: list, onset_ns: int, store, end_ns: int):
     """The replay's findings judged as bench/scenarios.judge judges the live ones, and
     the scenario's compare (around the clearing; the healthy job against itself) run
     again on its samples."""
-    from bench.scenarios import (Expect, Outcome, Scenario, _after_startup, _compare,
-                                 _null_compare, judge)
+    from bench.scenarios import Expect, Outcome, Scenario, assess
     o = dump["outcome"]
     sc = Scenario(o["scenario"], [], [Expect(e["cause"], e["place"]) for e in o["expected"]],
                   cleared=o["scenario"] == "cleared")
     out = Outcome(o["scenario"], o["params"], o["job"], onset_ns=onset_ns,
                   clear_ns=o.get("clear_ns") or 0)
-    judge(out, sc, found)
-    if sc.cleared and out.clear_ns:
-        out.compare = _compare(store, o["job"], onset_ns, out.clear_ns, end_ns)
-    elif sc.name == "healthy":
-        first = _after_startup(store, o["job"], 0, end_ns)
-        out.compare = _null_compare(store, o["job"], first, end_ns) if first else {}
+    assess(out, sc, found, store, 0, end_ns)
     return out
 
 

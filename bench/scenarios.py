@@ -212,14 +212,21 @@ def run_scenario(bench: Bench, scenario: Scenario, log=lambda msg: None) -> Outc
     time.sleep(SETTLE_S)
     if os.environ.get("FABRICSCOPE_MATRIX_DUMP"):
         _dump(bench, out, start_ns, os.environ["FABRICSCOPE_MATRIX_DUMP"])
-    judge(out, sc, findings_of(bench.store, job, start_ns))
-    if sc.cleared and out.clear_ns:
-        out.compare = _compare(bench.store, job, out.onset_ns, out.clear_ns, end_ns)
-    if sc.name == "healthy":
-        first = _after_startup(bench.store, job, start_ns, end_ns)
-        if first:
-            out.compare = _null_compare(bench.store, job, first, end_ns)
+    assess(out, sc, findings_of(bench.store, job, start_ns), bench.store, start_ns, end_ns)
     return out
+
+
+def assess(out: Outcome, sc: Scenario, findings: list[Finding], store, start_ns: int,
+           end_ns: int) -> None:
+    """Judge the findings, and run the scenario's compare: around the clearing, or a
+    healthy job against itself (live runs and bench/matrix_replay alike)."""
+    judge(out, sc, findings)
+    if sc.cleared and out.clear_ns:
+        out.compare = _compare(store, out.job, out.onset_ns, out.clear_ns, end_ns)
+    if sc.name == "healthy":
+        first = _after_startup(store, out.job, start_ns, end_ns)
+        if first:
+            out.compare = _null_compare(store, out.job, first, end_ns)
 
 
 def _after_startup(store, job: str, start_ns: int, end_ns: int) -> int | None:
