@@ -25,8 +25,8 @@ class Candidate:
     victims: list[dict] = field(default_factory=list)
     facts: dict = field(default_factory=dict)      # numbers the advice rules read
     #: network causes: the fabric elements each bad hop it was placed by implicates
-    #: (diagnosis/localize.implicated; this window's and the recent loss'), by which
-    #: the engine tells when one finding's place explains all of another's hops
+    #: (diagnosis/localize.Located.hops), by which the engine tells when one finding's
+    #: place explains all of another's hops
     hops: frozenset = frozenset()
 
     @property

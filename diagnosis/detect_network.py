@@ -21,7 +21,7 @@ import statistics
 from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.evidence import CellTotals
 from diagnosis.finding import Evidence
-from diagnosis.localize import BadCell, Located, implicated, locate
+from diagnosis.localize import BadCell, Located, locate
 from diagnosis.snapshot import Snapshot
 
 MIN_RTO_S = 0.2           # Linux's minimum retransmission timeout (TCP_RTO_MIN)
@@ -64,7 +64,7 @@ def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
     for f in found:
         c = _finding(snap, f, sum(b.cell.retrans_segs for b in f.cells) / total_retrans)
         if c is not None:
-            c.hops = frozenset(frozenset(implicated(b, tor_of)) for b in f.cells + f.recent)
+            c.hops = f.hops
             out.append(c)
     return out, []
 

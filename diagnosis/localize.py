@@ -71,7 +71,9 @@ class Located:
     cells: list[BadCell]                      # the bad cells it explains
     contradicting: list[CellTotals] = field(default_factory=list)
     alternatives: list[Place] = field(default_factory=list)   # places that tied with it
-    recent: list[BadCell] = field(default_factory=list)       # the recent loss it explains
+    #: the elements each bad cell it explains implicates, this window's and the recent
+    #: loss' (by which the engine tells when one place explains all of another's hops)
+    hops: frozenset = frozenset()
 
 
 def path(src: str, dst: str | None, tor_of, peer: str = "") -> set[tuple[str, str]]:
@@ -135,8 +137,8 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
     remaining = list(bad)
     found: list[Located] = []
     clean_paths = [(c, path(c.key.node, c.peer_node, tor_of, c.key.peer)) for c in clean]
-    recent_paths = [(b, implicated(b, tor_of)) for b in recent]
-    implicated_of = {id(b): implicated(b, tor_of) for b in bad}
+    recent_paths = [(b, frozenset(implicated(b, tor_of))) for b in recent]
+    implicated_of = {id(b): frozenset(implicated(b, tor_of)) for b in bad}
     while remaining and len(found) < max_places:
         scored = []
         for place in candidates(remaining, tor_of):
@@ -148,8 +150,8 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
             used = set().union(*(implicated_of[id(b)] & els for b in mine))
             against = [] if queue else \
                 [c for c, elements_on_path in clean_paths if elements_on_path & used]
-            before = [b for b, elements_on_path in recent_paths if elements_on_path & els]
-            sides = sum(_plausible_side(place, b, tor_of) for b in mine + before)
+            before = [(b, p) for b, p in recent_paths if p & els]
+            sides = sum(_plausible_side(place, b, tor_of) for b in mine + [b for b, _ in before])
             # the last guess: a drop at random at a node's port (there are many more
             # of them than uplinks), a queue at a ToR's uplink (where a rack's traffic
             # converges, oversubscribed; one sender cannot overfill a node's port)
@@ -160,7 +162,8 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
         scored.sort(key=lambda s: s[0], reverse=True)
         best_key, place, mine, against, before = scored[0]
         ties = [s[1] for s in scored[1:] if s[0][:4] == best_key[:4]]
-        found.append(Located(place, mine, against, ties, before))
+        hops = frozenset(implicated_of[id(b)] for b in mine) | frozenset(p for _, p in before)
+        found.append(Located(place, mine, against, ties, hops))
         remaining = [b for b in remaining if b not in mine]
     return found, remaining
 
