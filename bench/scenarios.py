@@ -16,7 +16,7 @@ a training job of its own (its own MASTER_PORT, so its own job id):
     cleared       loss on one node, cleared halfway; `fabricscope annotate` marks it
 
 A fault goes on after the job's baseline steps and stays for FAULT_STEPS steps
-(the cleared one then runs CLEAR_STEPS more). The parameters (node, rate,
+(the cleared one stays CLEARED_STEPS, then runs CLEARED_STEPS more). The parameters (node, rate,
 share) are drawn from a seeded generator, so repeats vary them.
 """
 
@@ -33,7 +33,10 @@ from diagnosis.finding import Finding, primary, severity_rank
 
 WARM_STEPS = 14          # the baseline (2 + 8 steps) is in before the fault
 FAULT_STEPS = 14
-CLEAR_STEPS = 14
+#: the cleared fault's steps, and the steps after it: compare's windows, 24 steps (8
+#: blocks) a side, so that a lossy window's steps, which vary 3x from one to the next,
+#: still leave the clearing's change plain at compare's ALPHA
+CLEARED_STEPS = 24
 SETTLE_S = 6.0           # after the job: the engine's last evaluations land
 MODEL_MB = 8
 DATA_BYTES = 1 << 20
@@ -182,7 +185,8 @@ def run_scenario(bench: Bench, scenario: Scenario, log=lambda msg: None) -> Outc
     job = f"{lab.nodes[0].address}:{port}"
     out = Outcome(sc.name, "; ".join(f"{f.kind} {f.target} {f.value}" for f in sc.faults), job,
                   expected=[asdict(e) for e in sc.expect])
-    steps = WARM_STEPS + FAULT_STEPS + (CLEAR_STEPS if sc.cleared else 0)
+    fault_steps = CLEARED_STEPS if sc.cleared else FAULT_STEPS
+    steps = WARM_STEPS + fault_steps + (CLEARED_STEPS if sc.cleared else 0)
     start_ns = time.time_ns()
     try:
         with start_training(lab, steps, model_mb=MODEL_MB, master_port=port,
@@ -195,7 +199,7 @@ def run_scenario(bench: Bench, scenario: Scenario, log=lambda msg: None) -> Outc
                         apply(lab, f)
                     out.onset_ns = time.time_ns()
                     log(f"  {sc.name}: fault on ({out.params})")
-                if sc.cleared and n == WARM_STEPS + FAULT_STEPS - 1:
+                if sc.cleared and n == WARM_STEPS + fault_steps - 1:
                     clear_all(lab)
                     out.clear_ns = time.time_ns()
                     _annotate(bench, job, out.clear_ns, "fault cleared")
@@ -252,13 +256,17 @@ def _null_compare(store, job: str, start_ns: int, end_ns: int) -> dict:
     invent from samples of one regime."""
     from diagnosis import compare as cmp
     from diagnosis.timespan import Span
-    dealt = {}
-    for m in cmp.METRICS:
-        xs = cmp.values(store, job, m.name, Span(start_ns, end_ns))
-        k = max(1, round(len(xs) ** (1 / 3)))
-        dealt[m.name] = ([x for i, x in enumerate(xs) if (i // k) % 2 == 0],
-                         [x for i, x in enumerate(xs) if (i // k) % 2 == 1])
-    return _results(cmp.compare_samples(dealt))
+    return _results(cmp.compare_samples(
+        {m.name: deal(cmp.values(store, job, m.name, Span(start_ns, end_ns)))
+         for m in cmp.METRICS}))
+
+
+def deal(xs: list[float]) -> tuple[list[float], list[float]]:
+    """Consecutive blocks of n^(1/3) samples dealt alternately into two windows."""
+    from diagnosis.compare import block_length
+    k = block_length(len(xs))
+    return ([x for i, x in enumerate(xs) if (i // k) % 2 == 0],
+            [x for i, x in enumerate(xs) if (i // k) % 2 == 1])
 
 
 def _dump(bench: Bench, out: Outcome, start_ns: int, folder: str) -> None:

@@ -3,20 +3,36 @@ bootstrap interval, the drift, and the verdicts on whole comparisons."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
-from diagnosis.compare import (ALPHA, METRICS, MIN_SAMPLES, block_bootstrap_ci, compare_samples,
-                               drift, holm, mann_whitney)
+from diagnosis.compare import (ALPHA, METRICS, attainable, block_bootstrap_ci, block_length,
+                               block_means, compare_samples, drift, holm, mann_whitney)
 
-#: (a, b, two-sided p) of scipy.stats.mannwhitneyu(a, b, method="asymptotic",
-#: use_continuity=True), scipy 1.17.1, computed once in a scratch script
+#: (a, b, two-sided p) of scipy.stats.mannwhitneyu(a, b, method=...), scipy 1.17.1,
+#: computed once in a scratch script: "exact" where there are no ties and at most
+#: EXACT_MAX values, else "asymptotic" with use_continuity=True
 MANN_WHITNEY = {
-    "no ties": ([1.1, 2.3, 3.0, 4.8, 5.2, 6.9, 7.4],
-                [4.0, 5.5, 6.1, 8.2, 9.9, 10.4, 11.0, 12.5], 0.024027671425442047),
+    "exact": ([1.1, 2.3, 3.0, 4.8, 5.2, 6.9, 7.4],
+              [4.0, 5.5, 6.1, 8.2, 9.9, 10.4, 11.0, 12.5], 0.020512820512820513),
+    "exact, separated": ([0.50, 0.52, 0.49, 0.51, 0.53, 0.48],
+                         [0.61, 0.63, 0.60, 0.62, 0.64, 0.66], 0.0021645021645021645),
+    "exact, 40 values": (
+        [0.8792, 0.9996, 1.0656, 0.8712, 1.0395, 1.043, 1.0696, 0.8816, 0.9338, 0.9564, 0.883,
+         1.1739, 0.9504, 1.0329, 0.9741, 1.1583, 1.132, 1.0633, 0.7796, 1.0052],
+        [1.1684, 1.2004, 1.0382, 1.2822, 0.968, 1.0338, 1.1935, 1.1049, 1.3002, 1.1189, 1.0367,
+         1.0622, 0.9909, 0.9722, 1.163, 1.1581, 1.2295, 1.0245, 1.2689, 1.0713],
+        0.001766783843487427),
     "ties": ([1, 2, 2, 3, 3, 3, 4, 5], [3, 3, 4, 4, 5, 5, 6, 7, 7], 0.01630200829707017),
-    "separated": ([0.50, 0.52, 0.49, 0.51, 0.53, 0.48],
-                  [0.61, 0.63, 0.60, 0.62, 0.64, 0.66], 0.005074868097940253),
+    "no ties, 51 values": (
+        [1.0126, 0.9868, 1.064, 1.0105, 0.9464, 1.0362, 1.1304, 1.0947, 0.9296, 0.8735, 0.9377,
+         1.0041, 0.7675, 0.9781, 0.8754, 0.9268, 0.9456, 0.9684, 1.0412, 1.1043, 0.9871, 1.1366,
+         0.9335, 1.0352, 1.0903],
+        [1.0894, 1.0057, 0.9878, 1.0342, 1.102, 0.979, 1.0591, 1.0641, 1.1341, 1.1015, 1.1155,
+         1.0146, 1.067, 1.1584, 1.2293, 0.9541, 1.2314, 1.2146, 1.1581, 1.1064, 1.0486, 1.2258,
+         1.276, 1.2602, 1.2115, 1.1157], 5.7506459357445644e-05),
     "identical": ([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0], 1.0),
 }
 
@@ -28,8 +44,59 @@ def test_mann_whitney_matches_the_reference(case):
     assert mann_whitney(b, a) == pytest.approx(p, rel=1e-9)        # two-sided
 
 
+def test_the_exact_p_counts_every_ordering():
+    """Against enumeration: of the C(9, 4) ways to split 9 distinct values 4 + 5, the
+    share whose U is at least as far from its mean as the observed one."""
+    a, b = [1.0, 2.5, 3.0, 7.0], [4.0, 5.0, 6.0, 8.0, 9.0]
+    values = a + b
+    def u(first):
+        return sum(x > y for x in first for y in values if y not in first)
+    observed = abs(u(a) - 10)
+    splits = list(itertools.combinations(values, 4))
+    tail = sum(abs(u(list(s)) - 10) >= observed for s in splits)
+    assert mann_whitney(a, b) == pytest.approx(tail / len(splits))
+
+
 def test_mann_whitney_of_constant_samples_is_one():
     assert mann_whitney([2.0] * 6, [2.0] * 6) == 1.0
+
+
+def test_block_means_cover_every_sample_in_blocks_of_the_cube_root():
+    assert [block_length(n) for n in (1, 3, 4, 15, 16, 27, 64, 91, 92)] == \
+        [1, 1, 2, 2, 3, 3, 4, 4, 5]
+    x = [float(i) for i in range(11)]                    # blocks of 2, the last of 3
+    assert block_means(x) == [0.5, 2.5, 4.5, 6.5, 9.0]
+    assert block_means([3.0]) == [3.0]
+
+
+def test_too_few_blocks_for_a_p_under_alpha_is_insufficient():
+    """9 steps a side make 4 blocks: even every block of one window below every one of
+    the other gives p = 2 / C(8, 4) = 0.029, so no verdict could say changed."""
+    assert not attainable(9, 9) and attainable(10, 10) and not attainable(0, 30)
+    results = compare_samples({"step_time": ([1.0 + 0.01 * i for i in range(9)],
+                                             [0.5 + 0.01 * i for i in range(9)])})
+    assert results[0].verdict == "insufficient" and results[0].after_median == 0.54
+    assert compare_samples({"step_time": ([1.0 + 0.01 * i for i in range(10)],
+                                          [0.5 + 0.01 * i for i in range(10)])}
+                           )[0].verdict == "better"
+
+
+def test_block_means_keep_an_autocorrelated_null_from_looking_changed():
+    """Two adjacent windows of one AR(1) series (lag-1 0.5, as faulted steps are):
+    Mann-Whitney over single steps calls them different at ALPHA far more often than
+    ALPHA, block means much less, and the whole verdict (with the bootstrap interval
+    and the drift) least."""
+    rng = np.random.default_rng(31)
+    single = blocks = changed = 0
+    for i in range(400):
+        x = ar1(rng, 60, 1.0, phi=0.5)
+        a, b = x[:30], x[30:]
+        single += mann_whitney(a, b) < ALPHA
+        blocks += mann_whitney(block_means(a), block_means(b)) < ALPHA
+        changed += compare_samples({"step_time": (a, b)}, seed=i)[0].verdict != "no change"
+    assert single > 40                                   # > 10 % at a nominal 1 %
+    assert blocks < single / 2.5
+    assert changed <= blocks and changed < 20            # < 5 %
 
 
 def test_holm_adjusts_in_order_and_keeps_gaps():
@@ -171,25 +238,20 @@ def test_a_drift_in_the_direction_of_the_change_withholds_the_verdict():
     assert step.verdict == "no change", step
 
 
-def test_too_few_samples_are_insufficient():
-    results = compare_samples({"step_time": ([1.0] * (MIN_SAMPLES - 1), [0.5] * 20)})
-    assert {r.verdict for r in results} == {"insufficient"}
-    assert results[0].n_before == MIN_SAMPLES - 1 and results[0].after_median == 0.5
-    assert results[1].before_median is None
-
-
 def test_step_time_is_tested_alone_and_the_other_metrics_as_one_holm_family():
-    """A step-time change with p about 0.01 is a change even where none of the seven
-    metrics that explain it changed (corrected with them, it would need p < 0.05 / 8);
-    they share one Holm correction among themselves."""
+    """A step-time change with p about 0.004 is a change even where none of the seven
+    metrics that explain it changed (corrected with them, it would need p < ALPHA / 8);
+    they share one Holm correction among themselves. 6 blocks a side, one pair of them
+    out of order: exact p = 4 / C(12, 6)."""
     rng = np.random.default_rng(21)
     before = {m.name: list(rng.normal(1.0, 0.05, 12)) for m in METRICS}
     after = {m.name: list(rng.normal(1.0, 0.05, 12)) for m in METRICS}
-    after["step_time"] = [0.97, 0.7, 0.72, 1.01, 0.69, 0.73, 0.98, 0.71, 0.7, 0.99, 0.72, 0.7]
-    before["step_time"] = [1.0, 0.95, 1.02, 0.71, 0.99, 1.03, 0.97, 1.01, 0.72, 0.98, 1.0, 0.96]
+    before["step_time"] = [1.0, 0.98, 1.02, 0.98, 0.97, 0.99, 0.96, 0.98, 0.74, 0.76, 1.0, 1.02]
+    after["step_time"] = [0.71, 0.73, 0.69, 0.71, 0.7, 0.72, 0.72, 0.74, 0.79, 0.81, 0.68, 0.7]
     results = compare_samples({m.name: (before[m.name], after[m.name]) for m in METRICS})
     step, others = results[0], results[1:]
     assert step.metric == "step_time"
+    assert step.p_value == pytest.approx(4 / 924)
     assert ALPHA / len(METRICS) < step.p_value < ALPHA
     assert step.p_holm == step.p_value and step.verdict == "better"
     assert [r.p_holm for r in others] == pytest.approx(holm([r.p_value for r in others]))
