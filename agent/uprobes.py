@@ -196,6 +196,7 @@ class UprobeProbe(Probe):
     def poll(self) -> list[Record]:
         if self._bpf is None:
             return []
+        self._before_drain()
         # Drain first: events of a process that just exited still find its state.
         self._bpf.ring_buffer_consume()
         if self._uprobes.rescan_due():
@@ -214,6 +215,9 @@ class UprobeProbe(Probe):
 
     def _after_rescan(self) -> None:
         """Periodic work of the probe at every poll (none by default)."""
+
+    def _before_drain(self) -> None:
+        """Work of the probe at every poll before its events are read (none by default)."""
 
 
 def shared_maps(ctx: ProbeContext, proc: Path):

@@ -113,16 +113,22 @@ BENCH = Matrix()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m bench.diagnosis_matrix [--repeats N] [--seed S]`: the bench with
-    another seed, so that its parameters are drawn anew (the CLI's runs use seed 1)."""
+    """`python -m bench.diagnosis_matrix [--repeats N] [--seed S] [--only A,B]`: the
+    bench with another seed, so that its parameters are drawn anew (the CLI's runs use
+    seed 1), or with some scenarios only (their draws then differ from a full run's)."""
     import argparse
     p = argparse.ArgumentParser(prog="python -m bench.diagnosis_matrix")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--only", help=f"comma-separated scenarios, of: {', '.join(NAMES)}")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
-    print(text(summarize(run_matrix(args.repeats, seed=args.seed))))
+    names = args.only.split(",") if args.only else NAMES
+    unknown = sorted(set(names) - set(NAMES))
+    if unknown:
+        p.error(f"--only: no scenario {', '.join(unknown)} (there are {', '.join(NAMES)})")
+    print(text(summarize(run_matrix(args.repeats, seed=args.seed, names=names))))
     return 0
 
 

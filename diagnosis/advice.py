@@ -11,6 +11,8 @@ vars mean nothing to gloo), DDP's for every PyTorch job.
 
 from __future__ import annotations
 
+import math
+
 from diagnosis.candidate import Candidate
 from diagnosis.finding import Advice
 
@@ -92,16 +94,34 @@ def _slow_link(c: Candidate, backend: str) -> list[Advice]:
 
 def _straggler(c: Candidate, backend: str) -> list[Advice]:
     node, rank = c.place.get("node") or "its node", c.place.get("rank") or "?"
-    late = c.facts.get("late_s", 0.0)
-    return [Advice(f"host of rank {rank}",
-                   f"on {node}: check CPU throttling (cgroup cpu.stat nr_throttled, CPU "
-                   "quota), thermal or power capping, another job on its GPUs/CPUs",
-                   f"rank {rank} is {late:.3f} s late to each step with a clean network"),
-            Advice("CPU/GPU-NIC binding", "pin the rank to the cores and GPU local to its "
-                   "NIC (numactl --cpunodebind / CUDA_VISIBLE_DEVICES matching the NIC's NUMA "
-                   "node)", "a rank on the far socket computes and copies slower"),
-            Advice("scheduling", f"move rank {rank} off {node} if it stays slow",
-                   "one slow rank sets the pace of the whole ring")]
+    late, throttled = c.facts.get("late_s", 0.0), c.facts.get("throttled_s")
+    limit = c.facts.get("limit_cpus")
+    out = []
+    if throttled is not None:
+        now = f" ({limit:.2f} CPU now)" if limit is not None else ""
+        out += [Advice(f"CPU limit of rank {rank}",
+                       f"raise it{now}, or drop the limit and keep the request (Kubernetes "
+                       "resources.limits.cpu; cgroup cpu.max / cpu.cfs_quota_us)",
+                       f"its cgroup was throttled {throttled:.3f} s of each step: the quota "
+                       "runs out early in each 100 ms period and the rank waits for the next")]
+        if limit is not None:
+            out.append(Advice("OMP_NUM_THREADS / torch.set_num_threads",
+                              f"at most {max(1, math.floor(limit))} on rank {rank}",
+                              "threads beyond the limit's CPUs use up the quota together "
+                              "and then all wait"))
+    else:
+        out.append(Advice(f"host of rank {rank}",
+                          f"on {node}: check CPU throttling (cgroup cpu.stat nr_throttled, "
+                          "CPU quota), thermal or power capping, another job on its "
+                          "GPUs/CPUs",
+                          f"rank {rank} is {late:.3f} s late to each step with a clean "
+                          "network"))
+    return out + [
+        Advice("CPU/GPU-NIC binding", "pin the rank to the cores and GPU local to its "
+               "NIC (numactl --cpunodebind / CUDA_VISIBLE_DEVICES matching the NIC's NUMA "
+               "node)", "a rank on the far socket computes and copies slower"),
+        Advice("scheduling", f"move rank {rank} off {node} if it stays slow",
+               "one slow rank sets the pace of the whole ring")]
 
 
 def _input(c: Candidate, backend: str) -> list[Advice]:

@@ -1,6 +1,12 @@
 """Causes read from the ranks' steps: straggler_compute, input_stall, network_bound,
 and the slowdown no cause explains (unexplained_slowdown).
 
+A rank's steps also carry the time its CPU cgroup was throttled by its quota
+(gloo_step throttled_seconds: a Kubernetes CPU limit, the lab's CPU fault). A
+quota bites inside the collectives as well (gloo's reduction and transport run on
+the CPU), so a throttled rank can slow the ring without entering it late; its
+throttled time names it all the same.
+
 A step of one rank (gloo_step) is its grad-sync time (a gradient AllReduce in
 flight) and its compute (the rest: forward, backward outside the buckets'
 AllReduce, optimizer, data loading). In a ring, a rank that computes slowly
@@ -17,7 +23,7 @@ from collections import Counter
 
 from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.finding import Evidence
-from diagnosis.snapshot import Snapshot
+from diagnosis.snapshot import Snapshot, throttled_in
 
 
 def _steps_span(snap: Snapshot) -> tuple[int, int]:
@@ -51,7 +57,29 @@ def _every_step_late(top, rest, count: int) -> bool:
     return True
 
 
+def _throttled_rank(snap: Snapshot, base_step: float):
+    """The rank its CPU limit holds back: its cgroup throttled for at least
+    straggler_min_share of the baseline step in each of its last straggler_steps
+    steps, and for more than twice the others' median (a limit that throttles every
+    rank alike slows the job, it does not make one rank its straggler). None when
+    no rank is, or the cgroups cannot be read."""
+    t = snap.thresholds
+    known = [r for r in snap.ranks.values() if r.throttled is not None]
+    if len(known) < 2:
+        return None
+    top = max(known, key=lambda r: r.throttled)
+    others = statistics.median(r.throttled for r in known if r is not top)
+    floor = t.straggler_min_share * base_step
+    last = [throttled_in(s) for s in top.steps[-t.straggler_steps:]]
+    if top.throttled < max(floor, 2 * others) or any(x is None or x < floor for x in last):
+        return None
+    return top, others
+
+
 def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
+    """A rank late to every collective (its compute stands out), or one its CPU limit
+    throttles (a quota also bites inside the collectives, where gloo's reduction and
+    transport need the CPU, so such a rank need not be late to them)."""
     t, b = snap.thresholds, snap.baseline
     if len(snap.ranks) < 2:
         return [], []
@@ -60,16 +88,25 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
     others = statistics.median(r.compute for r in rest)
     late = top.compute - others
     base_step = b.step_s if b else statistics.median(r.seconds for r in snap.ranks.values())
-    if not (top.compute >= t.straggler_ratio * max(others, 1e-3)
-            and late >= t.straggler_min_share * base_step
-            and _every_step_late(top, rest, t.straggler_steps)):
+    is_late = (top.compute >= t.straggler_ratio * max(others, 1e-3)
+               and late >= t.straggler_min_share * base_step
+               and _every_step_late(top, rest, t.straggler_steps))
+    held = _throttled_rank(snap, base_step)
+    if not is_late and held is None:
         return [], [RuledOut("straggler_compute", f"no rank computes much longer than the "
                              f"others (slowest {top.compute:.3f} s, rank {top.rank}; median "
-                             f"{others:.3f} s per step)")]
-    _lo, hi = _steps_span(snap)
+                             f"{others:.3f} s per step), and none is held by its CPU limit")]
+    if not is_late:
+        top = held[0]
+        rest = [r for r in snap.ranks.values() if r is not top]
+        others = statistics.median(r.compute for r in rest)
     lo = top.steps[-t.straggler_steps].time_ns        # its first late step
+    _lo, hi = _steps_span(snap)
     added = snap.step_added_s
-    explained = 1.0 if added and not snap.lossy else (min(1.0, late / added) if added else 0.0)
+    # what the rank's own slowness accounts for: its lateness, or the time its limit
+    # kept it off the CPU (the longer of the two where both show)
+    own = max(late if is_late else 0.0, held[0].throttled if held and held[0] is top else 0.0)
+    explained = 1.0 if added and not snap.lossy else (min(1.0, own / added) if added else 0.0)
     victims = [{"rank": r.rank, "node": r.node,
                 "waited_s": round(max(0.0, r.sync - (b.sync_s if b else 0.0)), 3)}
                for r in rest]
@@ -78,18 +115,39 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
     severity = "critical" if share >= t.critical_share else "warning"
     cost = (f"; steps {b.step_s:.2f} -> {snap.step_s:.2f} s ({share:.0%} of each)"
             if b and snap.step_s else "")
-    summary = (f"Compute straggler: rank {top.rank} on {top.node} computes {top.compute:.3f} s "
-               f"per step against {others:.3f} s on the others, so it enters every "
-               f"collective {late:.3f} s late and the other ranks wait inside them; its "
-               f"network is clean{cost}")
-    evidence = [
-        Evidence("gloo_step", f"compute per step of rank {top.rank} (step minus grad sync)",
-                 round(top.compute, 4), "s", lo, hi, [top.node]),
-        Evidence("gloo_step", "median compute per step of the other ranks", round(others, 4),
-                 "s", lo, hi, sorted(r.node for r in rest)),
-        Evidence("gloo_step", f"grad sync per step of the others (they wait for rank "
-                 f"{top.rank})", round(statistics.median(r.sync for r in rest), 4), "s",
-                 lo, hi)]
+    limit = next((s.cpu_limit for s in reversed(top.steps) if s.cpu_limit is not None), None)
+    evidence = []
+    facts = {"late_s": late if is_late else 0.0, "compute_s": top.compute, "others_s": others}
+    if is_late:
+        summary = (f"Compute straggler: rank {top.rank} on {top.node} computes "
+                   f"{top.compute:.3f} s per step against {others:.3f} s on the others, so "
+                   f"it enters every collective {late:.3f} s late and the other ranks wait "
+                   f"inside them; its network is clean{cost}")
+        evidence += [
+            Evidence("gloo_step", f"compute per step of rank {top.rank} (step minus grad sync)",
+                     round(top.compute, 4), "s", lo, hi, [top.node]),
+            Evidence("gloo_step", "median compute per step of the other ranks",
+                     round(others, 4), "s", lo, hi, sorted(r.node for r in rest))]
+    else:
+        quota = f" ({limit:.2f} CPU)" if limit is not None else ""
+        summary = (f"Compute straggler: rank {top.rank} on {top.node} is held back by its "
+                   f"CPU limit{quota}: its cgroup was throttled {top.throttled:.3f} s of "
+                   f"each {top.seconds:.2f} s step against {held[1]:.3f} s on the others, "
+                   f"so it runs its share of every collective slowly and the ring waits "
+                   f"for it; its network is clean{cost}")
+    if held is not None and held[0] is top:
+        facts.update(throttled_s=top.throttled, limit_cpus=limit)
+        evidence += [
+            Evidence("gloo_step", f"CPU throttled per step of rank {top.rank} (its cgroup's "
+                     "CFS quota; cpu.stat)", round(top.throttled, 4), "s", lo, hi, [top.node]),
+            Evidence("gloo_step", "median CPU throttled per step of the other ranks",
+                     round(held[1], 4), "s", lo, hi, sorted(r.node for r in rest))]
+        if limit is not None:
+            evidence.append(Evidence("gloo_step", f"CPU limit of rank {top.rank}'s cgroup",
+                                     round(limit, 3), "CPUs", lo, hi, [top.node]))
+    evidence.append(Evidence("gloo_step", f"grad sync per step of the others (they wait for "
+                             f"rank {top.rank})", round(statistics.median(r.sync for r in rest),
+                                                        4), "s", lo, hi))
     rtts = [c.rtt_p50_us for c in snap.delayed if top.node in (c.key.node, c.peer_node)]
     if rtts:
         evidence.append(Evidence("tcp_flow", f"RTT on {top.node}'s hops: its host is slow to "
@@ -100,8 +158,7 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
                       summary, lo, hi, evidence=evidence,
                       step_seconds_added=round(added * explained, 4),
                       share_of_step=round(share, 4), explained_share=round(explained, 3),
-                      victims=victims, facts={"late_s": late, "compute_s": top.compute,
-                                              "others_s": others})], []
+                      victims=victims, facts=facts)], []
 
 
 def input_stall(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:

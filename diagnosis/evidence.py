@@ -69,6 +69,8 @@ class Step(NamedTuple):
     compute_seconds: float | None
     retrans_segs: int = 0
     sync_retrans_segs: int = 0
+    throttled_seconds: float | None = None   # its CPU cgroup's throttled time (None: unread)
+    cpu_limit: float | None = None           # that cgroup's quota in CPUs (None: none)
 
     @property
     def end_ns(self) -> int:

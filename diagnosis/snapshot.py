@@ -27,6 +27,8 @@ class RankRecent:
     sync: float
     compute: float
     data_load: float | None     # seconds of data loading per step (None: unknown)
+    throttled: float | None = None   # seconds its CPU cgroup was throttled per step
+    #                                  (capped at the step; None: unread)
 
     @property
     def duty(self) -> float:
@@ -121,8 +123,22 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
             statistics.median(s.seconds for s in done),
             statistics.median(s.sync_seconds for s in done),
             statistics.median(max(0.0, s.seconds - s.sync_seconds) for s in done),
-            _data_load(ev, rank, itertools.islice(settled, PHASE_LOOKBACK_STEPS)))
+            _data_load(ev, rank, itertools.islice(settled, PHASE_LOOKBACK_STEPS)),
+            _throttled(done))
     return out
+
+
+def throttled_in(step: Step) -> float | None:
+    """Seconds of the step its rank's CPU cgroup was throttled, at most the step's own
+    length (the kernel sums the throttled time over the CPUs the cgroup ran on)."""
+    if step.throttled_seconds is None or step.seconds is None:
+        return None
+    return min(step.throttled_seconds, step.seconds)
+
+
+def _throttled(steps: list[Step]) -> float | None:
+    known = [x for x in map(throttled_in, steps) if x is not None]
+    return statistics.median(known) if known else None
 
 
 def _latest_first(table: dict, times: list[int], until_ns: int) -> Iterator[Step]:

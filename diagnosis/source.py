@@ -133,19 +133,22 @@ class StoreSource:
         node_of_rank: dict[str, str] = {}
         for tags, columns, values in self.store.series(
                 "SELECT seconds, sync_seconds, compute_seconds, retrans_segs, "
-                f"sync_retrans_segs FROM gloo_step WHERE job = {quote(members.job)} AND "
-                f"{span} GROUP BY rank, node"):
+                f"sync_retrans_segs, throttled_seconds, cpu_limit FROM gloo_step WHERE job = "
+                f"{quote(members.job)} AND {span} GROUP BY rank, node"):
             rank, node = tags.get("rank") or "-", tags.get("node") or ""
             node_of_rank.setdefault(rank, node)
             table, added = ev.steps.setdefault(rank, {}), []
             pick = _picker(columns, ("time", "seconds", "sync_seconds", "compute_seconds",
-                                     "retrans_segs", "sync_retrans_segs"))
+                                     "retrans_segs", "sync_retrans_segs", "throttled_seconds",
+                                     "cpu_limit"))
             for v in values:
                 fields = pick(v)
-                time_ns, seconds, sync, compute, retrans, sync_retrans = fields
+                time_ns, seconds, sync, compute, retrans, sync_retrans, throttled, limit = fields
                 if sync is None:          # the agent writes every field of a step at once:
                     continue              # a row without sync_seconds is one being written
-                step = (seconds, float(sync), compute, retrans or 0, sync_retrans or 0)
+                step = (seconds, float(sync), compute, retrans or 0, sync_retrans or 0,
+                        None if throttled is None else float(throttled),
+                        None if limit is None else float(limit))
                 old = table.get(time_ns)
                 if old is None:
                     added.append(time_ns)

@@ -13,6 +13,9 @@ before exec), so a quota slows the rank as a slow host would while the node's
 agent keeps its telemetry on time. A quota is QUOTA of every 100 ms period:
 pct % of one CPU; the kernel throttles the cgroup for the rest of a period
 once its tasks used QUOTA, and counts that in cpu.stat (nr_periods, nr_throttled).
+The hierarchy is also bind-mounted read-only at /run/fabricscope-cgroup/<lab>
+(expose), where the lab's agents, whose `ip netns exec` hides /sys/fs/cgroup, read
+their ranks' throttled time.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import contextlib
 import errno
 import logging
 import os
+import subprocess
 import time
 from dataclasses import dataclass
 
+from fabricscope import cgroupcpu
 from fabricscope.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -31,13 +36,12 @@ log = logging.getLogger(__name__)
 PERIOD_US = 100_000
 MIN_QUOTA_US = 1_000          # the kernel refuses quotas under 1 ms
 ROOT_NAME = "fabricscope"
+#: where each lab's agents find the cpu hierarchy (expose)
+EXPOSED_ROOT = "/run/fabricscope-cgroup"
 
 
 @dataclass(frozen=True)
-class Hierarchy:
-    version: int              # 1 or 2
-    mount: str                # where the hierarchy holding the cpu controller is mounted
-
+class Hierarchy(cgroupcpu.CpuHierarchy):
     def lab_dir(self, lab: str) -> str:
         return os.path.join(self.mount, ROOT_NAME, lab)
 
@@ -46,37 +50,14 @@ class Hierarchy:
 
 
 def parse_mounts(text: str, v2_controllers=lambda mount: "") -> Hierarchy | None:
-    """The hierarchy with the cpu controller, from /proc/self/mounts text: a v1
-    `cgroup` mount whose options name `cpu`, else a `cgroup2` mount whose
-    cgroup.controllers (v2_controllers(mount)) lists it; None when neither."""
-    v2 = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 4:
-            continue
-        mount, fstype, options = parts[1], parts[2], parts[3].split(",")
-        if fstype == "cgroup" and "cpu" in options:
-            return Hierarchy(1, mount)
-        if fstype == "cgroup2":
-            v2.append(mount)
-    for mount in v2:
-        if "cpu" in v2_controllers(mount).split():
-            return Hierarchy(2, mount)
-    return None
+    """The hierarchy with the cpu controller (fabricscope.cgroupcpu.parse_mounts)."""
+    h = cgroupcpu.parse_mounts(text, v2_controllers)
+    return None if h is None else Hierarchy(h.version, h.mount)
 
 
 def detect() -> Hierarchy | None:
-    def controllers(mount: str) -> str:
-        try:
-            with open(os.path.join(mount, "cgroup.controllers")) as fh:
-                return fh.read()
-        except OSError:
-            return ""
-    try:
-        with open("/proc/self/mounts") as fh:
-            return parse_mounts(fh.read(), controllers)
-    except OSError:
-        return None
+    h = cgroupcpu.detect()
+    return None if h is None else Hierarchy(h.version, h.mount)
 
 
 def quota_us(pct: float, ncpus: int) -> int:
@@ -143,7 +124,7 @@ def quota(path: str) -> int | None:
 
 def stat(path: str) -> dict[str, int]:
     """cpu.stat as ints (nr_periods, nr_throttled, ...; v2 adds usage_usec)."""
-    return {k: int(v) for k, v in (ln.split() for ln in _read(path, "cpu.stat").splitlines())}
+    return cgroupcpu.parse_stat(_read(path, "cpu.stat"))
 
 
 def usage_ns(path: str) -> int:
@@ -205,9 +186,10 @@ def remove(lab: str, wait_s: float = 3.0) -> bool:
     """Remove the lab's cgroups (their processes must be ended first); True when any
     was there. A cgroup whose last task is still exiting refuses rmdir (EBUSY) for a
     moment: retried for up to wait_s, then left with a warning."""
+    exposed = _unexpose(lab)
     h = detect()
     if h is None or not os.path.isdir(h.lab_dir(lab)):
-        return False
+        return exposed
     try:
         _rmdir_tree(h.lab_dir(lab), wait_s)
     except OSError as exc:      # the rest of the teardown still runs; `lab down` again retries
@@ -218,12 +200,68 @@ def remove(lab: str, wait_s: float = 3.0) -> bool:
 
 
 def lab_names() -> list[str]:
-    """Names of the labs that have cgroups now (orphans included)."""
+    """Names of the labs that have cgroups or an exposed hierarchy now (orphans
+    included)."""
     h = detect()
     root = os.path.join(h.mount, ROOT_NAME) if h else ""
-    if not root or not os.path.isdir(root):
-        return []
-    return [e for e in sorted(os.listdir(root)) if os.path.isdir(os.path.join(root, e))]
+    names = set()
+    for base in (root, EXPOSED_ROOT):
+        if base and os.path.isdir(base):
+            names |= {e for e in os.listdir(base) if os.path.isdir(os.path.join(base, e))}
+    return sorted(names)
+
+
+def exposed_dir(lab: str) -> str:
+    return os.path.join(EXPOSED_ROOT, lab)
+
+
+def expose(lab: str) -> str | None:
+    """A read-only bind mount of the cpu hierarchy outside /sys for the lab's agents,
+    so that they can read their ranks' throttled time: `ip netns exec` mounts a fresh
+    sysfs for the namespace, without the cgroup mounts under /sys/fs/cgroup (a
+    DaemonSet pod mounts the host's /sys instead). The agent finds it in its mount
+    table like any cgroup mount. Its path, or None (with a warning) where it cannot
+    be made: the agents then report no throttled time."""
+    h = detect()
+    if h is None:
+        return None
+    target = exposed_dir(lab)
+    if _mounted(target):
+        return target
+    try:
+        os.makedirs(target, exist_ok=True)
+        for argv in (["mount", "--bind", h.mount, target],
+                     ["mount", "-o", "remount,bind,ro", target]):
+            subprocess.run(argv, check=True, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        log.warning("cannot expose the cpu cgroups to lab %s's agents (%s): they report "
+                    "no throttled time", lab, detail.strip())
+        _unexpose(lab)
+        return None
+    return target
+
+
+def _unexpose(lab: str) -> bool:
+    """Unmount and remove the lab's exposed hierarchy; True when it was there. Only
+    ever rmdir (never a recursive delete): a mount left in place refuses it."""
+    target = exposed_dir(lab)
+    found = _mounted(target)
+    if found:
+        subprocess.run(["umount", "-l", target], capture_output=True)
+    if os.path.isdir(target):
+        found = True
+        _rmdir_quietly(target)
+    _rmdir_quietly(EXPOSED_ROOT)
+    return found
+
+
+def _mounted(path: str) -> bool:
+    try:
+        with open("/proc/self/mounts") as fh:
+            return any(line.split()[1:2] == [path] for line in fh)
+    except OSError:
+        return False
 
 
 def _rmdir_tree(path: str, wait_s: float) -> None:

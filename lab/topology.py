@@ -199,6 +199,8 @@ def _build(lab: Lab, link_tbf: dict | None) -> None:
     write_topology(lab.topology(), lab.topology_path)
     for node, path in zip(lab.nodes, cgroups.create(lab.name, len(lab.nodes))):
         node.cgroup = path
+    if any(node.cgroup for node in lab.nodes):
+        cgroups.expose(lab.name)
 
 
 def _add_uplink(ipr, lab: Lab, tor: LabTor, tor_bridge: int, spine_bridge: int,

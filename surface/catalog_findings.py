@@ -160,9 +160,12 @@ STRAGGLER_RANK = Alert(
          f"{board('collectives')}: time inside AllReduce per rank; a compute "
          "straggler waits least (it arrives last), a network straggler's ring hop is the "
          "slow one."),
-        ("Compute: look at the node (thermal throttling, a noisy neighbour, data loader "
-         "workers on the training CPUs, another process on its GPU); pin the rank's CPUs; "
-         "cordon the node and restart the job elsewhere if it stays slow.",
+        ("Compute: where the finding shows the rank's CPU throttled, its CPU limit is "
+         "too small for it: raise the limit (or drop it and keep the request) and keep "
+         "OMP_NUM_THREADS within it. Otherwise look at the node (thermal throttling, a "
+         "noisy neighbour, data loader workers on the training CPUs, another process on "
+         "its GPU); pin the rank's CPUs; cordon the node and restart the job elsewhere if "
+         "it stays slow.",
          "Network: follow FabricscopeLossyLink for its port; check NIC and GPU affinity "
          "(NCCL_IB_HCA) and NCCL_CROSS_NIC."),
     ),

@@ -83,6 +83,14 @@ MEASUREMENTS = [
             "retrans_segs": Field(int, "segments", "their segments"),
             "sync_retrans_segs": Field(int, "segments", "of which inside the step's "
                                        "collective windows (gradient sync)"),
+            "throttled_seconds": Field(float, "s", "time the process's CPU cgroup was "
+                                       "throttled by its CFS quota during the step, summed "
+                                       "over the CPUs it ran on (cpu.stat, sampled every "
+                                       "poll and interpolated; absent where the cgroup "
+                                       "cannot be read)"),
+            "cpu_limit": Field(float, "CPUs", "that cgroup's quota at the step's end "
+                               "(cpu.max or cpu.cfs_quota_us / period; absent when "
+                               "unlimited)"),
         },
     ),
     Measurement(

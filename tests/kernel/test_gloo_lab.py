@@ -50,14 +50,21 @@ def run(tmp_path_factory) -> Run:
     return collect(tmp_path_factory.mktemp("gloo"), extra_agent_args=("--gloo-buffer-hooks",))
 
 
-def collect(tmp: Path, steps: int = STEPS, extra_agent_args: tuple = ()) -> Run:
-    """Lab up, agent on node 0, DDP for `steps` steps, agent stopped, lab down."""
+def collect(tmp: Path, steps: int = STEPS, extra_agent_args: tuple = (),
+            cpu_pct: float | None = None) -> Run:
+    """Lab up, agent on node 0, DDP for `steps` steps, agent stopped, lab down; with
+    cpu_pct, node 0's ranks get that share of a CPU from the start (lab fault cpu)."""
     from lab.testing import running_lab
     from lab.training import mlp_shape, param_bytes, start_training
     from tests.kernel.jsonl_agent import jsonl_agent, records
 
     with running_lab(nodes=NODES) as lab:
         node = lab.nodes[0]
+        if cpu_pct is not None:
+            from lab import faults
+            if not node.cgroup:
+                pytest.skip("the host has no cgroup hierarchy with the cpu controller")
+            faults.cpu(lab, 0, cpu_pct)
         with jsonl_agent(lab, node, tmp, "--probes", "gloo,markers",
                          "--gloo-model-interval-s", "1", "--gloo-model-window-s", "60",
                          *extra_agent_args, attached="running probes: gloo, markers") as agent:
@@ -254,5 +261,36 @@ def test_without_the_buffer_hooks_collectives_and_steps_remain(tmp_path):
     payload = {"sent_bytes", "recv_bytes", "sends", "wire_efficiency"}
     assert not [r for r in run.of("gloo_collective") + steps if payload & set(r.fields)]
     assert run.of("gloo_phase", phase="grad_sync") and not run.of("traffic_model")
+    for r in run.records:
+        schema.validate(r)
+
+
+def after_first_polls(steps: list[Record]) -> list[Record]:
+    """The steps that began 2 s (two agent polls) after the process's first: its
+    cgroup is sampled at every poll once its first collective was read, so the steps
+    read in that first poll have no sample before them."""
+    first = min(r.time_ns for r in steps)
+    return [r for r in steps if r.time_ns >= first + 2_000_000_000]
+
+
+def test_every_step_carries_its_cgroups_throttled_time(run):
+    """Unlimited (the module's run): the rank's cgroup is read, and never throttled."""
+    timed = [r for r in run.of("gloo_step") if "seconds" in r.fields]
+    later = after_first_polls(timed)
+    assert later and all("throttled_seconds" in r.fields for r in later), run.agent_stderr[-2000:]
+    assert {r.fields["throttled_seconds"] for r in later} == {0.0}
+    assert not [r for r in timed if "cpu_limit" in r.fields]
+
+
+def test_a_rank_under_a_cpu_quota_reports_its_throttled_time_and_the_limit(tmp_path):
+    """Node 0's ranks at 30 % of a CPU (a run of its own): each step says how long the
+    kernel held its cgroup off the CPU, and the quota."""
+    run = collect(tmp_path, steps=40, cpu_pct=30)
+    later = after_first_polls([r for r in run.of("gloo_step") if "seconds" in r.fields])
+    assert later and all("throttled_seconds" in r.fields for r in later), run.agent_stderr[-2000:]
+    assert {r.fields["cpu_limit"] for r in later} == {0.3}
+    # DDP at 30 % of a CPU runs out of its quota in most 100 ms periods of a step
+    assert statistics.median(r.fields["throttled_seconds"] / r.fields["seconds"]
+                             for r in later) > 0.2
     for r in run.records:
         schema.validate(r)

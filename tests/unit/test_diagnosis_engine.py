@@ -291,6 +291,50 @@ def test_an_unexplained_slowdown_is_taken_over_by_the_straggler_named_later():
     assert primary(findings) is strag
 
 
+def throttled_rank(throttled: dict[str, float], limit: dict[str, float] | None = None):
+    """From FAULT on the steps take 2.0 s, every rank's grad sync 1.3 s and compute
+    0.7 s as before: a CPU quota that bites inside the collectives makes no rank late
+    to them; only the cgroups' throttled time differs."""
+    def step(i, t):
+        if t < FAULT:
+            return StepPlan(throttled_of={r: 0.0 for r in "012"})
+        return StepPlan(seconds=2.0, sync=1.3, throttled_of=throttled,
+                        cpu_limit_of=limit or {})
+    return step
+
+
+def test_a_rank_its_cpu_limit_throttles_is_a_compute_straggler_without_being_late():
+    _, findings = run(SynthJob(seconds=70, step=throttled_rank({"2": 1.4}, {"2": 0.1})))
+    strag = [f for f in serious(findings) if f.cause == "straggler_compute"]
+    assert [(f.where, f.place["rank"]) for f in strag] == [("node2", "2")]
+    f = strag[0]
+    assert "held back by its CPU limit (0.10 CPU)" in f.summary
+    assert "throttled 1.400 s of each 2.00 s step against 0.000 s" in f.summary
+    assert {e.what: e.value for e in f.evidence}[
+        "CPU throttled per step of rank 2 (its cgroup's CFS quota; cpu.stat)"] == 1.4
+    assert f.step_seconds_added == 1.0 and f.explained_share == 1.0
+    assert [a.knob for a in f.advice[:2]] == ["CPU limit of rank 2",
+                                              "OMP_NUM_THREADS / torch.set_num_threads"]
+    assert "0.10 CPU now" in f.advice[0].value
+    assert f.start_ns >= at(FAULT)
+    # the slowdown is explained: nothing else is open for it at the end
+    assert primary(findings) is f
+    assert not [g for g in serious(findings) if g.cause == "unexplained_slowdown"
+                and g.superseded_by is None and g.end_ns is None]
+
+
+@pytest.mark.parametrize("throttled", [
+    {"0": 1.4, "1": 1.4, "2": 1.4},     # every rank alike: the job is limited, no straggler
+    {"2": 0.1},                         # 0.1 s a step: under straggler_min_share x 1 s
+])
+def test_throttling_that_singles_out_no_rank_names_no_straggler(throttled):
+    _, findings = run(SynthJob(seconds=70, step=throttled_rank(throttled)))
+    assert not [f for f in findings if f.cause == "straggler_compute"]
+    ruled = [f for f in findings if f.ruled_out]
+    assert any("none is held by its CPU limit" in r["why"] for f in ruled for r in f.ruled_out
+               if r["cause"] == "straggler_compute")
+
+
 def test_one_slow_step_is_no_straggler():
     def step(i, t):
         return StepPlan(seconds=3.8, sync=3.1, sync_of={"2": 0.3}) if i == 30 else StepPlan()

@@ -45,6 +45,8 @@ class StepPlan:
     sync_of: dict[str, float] = field(default_factory=dict)    # ... unless named here
     data_load: float = 0.05                             # a read at the step's start
     checkpoint: float = 0.0                             # a write at its end (0: none)
+    throttled_of: dict[str, float] = field(default_factory=dict)   # CPU throttled, per rank
+    cpu_limit_of: dict[str, float] = field(default_factory=dict)   # its quota in CPUs
 
 
 @dataclass
@@ -126,8 +128,10 @@ def build(spec: SynthJob) -> JobEvidence:
 def _add_step(ev: JobEvidence, spec: SynthJob, k: int, t_ns: int, plan: StepPlan) -> None:
     rank, where = str(k), spec.node(k)
     sync = plan.sync_of.get(rank, plan.sync)
-    ev.steps.setdefault(rank, {})[t_ns] = Step(rank, where, t_ns, plan.seconds, sync,
-                                              plan.seconds - sync)
+    ev.steps.setdefault(rank, {})[t_ns] = Step(
+        rank, where, t_ns, plan.seconds, sync, plan.seconds - sync,
+        throttled_seconds=plan.throttled_of.get(rank, 0.0 if plan.throttled_of else None),
+        cpu_limit=plan.cpu_limit_of.get(rank))
     phases = ev.phases.setdefault(rank, {})
     if plan.data_load:
         at = t_ns + SECOND // 100
@@ -164,7 +168,10 @@ def to_records(ev: JobEvidence) -> list[Record]:
                                                        "rank": rank}, {
                 "step": i, "seconds": s.seconds, "sync_seconds": s.sync_seconds,
                 "compute_seconds": s.compute_seconds, "retrans_segs": s.retrans_segs,
-                "sync_retrans_segs": s.sync_retrans_segs}))
+                "sync_retrans_segs": s.sync_retrans_segs}
+                | ({"throttled_seconds": s.throttled_seconds}
+                   if s.throttled_seconds is not None else {})
+                | ({"cpu_limit": s.cpu_limit} if s.cpu_limit is not None else {})))
     for rank, phases in ev.phases.items():
         for p in phases.values():
             out.append(Record("gloo_phase", p.time_ns, {"node": p.node, "job": ev.job,

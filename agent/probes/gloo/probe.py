@@ -19,7 +19,11 @@ What it exports (fabricscope/measurements/gloo.py): gloo_collective (one per
 collective: duration, S, algbw, busbw; with the buffer hooks sent bytes vs the ring
 model), gloo_step and gloo_phase (inferred, agent/probes/gloo/steps.py), and with
 the buffer hooks traffic_model (T, B, D of the process's collective traffic every
-`gloo_model_interval_s`).
+`gloo_model_interval_s`). Each step also carries the time the process's CPU
+cgroup was throttled during it and the cgroup's quota (fabricscope/cgroupcpu.py:
+cpu.stat read at every poll, before the events, so a step that ends in an event
+read now lies between two samples): a CPU limit that starves a rank shows as a
+cause, not only as a slower step.
 
 Message sizes: read from gloo's options objects and cross-checked (gloo_layout.py);
 "bytes on the wire" are the payload bytes the collective handed to gloo's TCP
@@ -51,6 +55,7 @@ from agent.probes.base import ringbuf_pages as ringbuf_pages_for
 from agent.probes.gloo.procs import ProcessTable
 from agent.probes.gloo.records import ProcessState
 from agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
+from fabricscope import cgroupcpu
 from fabricscope.errors import UserError
 
 log = logging.getLogger("fabricscope.agent.gloo")
@@ -101,12 +106,15 @@ class GlooProbe(UprobeProbe):
         # 64 pages (256 KiB) per 0.2 s of poll interval: a second of ~2,500 collectives
         self.ringbuf_pages = ringbuf_pages or ringbuf_pages_for(ctx, 64)
         self._procs = ProcessTable(proc)
+        self._proc = str(proc)
+        #: each rank's CPU cgroup (its throttled time and quota per step)
+        self._cpu_hierarchy = cgroupcpu.detect() if proc == Path("/proc") else None
         self._states: dict[int, ProcessState] = {}
         self._denied: set[int] = set()
         self._last_model = time.monotonic()
         self._counters.update(decode_errors=0, unattributed=0, foreign_processes=0,
                               bytes_from_transfers=0, bytes_unknown=0, late_windows=0,
-                              step_resyncs=0)
+                              step_resyncs=0, cgroup_unknown=0)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -133,6 +141,12 @@ class GlooProbe(UprobeProbe):
         for sighting in self._uprobes.files.values():
             for pid in sighting.pids:
                 self._procs.get(pid)
+
+    def _before_drain(self) -> None:
+        now = time.monotonic_ns()
+        for state in self._states.values():
+            if state.cpu is not None:
+                state.cpu.sample(now)
 
     def _after_rescan(self) -> None:
         now = time.monotonic()
@@ -178,8 +192,11 @@ class GlooProbe(UprobeProbe):
             self._counters["bytes_from_transfers" if c.bytes is not None else "bytes_unknown"] += 1
         state = self._states.get(pid)
         if state is None:
+            cpu = cgroupcpu.CgroupCpu.of_process(self._cpu_hierarchy, pid, self._proc)
+            if cpu is None:
+                self._counters["cgroup_unknown"] += 1
             state = self._states[pid] = ProcessState(info, self.model_window_s,
-                                                     payload_known=self.buffer_hooks)
+                                                     payload_known=self.buffer_hooks, cpu=cpu)
         self._pending += state.on_collective(c, self.ctx.clock.to_wall)
         return 0
 

@@ -6,16 +6,19 @@ monotonic ns go through `to_wall`; the wall clock for the model window is given.
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 from typing import Callable
 
 from agent.probes.gloo.layout import Collective
 from agent.probes.gloo.procs import ProcessInfo
 from agent.probes.gloo.steps import Phase, Step, StepTracker
 from fabricscope import busbw, trafficmodel
+from fabricscope.cgroupcpu import CgroupCpu
 from fabricscope.records import Record
 
 MODEL_BIN_S = 0.001         # 1 ms: well below a gradient burst on any real link
 MIN_MODEL_WINDOWS = 6       # collectives needed in the window before fitting
+CPU_SAMPLES = 1500          # throttling samples kept per process: 5 min at 5 polls/s
 
 
 def _tags(info: ProcessInfo) -> dict[str, str]:
@@ -48,9 +51,14 @@ def collective_record(c: Collective, info: ProcessInfo, to_wall: Callable[[int],
 
 
 def step_record(s: Step, info: ProcessInfo, nranks: int | None,
-                to_wall: Callable[[int], int], payload_known: bool = True) -> Record:
+                to_wall: Callable[[int], int], payload_known: bool = True,
+                cpu: CpuSpan | None = None) -> Record:
     fields: dict = {"step": s.index, "sync_seconds": s.sync_seconds, "buckets": s.buckets,
                     "bytes": s.bytes}
+    if cpu is not None:
+        fields["throttled_seconds"] = cpu.throttled_s
+        if cpu.limit_cpus is not None:
+            fields["cpu_limit"] = cpu.limit_cpus
     if payload_known:
         fields["sent_bytes"] = s.sent_bytes
     if s.seconds is not None:
@@ -73,11 +81,56 @@ def phase_record(p: Phase, info: ProcessInfo, to_wall: Callable[[int], int]) -> 
                    "step": p.step})
 
 
+@dataclass(frozen=True)
+class CpuSpan:
+    throttled_s: float          # the cgroup's throttled time in the span (over its CPUs)
+    limit_cpus: float | None    # its CPU quota at the span's end (None: unlimited)
+
+
+class CpuSamples:
+    """The process's cgroup's cumulative throttled time, sampled at every poll before
+    the probe reads its events, so that a step ending in an event read now lies
+    between two samples; a step's share is interpolated linearly between them."""
+
+    def __init__(self, cgroup: CgroupCpu, keep: int = CPU_SAMPLES):
+        self.cgroup = cgroup
+        self.samples: collections.deque = collections.deque(maxlen=keep)
+
+    def sample(self, now_ns: int) -> None:
+        s = self.cgroup.sample()
+        if s is not None:
+            self.samples.append((now_ns, s))
+
+    def span(self, start_ns: int, end_ns: int) -> CpuSpan | None:
+        """None unless samples bracket the span (a cgroup that could not be read, a
+        step older than the samples kept, an event read after the latest sample)."""
+        if not self.samples or self.samples[0][0] > start_ns or self.samples[-1][0] < end_ns:
+            return None
+        a, b = self._at(start_ns), self._at(end_ns)
+        return CpuSpan(max(0.0, (b - a) / 1e9), self._limit_at(end_ns))
+
+    def _at(self, t_ns: int) -> float:
+        prev = self.samples[0]
+        for cur in self.samples:
+            if cur[0] >= t_ns:
+                if cur[0] == prev[0]:
+                    return float(cur[1].throttled_ns)
+                f = (t_ns - prev[0]) / (cur[0] - prev[0])
+                return prev[1].throttled_ns + f * (cur[1].throttled_ns - prev[1].throttled_ns)
+            prev = cur
+        return float(prev[1].throttled_ns)
+
+    def _limit_at(self, t_ns: int) -> float | None:
+        return next(s.limit_cpus for t, s in self.samples if t >= t_ns)
+
+
 class ProcessState:
     """Everything the probe keeps about one local training process."""
 
-    def __init__(self, info: ProcessInfo, model_window_s: float, payload_known: bool = True):
+    def __init__(self, info: ProcessInfo, model_window_s: float, payload_known: bool = True,
+                 cpu: CgroupCpu | None = None):
         self.info = info
+        self.cpu = CpuSamples(cpu) if cpu is not None else None
         self.payload_known = payload_known
         self.tracker = StepTracker()
         self.model_window_ns = int(model_window_s * 1e9)
@@ -103,9 +156,15 @@ class ProcessState:
         return self._records(steps, phases, to_wall)
 
     def _records(self, steps: list[Step], phases: list[Phase], to_wall) -> list[Record]:
-        return [step_record(s, self.info, self.nranks, to_wall, self.payload_known)
+        return [step_record(s, self.info, self.nranks, to_wall, self.payload_known,
+                            self._cpu_span(s))
                 for s in steps] + \
             [phase_record(p, self.info, to_wall) for p in phases]
+
+    def _cpu_span(self, s: Step) -> CpuSpan | None:
+        if self.cpu is None or s.seconds is None:
+            return None
+        return self.cpu.span(s.start_ns, s.start_ns + int(s.seconds * 1e9))
 
     def model_record(self, now_ns: int, to_wall: Callable[[int], int]) -> Record | None:
         """The traffic model over the last window ending now (None: too little data)."""

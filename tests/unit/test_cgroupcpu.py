@@ -1,0 +1,106 @@
+"""A process's CPU cgroup, its quota and its throttling (fabricscope/cgroupcpu.py), and
+the per-step throttled time the gloo probe derives from polled samples
+(agent/probes/gloo/records.CpuSamples)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.probes.gloo.procs import describe
+from agent.probes.gloo.records import CpuSamples, ProcessState
+from agent.probes.gloo.steps import Step
+from fabricscope import cgroupcpu
+from fabricscope.cgroupcpu import CgroupCpu, CpuHierarchy, CpuSample
+from fabricscope.lineschema import canonical_line
+
+V1 = """12:memory:/kubepods/pod1
+3:cpu,cpuacct:/kubepods/burstable/pod1/abc
+0::/
+"""
+V2 = "0::/kubepods.slice/pod1.slice/cri-abc.scope\n"
+
+
+def test_the_process_cgroup_is_the_cpu_controllers_line():
+    assert cgroupcpu.process_cgroup(V1, 1) == "/kubepods/burstable/pod1/abc"
+    assert cgroupcpu.process_cgroup(V1, 2) == "/"
+    assert cgroupcpu.process_cgroup(V2, 2) == "/kubepods.slice/pod1.slice/cri-abc.scope"
+    assert cgroupcpu.process_cgroup(V2, 1) is None
+    assert cgroupcpu.process_cgroup("", 2) is None
+
+
+def test_cpu_stat_and_the_quota_of_either_version():
+    v1 = cgroupcpu.parse_stat("nr_periods 10\nnr_throttled 9\nthrottled_time 5000\n")
+    v2 = cgroupcpu.parse_stat("usage_usec 70\nnr_periods 10\nnr_throttled 9\n"
+                              "throttled_usec 5\nnr_bursts 0\n")
+    assert cgroupcpu.throttled_ns(v1) == 5000 and cgroupcpu.throttled_ns(v2) == 5000
+    assert cgroupcpu.throttled_ns({"nr_periods": 3}) is None
+    assert cgroupcpu.parse_limit("10000 100000\n", None, None) == 0.1
+    assert cgroupcpu.parse_limit("max 100000\n", None, None) is None
+    assert cgroupcpu.parse_limit(None, "250000\n", "100000\n") == 2.5
+    assert cgroupcpu.parse_limit(None, "-1\n", "100000\n") is None
+    assert cgroupcpu.parse_limit("garbage", None, None) is None
+    assert cgroupcpu.parse_limit(None, None, None) is None
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_process_cgroup_is_read_from_its_files(tmp_path: Path, version: int):
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    (proc / "42" / "cgroup").write_text(V1 if version == 1 else V2)
+    path = cgroupcpu.process_cgroup(V1 if version == 1 else V2, version)
+    cg = tmp_path / "cg" / path.lstrip("/")
+    cg.mkdir(parents=True)
+    if version == 1:
+        (cg / "cpu.stat").write_text("nr_periods 4\nnr_throttled 3\nthrottled_time 7000\n")
+        (cg / "cpu.cfs_quota_us").write_text("10000\n")
+        (cg / "cpu.cfs_period_us").write_text("100000\n")
+    else:
+        (cg / "cpu.stat").write_text("nr_periods 4\nnr_throttled 3\nthrottled_usec 7\n")
+        (cg / "cpu.max").write_text("10000 100000\n")
+    h = CpuHierarchy(version, str(tmp_path / "cg"))
+    reader = CgroupCpu.of_process(h, 42, str(proc))
+    assert reader.sample() == CpuSample(7000, 0.1)
+    assert CgroupCpu.of_process(h, 43, str(proc)) is None          # gone
+    assert CgroupCpu.of_process(None, 42, str(proc)) is None       # no cpu hierarchy
+    (cg / "cpu.stat").unlink()
+    assert reader.sample() is None                                 # the cgroup went away
+
+
+class FakeCgroup:
+    def __init__(self, samples):
+        self.samples = list(samples)
+
+    def sample(self):
+        return self.samples.pop(0)
+
+
+def test_a_steps_throttled_time_is_interpolated_between_polls():
+    # polls at 0, 1, 2 s; 0.5 s throttled per second from 1 s on
+    samples = CpuSamples(FakeCgroup([CpuSample(0, None), CpuSample(0, 0.1),
+                                     CpuSample(500_000_000, 0.1), None]))
+    for t in (0, 1, 2, 3):
+        samples.sample(t * 1_000_000_000)          # the last read failed: no sample
+    span = samples.span(500_000_000, 1_500_000_000)
+    assert span.throttled_s == pytest.approx(0.25) and span.limit_cpus == 0.1
+    assert samples.span(0, 2_000_000_000).throttled_s == pytest.approx(0.5)
+    assert samples.span(1_000_000_000, 2_500_000_000) is None        # past the last sample
+    assert CpuSamples(FakeCgroup([])).span(0, 1) is None
+
+
+def test_a_step_record_carries_its_throttled_time_and_the_quota():
+    info = describe(7, {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "198.18.0.1",
+                        "MASTER_PORT": "29500"}, True)
+    state = ProcessState(info, 10.0, cpu=FakeCgroup([CpuSample(0, 0.25),
+                                                     CpuSample(800_000_000, 0.25)]))
+    state.cpu.sample(0)
+    state.cpu.sample(2_000_000_000)
+    step = Step(0, 500_000_000, 1.0, 0.4, 1, 1000, 1000)
+    (record,) = state._records([step], [], lambda ns: ns)
+    assert record.fields["throttled_seconds"] == pytest.approx(0.4)
+    assert record.fields["cpu_limit"] == 0.25
+    canonical_line(record)                                        # valid against the schema
+    last = Step(1, 1_500_000_000, None, 0.4, 1, 1000, 1000)        # no length: no share
+    (record,) = state._records([last], [], lambda ns: ns)
+    assert "throttled_seconds" not in record.fields
