@@ -131,8 +131,9 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
     else:
         quota = f" ({limit:.2f} CPU)" if limit is not None else ""
         summary = (f"Compute straggler: rank {top.rank} on {top.node} is held back by its "
-                   f"CPU limit{quota}: its cgroup was throttled {top.throttled:.3f} s of "
-                   f"each {top.seconds:.2f} s step against {held[1]:.3f} s on the others, "
+                   f"CPU limit{quota}: its cgroup was throttled for "
+                   f"{top.throttled / top.seconds:.0%} of each {top.seconds:.2f} s step "
+                   f"({top.throttled:.3f} s) against {held[1]:.3f} s on the others, "
                    f"so it runs its share of every collective slowly and the ring waits "
                    f"for it; its network is clean{cost}")
     if held is not None and held[0] is top:

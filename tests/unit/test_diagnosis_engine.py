@@ -309,7 +309,7 @@ def test_a_rank_its_cpu_limit_throttles_is_a_compute_straggler_without_being_lat
     assert [(f.where, f.place["rank"]) for f in strag] == [("node2", "2")]
     f = strag[0]
     assert "held back by its CPU limit (0.10 CPU)" in f.summary
-    assert "throttled 1.400 s of each 2.00 s step against 0.000 s" in f.summary
+    assert "throttled for 70% of each 2.00 s step (1.400 s) against 0.000 s" in f.summary
     assert {e.what: e.value for e in f.evidence}[
         "CPU throttled per step of rank 2 (its cgroup's CFS quota; cpu.stat)"] == 1.4
     assert f.step_seconds_added == 1.0 and f.explained_share == 1.0
