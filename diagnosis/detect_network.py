@@ -8,7 +8,10 @@ that explain the bad cells come from diagnosis/localize.py; at each place:
 - loss with the RTT at its floor: the frames die independent of load, there is
   no queue in front of the drop: lossy_link;
 - loss together with inflated RTT: a queue fills and overflows under the
-  synchronized bursts: buffer_saturation;
+  synchronized bursts: buffer_saturation; so too loss that spares the steady
+  traffic through the same place (its clean hops carried enough to have lost
+  their share, and did not): a link that drops at random drops from every flow
+  through it, a shallow buffer only from the bursts that overflow it;
 - inflated RTT without loss, and the ring's collectives stretched: a slow link
   (a deep queue, a degraded rate) holds the ring back: straggler_network.
 Bursts at line rate with neither loss nor queueing are `microburst`, info only.
@@ -17,6 +20,7 @@ Bursts at line rate with neither loss nor queueing are `microburst`, info only.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.evidence import CellTotals
@@ -69,13 +73,48 @@ def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
     return out, []
 
 
-def _cause(located: Located) -> str:
+@dataclass(frozen=True)
+class Spared:
+    """The steady traffic a lossy place let through (see spared)."""
+
+    lossy_ratio: float        # share of the lossy hops' payload resent
+    steady_ratio: float       # share of the clean hops' payload resent
+    steady_bytes: int         # what the clean hops carried through the place
+    expected_segs: float      # what they would have resent at lossy_ratio
+
+
+def spared(located: Located, t) -> Spared | None:
+    """The place's clean hops (`contradicting`: they carried data through the elements
+    its lossy hops implicate) resent at most spared_share of what the lossy hops'
+    ratio predicts for their payload, an expectation of at least spared_min_segs
+    segments; None otherwise."""
+    lossy = [b.cell for b in located.cells if b.lossy]
+    clean = located.contradicting
+    sent = sum(c.bytes_acked + c.retrans_bytes for c in lossy)
+    if not lossy or not clean or not sent:
+        return None
+    ratio = sum(c.retrans_bytes for c in lossy) / sent
+    steady = sum(c.bytes_acked for c in clean)
+    expected_bytes = steady * ratio / max(1e-9, 1 - ratio)
+    seg = sum(c.retrans_bytes for c in lossy) / max(1, sum(c.retrans_segs for c in lossy))
+    expected = expected_bytes / max(1.0, seg)
+    resent = sum(c.retrans_bytes for c in clean)
+    if expected < t.spared_min_segs or resent > t.spared_share * expected_bytes:
+        return None
+    return Spared(ratio, resent / (steady + resent) if steady + resent else 0.0, steady,
+                  expected)
+
+
+def _cause(located: Located, t) -> str:
     """Queueing before the drop is what tells an overflowing buffer from a bad link: the
     lossy hops themselves must show the inflated RTT (more than half of them). Only
     hops whose delay was judged vote: a lossy hop to a peer outside the job (a
     checkpoint written to storage through the same queue) has no RTT floor, so its
     RTT proves neither a queue nor its absence. Where no lossy hop could be timed,
-    a queue seen on the place's other hops (their ACKs' path) decides."""
+    a queue seen on the place's other hops (their ACKs' path) decides. Without a
+    queue shown, loss that spared the steady traffic through the place (`spared`)
+    is still a buffer's: a queue too shallow to hold the bursts overflows before its
+    delay stands out of the hosts' own."""
     lossy = [b for b in located.cells if b.lossy]
     if not lossy:
         return "straggler_network"
@@ -85,6 +124,8 @@ def _cause(located: Located) -> str:
     # the queue must be shown, by most of the voters: a busy host delays a hop's RTT
     # now and then by itself, so one of a lossy port's two hops delayed is no queue
     if voters and 2 * len(queued) > len(voters):
+        return "buffer_saturation"
+    if spared(located, t) is not None:
         return "buffer_saturation"
     return "lossy_link"
 
@@ -96,7 +137,7 @@ def job_loss_ratio(snap: Snapshot) -> float:
 
 def _finding(snap: Snapshot, located: Located, share: float) -> Candidate | None:
     t, b = snap.thresholds, snap.baseline
-    cause = _cause(located)
+    cause = _cause(located, t)
     sync_added = max(0.0, (snap.sync_s or 0.0) - b.sync_s) if b and snap.sync_s else 0.0
     if cause == "straggler_network" and not (
             located.place.kind == "node"            # a rank's link; slow storage is input's
@@ -134,7 +175,14 @@ def _finding(snap: Snapshot, located: Located, share: float) -> Candidate | None
                                  f">= {MIN_RTO_S * 1000:.0f} ms)", timeouts, "events",
                                  snap.window.start_ns, snap.window.end_ns))
     severity = "critical" if share_of_step >= t.critical_share else "warning"
-    summary = _summary(cause, where, lossy, delayed, snap, added, share_of_step)
+    steady = spared(located, t) if cause == "buffer_saturation" else None
+    if steady is not None:
+        evidence.append(Evidence("tcp_flow", f"payload resent on the clean hops through "
+                                 f"{where} ({steady.steady_bytes / 1e6:.1f} MB; at the lossy "
+                                 f"hops' ratio {steady.expected_segs:.0f} segments)",
+                                 round(steady.steady_ratio * 100, 4), "%",
+                                 snap.window.start_ns, snap.window.end_ns))
+    summary = _summary(cause, where, lossy, delayed, snap, added, share_of_step, steady)
     victims = [{"rank": r.rank, "node": r.node,
                 "waited_s": round(max(0.0, r.sync - b.sync_s), 3)}
                for r in snap.ranks.values()] if b else []
@@ -233,7 +281,7 @@ def _evidence(snap: Snapshot, located: Located, lossy, delayed) -> list[Evidence
     return out
 
 
-def _summary(cause, where, lossy, delayed, snap, added, share) -> str:
+def _summary(cause, where, lossy, delayed, snap, added, share, steady=None) -> str:
     b = snap.baseline
     cost = (f"; steps {b.step_s:.2f} -> {snap.step_s:.2f} s, {added:.2f} s of each step "
             f"({share:.0%})") if b and snap.step_s else ""
@@ -241,6 +289,13 @@ def _summary(cause, where, lossy, delayed, snap, added, share) -> str:
         return (f"Lossy link at {where}: {_ratio(lossy):.2%} of the payload on "
                 f"{', '.join(hop(c) for c in lossy)} resent with the RTT at its floor "
                 f"(drops independent of load){cost}")
+    if cause == "buffer_saturation" and steady is not None and not delayed:
+        return (f"Buffer saturation at {where}: the drops hit the bursts "
+                f"({_ratio(lossy):.2%} resent on {', '.join(hop(c) for c in lossy)}) and "
+                f"spare the steady traffic through it ({steady.steady_ratio:.3%} of "
+                f"{steady.steady_bytes / 1e6:.0f} MB resent), as a buffer too shallow for "
+                f"the bursts does; a link that dropped frames independent of load would "
+                f"drop from both{cost}")
     if cause == "buffer_saturation":
         rtt = _median([c.rtt_p50_us for c in delayed])
         return (f"Buffer saturation at {where}: the queue fills under the synchronized "

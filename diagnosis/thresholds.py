@@ -38,6 +38,17 @@ class Thresholds:
     loss_min_segs: int = field(default=20, metadata=why(
         "segments resent in the window before a cell can be lossy: 20 +- 4.5 (Poisson) "
         "keeps chance from crossing the ratio", "segments"))
+    spared_min_segs: int = field(default=30, metadata=why(
+        "segments the clean hops through a lossy place would have resent at the lossy "
+        "hops' ratio before their sparing counts: a link that drops frames independent "
+        "of load resends a Poisson count around that expectation on every flow through "
+        "it, and at 30 a count of spared_share or less of it has a chance under 1e-9",
+        "segments"))
+    spared_share: float = field(default=0.1, metadata=why(
+        "the clean hops resent at most this share of what the lossy hops' ratio predicts "
+        "for them: the loss spares the steady traffic and hits the bursts (a checkpoint "
+        "or the job's synchronized sends joining it), which is a buffer that overflows, "
+        "not a lossy link", "fraction"))
     rtt_inflation: float = field(default=4.0, metadata=why(
         "a data cell's median RTT this many times the job's RTT floor (the lowest median "
         "any of its data cells showed) means a standing queue on its path", "x"))

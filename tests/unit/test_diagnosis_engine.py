@@ -128,6 +128,30 @@ def test_lossy_hops_to_a_peer_outside_the_job_do_not_vote_on_the_queue(hop, writ
     assert [(f.cause, f.where) for f in serious(findings)] == [(cause, where)]
 
 
+@pytest.mark.parametrize("ring_loss, cause", [
+    # the checkpoints through tor0's uplink lose 2 %, the ring's steady hop through it
+    # (0 -> 3, 4 MB a second) nothing: the drops hit the bursts, a shallow buffer's
+    (0.0, "buffer_saturation"),
+    # the steady hop loses its share as well: frames die independent of load
+    (0.02, "lossy_link")])
+def test_loss_that_spares_the_steady_traffic_through_a_place_is_a_buffers(ring_loss, cause):
+    def hop(s, src, dst):
+        return HopPlan(loss=ring_loss) if s >= FAULT and (src, dst) == (0, 3) else HopPlan()
+    spec = SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop)
+    ev = with_storage_writes(spec, (0, 1), HopPlan(loss=0.02))     # RTT at the floor
+    # tor1's nodes write theirs unharmed: the store's own port is not the place
+    ev.cells.update(with_storage_writes(spec, (2, 3), HopPlan()).cells)
+    findings = replay(JobEngine(spec.job, tor_of=TWO_TORS), ev, spec.t0_s, spec.end_s + 5)
+    assert [(f.cause, f.where) for f in serious(findings)] == [(cause, "tor0 uplink")]
+    f = serious(findings)[0]
+    spared = [e for e in f.evidence if e.what.startswith("payload resent on the clean hops")]
+    if cause == "buffer_saturation":
+        assert "spare the steady traffic through it (0.000% of" in f.summary
+        assert spared and spared[0].value == 0.0
+    else:
+        assert not spared
+
+
 def test_a_lossy_port_with_one_hop_delayed_by_its_host_is_still_a_lossy_link():
     """Node1's port drops at random both ways; a busy host delays one of its two lossy
     hops (1 -> 0) now and then. A queue must show on most of the lossy hops: one of
