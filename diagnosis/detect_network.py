@@ -8,10 +8,10 @@ that explain the bad cells come from diagnosis/localize.py; at each place:
 - loss with the RTT at its floor: the frames die independent of load, there is
   no queue in front of the drop: lossy_link;
 - loss together with inflated RTT: a queue fills and overflows under the
-  synchronized bursts: buffer_saturation; so too loss that spares the steady
+  synchronized bursts: buffer_saturation; so too loss that spares other
   traffic through the same place (its clean hops carried enough to have lost
   their share, and did not): a link that drops at random drops from every flow
-  through it, a shallow buffer only from the bursts that overflow it;
+  through it, a shallow buffer only from what arrives while it overflows;
 - inflated RTT without loss, and the ring's collectives stretched: a slow link
   (a deep queue, a degraded rate) holds the ring back: straggler_network.
 Bursts at line rate with neither loss nor queueing are `microburst`, info only.
@@ -75,7 +75,7 @@ def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
 
 @dataclass(frozen=True)
 class Spared:
-    """The steady traffic a lossy place let through (see spared)."""
+    """The traffic a lossy place let through unharmed (see spared)."""
 
     lossy_ratio: float        # share of the lossy hops' payload resent
     steady_ratio: float       # share of the clean hops' payload resent
@@ -290,12 +290,12 @@ def _summary(cause, where, lossy, delayed, snap, added, share, steady=None) -> s
                 f"{', '.join(hop(c) for c in lossy)} resent with the RTT at its floor "
                 f"(drops independent of load){cost}")
     if cause == "buffer_saturation" and steady is not None and not delayed:
-        return (f"Buffer saturation at {where}: the drops hit the bursts "
+        return (f"Buffer saturation at {where}: the drops fall on some of its flows "
                 f"({_ratio(lossy):.2%} resent on {', '.join(hop(c) for c in lossy)}) and "
-                f"spare the steady traffic through it ({steady.steady_ratio:.3%} of "
-                f"{steady.steady_bytes / 1e6:.0f} MB resent), as a buffer too shallow for "
-                f"the bursts does; a link that dropped frames independent of load would "
-                f"drop from both{cost}")
+                f"spare the others through it ({steady.steady_ratio:.3%} of "
+                f"{steady.steady_bytes / 1e6:.0f} MB resent), as a buffer that overflows "
+                f"under bursts does; a link that dropped frames independent of load "
+                f"would drop from all of them{cost}")
     if cause == "buffer_saturation":
         rtt = _median([c.rtt_p50_us for c in delayed])
         return (f"Buffer saturation at {where}: the queue fills under the synchronized "

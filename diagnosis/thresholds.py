@@ -46,9 +46,9 @@ class Thresholds:
         "segments"))
     spared_share: float = field(default=0.1, metadata=why(
         "the clean hops resent at most this share of what the lossy hops' ratio predicts "
-        "for them: the loss spares the steady traffic and hits the bursts (a checkpoint "
-        "or the job's synchronized sends joining it), which is a buffer that overflows, "
-        "not a lossy link", "fraction"))
+        "for them: the loss spares some traffic through the place and hits what arrives "
+        "while it overflows (a checkpoint or the job's synchronized sends joining the "
+        "ring's), which is a buffer, not a lossy link", "fraction"))
     rtt_inflation: float = field(default=4.0, metadata=why(
         "a data cell's median RTT this many times the job's RTT floor (the lowest median "
         "any of its data cells showed) means a standing queue on its path", "x"))

@@ -134,20 +134,23 @@ class CgroupCpu:
             return None
         return None if path is None else cls(hierarchy, path)
 
-    def sample(self) -> CpuSample | None:
+    def throttled_ns(self) -> int | None:
         """None when the cgroup is gone or shows no throttling counters."""
         try:
-            throttled = throttled_ns(parse_stat(self._read("cpu.stat")))
+            return throttled_ns(parse_stat(self._read("cpu.stat")))
         except OSError:
             return None
-        if throttled is None:
-            return None
+
+    def limit_cpus(self) -> float | None:
         if self.version == 2:
-            limit = parse_limit(self._read_or_none("cpu.max"), None, None)
-        else:
-            limit = parse_limit(None, self._read_or_none("cpu.cfs_quota_us"),
-                                self._read_or_none("cpu.cfs_period_us"))
-        return CpuSample(throttled, limit)
+            return parse_limit(self._read_or_none("cpu.max"), None, None)
+        return parse_limit(None, self._read_or_none("cpu.cfs_quota_us"),
+                           self._read_or_none("cpu.cfs_period_us"))
+
+    def sample(self) -> CpuSample | None:
+        """Both at once; None when the cgroup is gone or shows no throttling counters."""
+        throttled = self.throttled_ns()
+        return None if throttled is None else CpuSample(throttled, self.limit_cpus())
 
     def _read(self, name: str) -> str:
         with open(os.path.join(self.dir, name)) as fh:

@@ -47,6 +47,12 @@ LOSSY_NODE = 1
 MUST_HAVE = {"gloo_step", "gloo_collective", "gloo_phase", "traffic_model", "train_step",
              "nic_window", "nic_flow", "nic_qdisc", "tcp_node", "tcp_flow", "tcp_retransmit",
              "finding", "annotation", "topology_node", "topology_edge"}
+#: fields of those that may be absent from every row, with why
+OPTIONAL_FIELDS = {
+    ("traffic_model", "period_s"): "stated only when the model found a period "
+                                   "(fabricscope/trafficmodel.fit), which a short run on a "
+                                   "loaded machine may not give it",
+}
 #: ... and those that may be empty, with why
 MAY_BE_EMPTY = {
     "nccl_call": "the lab trains over gloo; NCCL needs GPUs",
@@ -289,6 +295,8 @@ def test_every_influxql_panel_query_returns_what_its_panel_maps(run):
         got = frames(rows, q)
         where = f"{uid} / {panel['title']} / {target['refId']}"
         if not got:
+            if all((q.measurement, c) in OPTIONAL_FIELDS for c in q.columns):
+                continue
             assert q.measurement not in MUST_HAVE, f"{where}: no rows for {q.text}"
             assert q.measurement in MAY_BE_EMPTY, where
             continue

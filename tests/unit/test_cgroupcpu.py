@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.probes.gloo.procs import describe
-from agent.probes.gloo.records import CpuSamples, ProcessState
+from agent.probes.gloo.records import CPU_SAMPLE_S, CpuSamples, ProcessState
 from agent.probes.gloo.steps import Step
 from fabricscope import cgroupcpu
 from fabricscope.cgroupcpu import CgroupCpu, CpuHierarchy, CpuSample
@@ -69,33 +69,61 @@ def test_a_process_cgroup_is_read_from_its_files(tmp_path: Path, version: int):
 
 
 class FakeCgroup:
+    """A cgroup whose reads give these samples in turn (None: the read failed)."""
+
     def __init__(self, samples):
         self.samples = list(samples)
+        self.limit = None
 
-    def sample(self):
-        return self.samples.pop(0)
+    def throttled_ns(self):
+        s = self.samples.pop(0)
+        self.limit = s.limit_cpus if s is not None else None
+        return s.throttled_ns if s is not None else None
+
+    def limit_cpus(self):
+        return self.limit
 
 
-def test_a_steps_throttled_time_is_interpolated_between_polls():
-    # polls at 0, 1, 2 s; 0.5 s throttled per second from 1 s on
-    samples = CpuSamples(FakeCgroup([CpuSample(0, None), CpuSample(0, 0.1),
+def test_a_steps_throttled_time_is_interpolated_between_samples():
+    # samples at 0, 1, 2 s; 0.5 s throttled per second from 1 s on
+    samples = CpuSamples(FakeCgroup([CpuSample(0, 0.1), CpuSample(0, 0.1),
                                      CpuSample(500_000_000, 0.1), None]))
     for t in (0, 1, 2, 3):
         samples.sample(t * 1_000_000_000)          # the last read failed: no sample
     span = samples.span(500_000_000, 1_500_000_000)
     assert span.throttled_s == pytest.approx(0.25) and span.limit_cpus == 0.1
     assert samples.span(0, 2_000_000_000).throttled_s == pytest.approx(0.5)
+    assert samples.span(1_000_000_000, 2_000_000_000).throttled_s == pytest.approx(0.5)
     assert samples.span(1_000_000_000, 2_500_000_000) is None        # past the last sample
     assert CpuSamples(FakeCgroup([])).span(0, 1) is None
+
+
+def test_steps_a_quota_throttles_on_and_off_stay_apart_at_the_sampling_period():
+    """A quota on every other 0.4 s step (as the alerting lab's jitter phase sets it),
+    sampled every CPU_SAMPLE_S: the unthrottled steps get at most a sample period's
+    share of their neighbours' throttling."""
+    step_ns, period = 400_000_000, int(CPU_SAMPLE_S * 1e9)
+
+    def throttled_at(t):          # 70 % throttled while an even step runs
+        whole, part = divmod(t, 2 * step_ns)
+        return int(0.7 * (whole * step_ns + min(part, step_ns)))
+    times = range(0, 8 * step_ns + period, period)
+    samples = CpuSamples(FakeCgroup([CpuSample(throttled_at(t), 0.05) for t in times]))
+    for t in times:
+        samples.sample(t)
+    spans = [samples.span(i * step_ns + 7_000_000, (i + 1) * step_ns + 7_000_000).throttled_s
+             for i in range(7)]
+    assert all(x == pytest.approx(0.28, abs=0.01) for x in spans[0::2])
+    assert all(x < 0.7 * CPU_SAMPLE_S for x in spans[1::2])
 
 
 def test_a_step_record_carries_its_throttled_time_and_the_quota():
     info = describe(7, {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "198.18.0.1",
                         "MASTER_PORT": "29500"}, True)
-    state = ProcessState(info, 10.0, cpu=FakeCgroup([CpuSample(0, 0.25),
-                                                     CpuSample(800_000_000, 0.25)]))
-    state.cpu.sample(0)
-    state.cpu.sample(2_000_000_000)
+    cpu = CpuSamples(FakeCgroup([CpuSample(0, 0.25), CpuSample(800_000_000, 0.25)]))
+    state = ProcessState(info, 10.0, cpu=cpu)
+    cpu.sample(0)
+    cpu.sample(2_000_000_000)
     step = Step(0, 500_000_000, 1.0, 0.4, 1, 1000, 1000)
     (record,) = state._records([step], [], lambda ns: ns)
     assert record.fields["throttled_seconds"] == pytest.approx(0.4)

@@ -146,7 +146,7 @@ def test_loss_that_spares_the_steady_traffic_through_a_place_is_a_buffers(ring_l
     f = serious(findings)[0]
     spared = [e for e in f.evidence if e.what.startswith("payload resent on the clean hops")]
     if cause == "buffer_saturation":
-        assert "spare the steady traffic through it (0.000% of" in f.summary
+        assert "spare the others through it (0.000% of" in f.summary
         assert spared and spared[0].value == 0.0
     else:
         assert not spared

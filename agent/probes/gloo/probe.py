@@ -21,8 +21,8 @@ model), gloo_step and gloo_phase (inferred, agent/probes/gloo/steps.py), and wit
 the buffer hooks traffic_model (T, B, D of the process's collective traffic every
 `gloo_model_interval_s`). Each step also carries the time the process's CPU
 cgroup was throttled during it and the cgroup's quota (fabricscope/cgroupcpu.py:
-cpu.stat read at every poll, before the events, so a step that ends in an event
-read now lies between two samples): a CPU limit that starves a rank shows as a
+cpu.stat read every 50 ms by a sampler thread and at every poll before the events;
+agent/probes/gloo/records.CpuSamples): a CPU limit that starves a rank shows as a
 cause, not only as a slower step.
 
 Message sizes: read from gloo's options objects and cross-checked (gloo_layout.py);
@@ -45,6 +45,7 @@ import ctypes
 import importlib.util
 import logging
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -53,7 +54,7 @@ from agent.probes.gloo import layout
 from agent.probes.base import ProbeContext, ProbeUnavailable
 from agent.probes.base import ringbuf_pages as ringbuf_pages_for
 from agent.probes.gloo.procs import ProcessTable
-from agent.probes.gloo.records import ProcessState
+from agent.probes.gloo.records import CPU_SAMPLE_S, CpuSamples, ProcessState
 from agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
 from fabricscope import cgroupcpu
 from fabricscope.errors import UserError
@@ -107,8 +108,13 @@ class GlooProbe(UprobeProbe):
         self.ringbuf_pages = ringbuf_pages or ringbuf_pages_for(ctx, 64)
         self._procs = ProcessTable(proc)
         self._proc = str(proc)
-        #: each rank's CPU cgroup (its throttled time and quota per step)
+        #: each rank's CPU cgroup (its throttled time and quota per step), one sampler
+        #: per cgroup directory however many ranks share it
         self._cpu_hierarchy = cgroupcpu.detect() if proc == Path("/proc") else None
+        self._cpu: dict[str, CpuSamples] = {}
+        self._cpu_lock = threading.Lock()
+        self._cpu_stop = threading.Event()
+        self._cpu_thread: threading.Thread | None = None
         self._states: dict[int, ProcessState] = {}
         self._denied: set[int] = set()
         self._last_model = time.monotonic()
@@ -142,11 +148,49 @@ class GlooProbe(UprobeProbe):
             for pid in sighting.pids:
                 self._procs.get(pid)
 
+    # --- CPU throttling ----------------------------------------------------------------
+
+    def _cpu_of(self, pid: int) -> CpuSamples | None:
+        cgroup = cgroupcpu.CgroupCpu.of_process(self._cpu_hierarchy, pid, self._proc)
+        if cgroup is None:
+            self._counters["cgroup_unknown"] += 1
+            return None
+        with self._cpu_lock:
+            samples = self._cpu.get(cgroup.dir)
+            if samples is None:
+                samples = self._cpu[cgroup.dir] = CpuSamples(cgroup)
+            if self._cpu_thread is None:
+                self._cpu_thread = threading.Thread(target=self._sample_cpu, daemon=True,
+                                                    name="gloo-cpu-sampler")
+                self._cpu_thread.start()
+        samples.sample(time.monotonic_ns())
+        return samples
+
+    def _sample_cpu(self) -> None:
+        while not self._cpu_stop.wait(CPU_SAMPLE_S):
+            with self._cpu_lock:
+                cgroups = list(self._cpu.values())
+            for samples in cgroups:
+                samples.sample(time.monotonic_ns())
+
     def _before_drain(self) -> None:
-        now = time.monotonic_ns()
-        for state in self._states.values():
-            if state.cpu is not None:
-                state.cpu.sample(now)
+        with self._cpu_lock:
+            cgroups = list(self._cpu.values())
+        for samples in cgroups:
+            samples.sample(time.monotonic_ns())
+
+    def _forget_cpu(self) -> None:
+        """Cgroups no process of the probe is in any more."""
+        used = {id(s.cpu) for s in self._states.values() if s.cpu is not None}
+        with self._cpu_lock:
+            for key in [k for k, v in self._cpu.items() if id(v) not in used]:
+                del self._cpu[key]
+
+    def detach(self) -> None:
+        self._cpu_stop.set()
+        if self._cpu_thread is not None:
+            self._cpu_thread.join(timeout=2)
+        super().detach()
 
     def _after_rescan(self) -> None:
         now = time.monotonic()
@@ -192,11 +236,9 @@ class GlooProbe(UprobeProbe):
             self._counters["bytes_from_transfers" if c.bytes is not None else "bytes_unknown"] += 1
         state = self._states.get(pid)
         if state is None:
-            cpu = cgroupcpu.CgroupCpu.of_process(self._cpu_hierarchy, pid, self._proc)
-            if cpu is None:
-                self._counters["cgroup_unknown"] += 1
             state = self._states[pid] = ProcessState(info, self.model_window_s,
-                                                     payload_known=self.buffer_hooks, cpu=cpu)
+                                                     payload_known=self.buffer_hooks,
+                                                     cpu=self._cpu_of(pid))
         self._pending += state.on_collective(c, self.ctx.clock.to_wall)
         return 0
 
@@ -224,6 +266,7 @@ class GlooProbe(UprobeProbe):
                 del self._bpf[b"deny"][ctypes.c_uint32(pid)]
             except KeyError:
                 pass
+        self._forget_cpu()
 
     def _models(self) -> None:
         now = time.monotonic_ns()

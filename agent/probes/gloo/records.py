@@ -6,6 +6,7 @@ monotonic ns go through `to_wall`; the wall clock for the model window is given.
 from __future__ import annotations
 
 import collections
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -18,7 +19,9 @@ from fabricscope.records import Record
 
 MODEL_BIN_S = 0.001         # 1 ms: well below a gradient burst on any real link
 MIN_MODEL_WINDOWS = 6       # collectives needed in the window before fitting
-CPU_SAMPLES = 1500          # throttling samples kept per process: 5 min at 5 polls/s
+CPU_SAMPLE_S = 0.05         # the sampler's period: half of CFS's default period
+CPU_SAMPLES = 2400          # throttling samples kept per cgroup: 2 min of them
+LIMIT_EVERY = 20            # the quota is read every this many samples (1 s)
 
 
 def _tags(info: ProcessInfo) -> dict[str, str]:
@@ -88,49 +91,63 @@ class CpuSpan:
 
 
 class CpuSamples:
-    """The process's cgroup's cumulative throttled time, sampled at every poll before
-    the probe reads its events, so that a step ending in an event read now lies
-    between two samples; a step's share is interpolated linearly between them."""
+    """A cgroup's cumulative throttled time, sampled every CPU_SAMPLE_S by the probe's
+    sampler thread and at every poll before the probe reads its events (so that a
+    step ending in an event read now lies between two samples); a step's share is
+    interpolated linearly between the samples around its ends. CFS decides
+    throttling per period (100 ms by default), and sampling at half of that keeps a
+    step's share to within a period: steps a quota throttles on and off, one after
+    the other, stay apart. The quota is read every LIMIT_EVERY samples."""
 
     def __init__(self, cgroup: CgroupCpu, keep: int = CPU_SAMPLES):
         self.cgroup = cgroup
-        self.samples: collections.deque = collections.deque(maxlen=keep)
+        self.samples: collections.deque = collections.deque(maxlen=keep)  # (ns, ns, cpus)
+        self._lock = threading.Lock()
+        self._limit: float | None = None
+        self._count = 0
 
     def sample(self, now_ns: int) -> None:
-        s = self.cgroup.sample()
-        if s is not None:
-            self.samples.append((now_ns, s))
+        throttled = self.cgroup.throttled_ns()
+        if throttled is None:
+            return
+        if self._count % LIMIT_EVERY == 0:
+            self._limit = self.cgroup.limit_cpus()
+        self._count += 1
+        with self._lock:
+            if not self.samples or self.samples[-1][0] < now_ns:
+                self.samples.append((now_ns, throttled, self._limit))
 
     def span(self, start_ns: int, end_ns: int) -> CpuSpan | None:
         """None unless samples bracket the span (a cgroup that could not be read, a
         step older than the samples kept, an event read after the latest sample)."""
-        if not self.samples or self.samples[0][0] > start_ns or self.samples[-1][0] < end_ns:
-            return None
-        a, b = self._at(start_ns), self._at(end_ns)
-        return CpuSpan(max(0.0, (b - a) / 1e9), self._limit_at(end_ns))
+        with self._lock:
+            if not self.samples or self.samples[0][0] > start_ns \
+                    or self.samples[-1][0] < end_ns:
+                return None
+            (a, _), (b, limit) = self._at(start_ns), self._at(end_ns)
+        return CpuSpan(max(0.0, (b - a) / 1e9), limit)
 
-    def _at(self, t_ns: int) -> float:
-        prev = self.samples[0]
-        for cur in self.samples:
-            if cur[0] >= t_ns:
-                if cur[0] == prev[0]:
-                    return float(cur[1].throttled_ns)
-                f = (t_ns - prev[0]) / (cur[0] - prev[0])
-                return prev[1].throttled_ns + f * (cur[1].throttled_ns - prev[1].throttled_ns)
-            prev = cur
-        return float(prev[1].throttled_ns)
-
-    def _limit_at(self, t_ns: int) -> float | None:
-        return next(s.limit_cpus for t, s in self.samples if t >= t_ns)
+    def _at(self, t_ns: int) -> tuple[float, float | None]:
+        """The throttled ns at t_ns and the quota of the first sample from it on; from
+        the newest sample back, where the steps being recorded are."""
+        later = None
+        for sample in reversed(self.samples):
+            if sample[0] <= t_ns:
+                if later is None or later[0] == sample[0]:
+                    return float(sample[1]), sample[2]
+                f = (t_ns - sample[0]) / (later[0] - sample[0])
+                return sample[1] + f * (later[1] - sample[1]), later[2]
+            later = sample
+        return float(later[1]), later[2]
 
 
 class ProcessState:
     """Everything the probe keeps about one local training process."""
 
     def __init__(self, info: ProcessInfo, model_window_s: float, payload_known: bool = True,
-                 cpu: CgroupCpu | None = None):
+                 cpu: CpuSamples | None = None):
         self.info = info
-        self.cpu = CpuSamples(cpu) if cpu is not None else None
+        self.cpu = cpu
         self.payload_known = payload_known
         self.tracker = StepTracker()
         self.model_window_ns = int(model_window_s * 1e9)
