@@ -58,11 +58,13 @@ def _every_step_late(top, rest, count: int) -> bool:
 
 
 def _throttled_rank(snap: Snapshot, base_step: float):
-    """The rank its CPU limit holds back: its cgroup throttled for at least
-    straggler_min_share of the baseline step in each of its last straggler_steps
-    steps, and for more than twice the others' median (a limit that throttles every
-    rank alike slows the job, it does not make one rank its straggler). None when
-    no rank is, or the cgroups cannot be read."""
+    """The rank its CPU limit holds back: in each of its last straggler_steps steps
+    its cgroup was throttled for at least straggler_min_share of the baseline step
+    and the step took that much longer than the baseline (a quota that bites in
+    every other step only makes the steps vary: jitter, not a rank that holds the
+    ring at its pace), and its median throttled time is more than twice the others'
+    (a limit that throttles every rank alike slows the job, it does not make one
+    rank its straggler). None when no rank is, or the cgroups cannot be read."""
     t = snap.thresholds
     known = [r for r in snap.ranks.values() if r.throttled is not None]
     if len(known) < 2:
@@ -70,8 +72,10 @@ def _throttled_rank(snap: Snapshot, base_step: float):
     top = max(known, key=lambda r: r.throttled)
     others = statistics.median(r.throttled for r in known if r is not top)
     floor = t.straggler_min_share * base_step
-    last = [throttled_in(s) for s in top.steps[-t.straggler_steps:]]
-    if top.throttled < max(floor, 2 * others) or any(x is None or x < floor for x in last):
+    last = top.steps[-t.straggler_steps:]
+    if top.throttled < max(floor, 2 * others) or any(
+            (throttled_in(s) or 0.0) < floor or (s.seconds or 0.0) - base_step < floor
+            for s in last):
         return None
     return top, others
 

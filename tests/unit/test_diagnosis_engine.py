@@ -347,12 +347,23 @@ def test_a_rank_its_cpu_limit_throttles_is_a_compute_straggler_without_being_lat
                 and g.superseded_by is None and g.end_ns is None]
 
 
-@pytest.mark.parametrize("throttled", [
-    {"0": 1.4, "1": 1.4, "2": 1.4},     # every rank alike: the job is limited, no straggler
-    {"2": 0.1},                         # 0.1 s a step: under straggler_min_share x 1 s
-])
-def test_throttling_that_singles_out_no_rank_names_no_straggler(throttled):
-    _, findings = run(SynthJob(seconds=70, step=throttled_rank(throttled)))
+def on_and_off(i, t):
+    """Rank 2 throttled on every other step (2.0 s), free on the ones between (1.0 s,
+    with 0.3 s of its neighbours' throttling spilled into them)."""
+    if t < FAULT:
+        return StepPlan(throttled_of={r: 0.0 for r in "012"})
+    if i % 2:
+        return StepPlan(throttled_of={"2": 0.3})
+    return StepPlan(seconds=2.0, sync=1.3, throttled_of={"2": 1.4})
+
+
+@pytest.mark.parametrize("step", [
+    throttled_rank({"0": 1.4, "1": 1.4, "2": 1.4}),   # every rank alike: the job is limited
+    throttled_rank({"2": 0.1}),                        # 0.1 s a step: under the min share
+    on_and_off,                                        # jitter: not every step costs time
+], ids=["alike", "little", "on-and-off"])
+def test_throttling_that_singles_out_no_rank_names_no_straggler(step):
+    _, findings = run(SynthJob(seconds=70, step=step))
     assert not [f for f in findings if f.cause == "straggler_compute"]
     ruled = [f for f in findings if f.ruled_out]
     assert any("none is held by its CPU limit" in r["why"] for f in ruled for r in f.ruled_out
