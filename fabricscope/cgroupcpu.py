@@ -61,14 +61,16 @@ def detect(mounts: str = "/proc/self/mounts") -> CpuHierarchy | None:
 
 def process_cgroup(text: str, version: int) -> str | None:
     """A process's cgroup in the cpu hierarchy, from /proc/PID/cgroup text: the v1 line
-    whose controllers include `cpu`, or v2's `0::` line; None when there is none."""
+    whose controllers include `cpu`, or v2's `0::` line; None when there is none, or
+    when the path climbs out of the reader's cgroup namespace ("/../.."): a reader in
+    a private cgroup namespace (a container's) sees other containers' cgroups relative
+    to its own, which its view of the hierarchy's mount cannot place."""
     for line in text.splitlines():
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
-        if version == 2 and hierarchy == "0" and controllers == "":
-            return path
-        if version == 1 and "cpu" in controllers.split(","):
-            return path
+        if (version == 2 and hierarchy == "0" and controllers == "") or \
+                (version == 1 and "cpu" in controllers.split(",")):
+            return None if ".." in path.split("/") else path
     return None
 
 

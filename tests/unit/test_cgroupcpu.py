@@ -28,6 +28,8 @@ def test_the_process_cgroup_is_the_cpu_controllers_line():
     assert cgroupcpu.process_cgroup(V2, 2) == "/kubepods.slice/pod1.slice/cri-abc.scope"
     assert cgroupcpu.process_cgroup(V2, 1) is None
     assert cgroupcpu.process_cgroup("", 2) is None
+    # seen from a private cgroup namespace: not placeable in the reader's mount
+    assert cgroupcpu.process_cgroup("0::/../../kubepods.slice/pod2.slice\n", 2) is None
 
 
 def test_cpu_stat_and_the_quota_of_either_version():
