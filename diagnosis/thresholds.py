@@ -99,10 +99,9 @@ class Thresholds:
         "its last steps: two in a row rule out one descheduled step, and with the "
         "median over recent_steps a rank is named two steps after it slowed", "steps"))
     straggler_min_share: float = field(default=0.2, metadata=why(
-        "and late by at least this share of the baseline step (or held off the CPU that "
-        "long by its cgroup's quota): smaller lateness matters little to the job, and a "
-        "shared host's load bursts make a healthy rank that late for a step or two (up "
-        "to ~15 % of a step in the lab's loaded runs)",
+        "and late by at least this share of the baseline step: smaller lateness matters "
+        "little to the job, and a shared host's load bursts make a healthy rank that "
+        "late for a step or two (up to ~15 % of a step in the lab's loaded runs)",
         "fraction"))
     input_ratio: float = field(default=2.0, metadata=why(
         "data loading per step this many times its baseline marks the input as slow",
