@@ -22,8 +22,8 @@ the buffer hooks traffic_model (T, B, D of the process's collective traffic ever
 `gloo_model_interval_s`). Each step also carries the time the process's CPU
 cgroup was throttled during it and the cgroup's quota (fabricscope/cgroupcpu.py:
 cpu.stat read every 50 ms by a sampler thread and at every poll before the events;
-agent/probes/gloo/records.CpuSamples): a CPU limit that starves a rank shows as a
-cause, not only as a slower step.
+agent/probes/gloo/records.CpuSamples): the diagnosis shows a CPU limit that starves
+a rank (diagnosis/detect_steps.py).
 
 Message sizes: read from gloo's options objects and cross-checked (gloo_layout.py);
 "bytes on the wire" are the payload bytes the collective handed to gloo's TCP
