@@ -168,12 +168,10 @@ class GlooProbe(UprobeProbe):
 
     def _sample_cpu(self) -> None:
         while not self._cpu_stop.wait(CPU_SAMPLE_S):
-            with self._cpu_lock:
-                cgroups = list(self._cpu.values())
-            for samples in cgroups:
-                samples.sample(time.monotonic_ns())
+            self._before_drain()
 
     def _before_drain(self) -> None:
+        """One sample of every cgroup (the sampler thread's, and each poll's)."""
         with self._cpu_lock:
             cgroups = list(self._cpu.values())
         for samples in cgroups:
