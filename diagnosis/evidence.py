@@ -89,6 +89,15 @@ class Phase(NamedTuple):
     peer: str
 
 
+class Reports(NamedTuple):
+    """JobEvidence.latest_reports: rank -> its latest step start and phase start (ns),
+    node -> its latest window's UNIX second."""
+
+    step_ns: dict[str, int]
+    phase_ns: dict[str, int]
+    second: dict[str, int]
+
+
 @dataclass
 class JobEvidence:
     job: str
@@ -129,6 +138,14 @@ class JobEvidence:
         """When the rank's latest phase began (0: none yet)."""
         keys = self._ordered("phases", rank)
         return keys[-1][0] if keys else 0
+
+    def latest_reports(self) -> "Reports":
+        """What each rank and node has reported so far: its latest step start and
+        phase start (ns), and its latest window's second."""
+        steps = {r: times[-1] for r in self.steps if (times := self.step_times(r))}
+        phases = {r: self.latest_phase_ns(r) for r, table in self.phases.items() if table}
+        seconds = {n: ns // SECOND for n, ns in self.last_seen_ns.items()}
+        return Reports(steps, phases, seconds)
 
     def merge(self, other: "JobEvidence") -> None:
         """Take what `other` read (newer reads of a second replace older ones)."""
@@ -174,8 +191,8 @@ class JobEvidence:
 
     # -- views ----------------------------------------------------------------------
     def latest_second(self) -> int | None:
-        seconds = [s for table in self.nodes.values() for s in table]
-        return max(seconds) if seconds else None
+        latest = [max(table) for table in self.nodes.values() if table]
+        return max(latest) if latest else None
 
     def ranks(self) -> list[str]:
         return sorted(self.steps, key=_rank_order)

@@ -21,13 +21,14 @@ import gc
 import hashlib
 import logging
 import time
+from typing import NamedTuple
 
 from diagnosis.engine import JobEngine
 from diagnosis.evidence import SECOND
 from diagnosis.finding import Finding
 from diagnosis.graph import GRAPH_EVERY_NS, graph_records
 from diagnosis.metrics import DiagnosisMetrics
-from diagnosis.source import StoreSource
+from diagnosis.source import Members, Starts, StoreSource
 from diagnosis.store import Store, StoreError, quote
 from fabricscope.records import Record
 
@@ -53,6 +54,48 @@ def _still_evaluated_ns(engine: JobEngine) -> int:
     if latest is None:
         return 0
     return (latest + 1 - engine.thresholds.eval_seconds) * SECOND
+
+
+class ReadSpan(NamedTuple):
+    cells: Starts            # cells and nodes
+    steps: Starts
+    phases: Starts
+
+
+def _read_span(engine: JobEngine, members: Members, back_ns: int, step_lag_ns: int,
+               catch_up: bool) -> ReadSpan:
+    """Where a tick's reads begin. At most back_ns (steps and phases a step lag before
+    it: they are reported after they end), never before what an evaluation can
+    still look at; and, but for a catch-up, for each rank and node not before what
+    it had already reported: a rank's steps reach the store in order and whole, so
+    none can come that began before its latest one; a node's windows come in order,
+    but its probes may ship one second's records a poll apart, so its latest second
+    is read again; a phase is reported when its flow's next transfer begins, so one
+    of another flow that began before the latest seen can still come: phases are
+    read from a step lag before the rank's latest. What comes later than that (an
+    agent that lagged, a flow that moves less often than every step) is read by the
+    next catch-up. Reading every rank and node from back_ns reread 3-5 s of each
+    table every tick, most of a tick's rows (bench/diagnosis_tick.py)."""
+    cells_ns = max(back_ns, _still_evaluated_ns(engine))
+    steps_ns = back_ns - step_lag_ns
+    if catch_up:
+        return ReadSpan(Starts(cells_ns), Starts(steps_ns), Starts(steps_ns))
+    seen = engine.ev.latest_reports()
+    ranks, nodes = members.node_of_rank, set(members.nodes)
+    return ReadSpan(
+        _own_starts(cells_ns, {n: s * SECOND for n, s in seen.second.items()}, nodes),
+        _own_starts(steps_ns, seen.step_ns, ranks),
+        _own_starts(steps_ns, {r: t - step_lag_ns for r, t in seen.phase_ns.items()}, ranks))
+
+
+def _own_starts(floor_ns: int, own_ns: dict[str, int], names) -> Starts:
+    """Starts for these names: each from its own time where later than floor_ns; when
+    every one has one, nothing is read from before the earliest of them (a job
+    whose agents report in step reads in one statement per table)."""
+    later = {n: t for n, t in own_ns.items() if n in names and t > floor_ns}
+    if later and len(later) == len(names):
+        floor_ns = min(later.values())
+    return Starts(floor_ns, later)
 
 
 @contextlib.contextmanager
@@ -148,10 +191,10 @@ class LiveDiagnosis:
                 engine = self.engines.get(job) or self._take(job, now)
                 late_s = self._late_s(job, engine, now)
                 last = self.read_until.get(job, now)
-                back = last - int(late_s * SECOND)
-                ev = self.source.read(members, max(back, _still_evaluated_ns(engine)),
-                                      now + SECOND,
-                                      steps_from_ns=back - self._step_lag_ns(engine),
+                span = _read_span(engine, members, last - int(late_s * SECOND),
+                                  self._step_lag_ns(engine), catch_up=late_s > LATE_S)
+                ev = self.source.read(members, span.cells, now + SECOND,
+                                      steps_from=span.steps, phases_from=span.phases,
                                       heartbeats=late_s > LATE_S, into=engine.ev)
                 self.read_until[job] = now
                 engine.feed(ev)
@@ -225,7 +268,7 @@ class LiveDiagnosis:
         members = self.source.jobs(now - TAKEOVER_S * SECOND, now + SECOND).get(job)
         if members is not None:
             engine.feed(self.source.read(members, now - READ_BACK_S * SECOND, now + SECOND,
-                                         steps_from_ns=now - TAKEOVER_S * SECOND))
+                                         steps_from=now - TAKEOVER_S * SECOND))
         for row in self.store.query(f"SELECT * FROM finding WHERE job = {quote(job)} AND "
                                     f"time > {now - TAKEOVER_S * SECOND}"):
             f = Finding.from_row({**row, **row.get("_tags", {})})

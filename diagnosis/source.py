@@ -15,7 +15,7 @@ from.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 
 from diagnosis.evidence import (SECOND, CellKey, CellSecond, JobEvidence, NodeSecond, Phase,
@@ -39,6 +39,47 @@ def _span(t0_ns: int, t1_ns: int) -> str:
     return f"time >= {int(t0_ns)} AND time < {int(t1_ns)}"
 
 
+MAX_GROUPS = 4       # statements per table and read: the later starts, rounded together
+
+
+@dataclass(frozen=True)
+class Starts:
+    """Where a read of one table begins: at all_ns, and for the nodes or ranks in
+    own_ns at a later time of their own (a live tick need not reread what each has
+    already reported: diagnosis/live.py)."""
+
+    all_ns: int
+    own_ns: dict[str, int] = field(default_factory=dict)
+
+    def wheres(self, tag: str, t1_ns: int, slack_ns: int) -> list[str]:
+        """WHERE conditions that together cover the read, one statement each: names
+        whose starts lie within slack_ns of the group's first share its start (at
+        most MAX_GROUPS groups: the slack doubles until they fit); every other
+        series (names without a later start, and series without the tag) from
+        all_ns."""
+        later = sorted((t, name) for name, t in self.own_ns.items() if t > self.all_ns)
+        if not later:
+            return [_span(self.all_ns, t1_ns)]
+        while True:
+            groups: list[tuple[int, list[str]]] = []
+            for t, name in later:
+                if groups and t - groups[-1][0] <= slack_ns:
+                    groups[-1][1].append(name)
+                else:
+                    groups.append((t, [name]))
+            if len(groups) <= MAX_GROUPS:
+                break
+            slack_ns = max(2 * slack_ns, SECOND // 10)
+        rest = f"{tag} !~ {regex_of(name for _, name in later)} AND " \
+            f"{_span(self.all_ns, t1_ns)}"
+        return [rest] + [f"{tag} =~ {regex_of(names)} AND {_span(t, t1_ns)}"
+                         for t, names in groups]
+
+
+def _starts(at: "int | Starts") -> Starts:
+    return at if isinstance(at, Starts) else Starts(int(at))
+
+
 class StoreSource:
     def __init__(self, store: Store):
         self.store = store
@@ -54,13 +95,15 @@ class StoreSource:
                 out.setdefault(tags["job"], {})[tags.get("rank", "-")] = tags.get("node", "")
         return {job: Members(job, ranks) for job, ranks in out.items()}
 
-    def read(self, members: Members, t0_ns: int, t1_ns: int,
-             steps_from_ns: int | None = None, heartbeat_from_ns: int | None = None,
-             heartbeats: bool = True, into: JobEvidence | None = None) -> JobEvidence:
-        """The job's evidence of [t0, t1) (steps and phases from steps_from_ns). Each
-        node's latest window is looked up from heartbeat_from_ns (default: two minutes
-        back) unless `heartbeats` is False: then the windows read say it (a live tick
-        that knows the older ones).
+    def read(self, members: Members, t0: "int | Starts", t1_ns: int,
+             steps_from: "int | Starts | None" = None, heartbeat_from_ns: int | None = None,
+             heartbeats: bool = True, into: JobEvidence | None = None,
+             phases_from: "int | Starts | None" = None) -> JobEvidence:
+        """The job's evidence of [t0, t1) (steps from steps_from, phases from
+        phases_from, default the steps'; each a time in ns or per-node/per-rank
+        Starts). Each node's latest window is looked up from heartbeat_from_ns
+        (default: two minutes back) unless `heartbeats` is False: then the windows
+        read say it (a live tick that knows the older ones).
 
         `into`: evidence to read into, as JobEvidence.merge would take a fresh read
         (what is read again replaces what was there where it differs, and only
@@ -71,22 +114,28 @@ class StoreSource:
         ev.node_of_rank.update(members.node_of_rank)
         if not members.nodes:
             return ev
-        span = _span(t0_ns, t1_ns)
+        cells = _starts(t0).wheres("node", t1_ns, 0)
         nodes = regex_of(members.nodes)
-        self._cells(ev, members.job, span)
-        self._nodes(ev, nodes, span)
-        steps_span = _span(steps_from_ns if steps_from_ns is not None else t0_ns, t1_ns)
-        self._steps(ev, members, steps_span)
-        self._phases(ev, members.job, steps_span)
+        self._cells(ev, members.job, cells)
+        self._nodes(ev, nodes, cells)
+        steps = _starts(steps_from if steps_from is not None else t0)
+        self._steps(ev, members, steps.wheres("rank", t1_ns, SECOND // 2))
+        self._phases(ev, members.job, _starts(phases_from if phases_from is not None
+                                              else steps).wheres("rank", t1_ns, SECOND // 2))
         hb_from = heartbeat_from_ns if heartbeat_from_ns is not None else t1_ns - 120 * SECOND
         self._heartbeats(ev, nodes, _span(hb_from, t1_ns), heartbeats)
         return ev
 
-    def _cells(self, ev: JobEvidence, job: str, span: str) -> None:
+    def _series(self, select: str, wheres: list[str], group_by: str):
+        """The answers of one statement per WHERE condition, asked in one request."""
+        return self.store.series("; ".join(f"{select} AND {where} GROUP BY {group_by}"
+                                           for where in wheres))
+
+    def _cells(self, ev: JobEvidence, job: str, wheres: list[str]) -> None:
         addr_node: dict[str, str] = {}
-        for tags, columns, values in self.store.series(
+        for tags, columns, values in self._series(
                 f"SELECT {', '.join(CellSecond._fields)} FROM tcp_flow WHERE "
-                f"job = {quote(job)} AND {span} GROUP BY node, saddr, daddr, rank"):
+                f"job = {quote(job)}", wheres, "node, saddr, daddr, rank"):
             key = CellKey(tags.get("node", ""), tags.get("saddr", ""), tags.get("daddr", ""),
                           tags.get("rank", ""))
             addr_node.setdefault(key.addr, key.node)
@@ -94,26 +143,26 @@ class StoreSource:
                 values, _picker(columns, CellSecond._fields), _combine_cells), CellSecond)
         ev.addr_node.update(addr_node)
 
-    def _nodes(self, ev: JobEvidence, nodes: str, span: str) -> None:
+    def _nodes(self, ev: JobEvidence, nodes: str, wheres: list[str]) -> None:
         tcp: dict[str, dict[int, tuple]] = {}     # node -> second -> tcp_node's fields
         nic: dict[tuple[str, str], dict[int, tuple]] = {}   # (node, direction) -> ...
         qdisc: dict[str, dict[int, tuple]] = {}
-        for tags, columns, values in self.store.series(
-                f"SELECT {', '.join(_TCP_NODE)} FROM tcp_node WHERE node =~ {nodes} AND "
-                f"{span} GROUP BY node"):
+        for tags, columns, values in self._series(
+                f"SELECT {', '.join(_TCP_NODE)} FROM tcp_node WHERE node =~ {nodes}",
+                wheres, "node"):
             node = tags["node"]
             if values:
                 ev.last_seen_ns[node] = max(ev.last_seen_ns.get(node, 0), values[-1][0])
             tcp[node] = _per_second(values, _picker(columns, _TCP_NODE), _combine_sums)
-        for tags, columns, values in self.store.series(
-                "SELECT peak_util, hot_bins, bursts FROM nic_window WHERE node =~ "
-                f"{nodes} AND {span} GROUP BY node, direction"):
+        for tags, columns, values in self._series(
+                f"SELECT peak_util, hot_bins, bursts FROM nic_window WHERE node =~ {nodes}",
+                wheres, "node, direction"):
             nic[(tags["node"], "tx" if tags.get("direction") == "tx" else "rx")] = \
                 _per_second(values, _picker(columns, ("peak_util", "hot_bins", "bursts")),
                             _combine_nic)
-        for tags, columns, values in self.store.series(
-                "SELECT drops, backlog_bytes FROM nic_qdisc WHERE node =~ "
-                f"{nodes} AND {span} GROUP BY node"):
+        for tags, columns, values in self._series(
+                f"SELECT drops, backlog_bytes FROM nic_qdisc WHERE node =~ {nodes}",
+                wheres, "node"):
             qdisc[tags["node"]] = _per_second(
                 values, _picker(columns, ("drops", "backlog_bytes")), _combine_qdisc)
         for node in set(tcp) | {n for n, _ in nic} | set(qdisc):
@@ -129,12 +178,12 @@ class StoreSource:
                                    bursts_tx + bursts_rx, *(q or _QDISC_ZERO))
             update_changed(ev.nodes.setdefault(node, {}), seconds, NodeSecond)
 
-    def _steps(self, ev: JobEvidence, members: Members, span: str) -> None:
+    def _steps(self, ev: JobEvidence, members: Members, wheres: list[str]) -> None:
         node_of_rank: dict[str, str] = {}
-        for tags, columns, values in self.store.series(
+        for tags, columns, values in self._series(
                 "SELECT seconds, sync_seconds, compute_seconds, retrans_segs, "
                 f"sync_retrans_segs, throttled_seconds, cpu_limit FROM gloo_step WHERE job = "
-                f"{quote(members.job)} AND {span} GROUP BY rank, node"):
+                f"{quote(members.job)}", wheres, "rank, node"):
             rank, node = tags.get("rank") or "-", tags.get("node") or ""
             node_of_rank.setdefault(rank, node)
             table, added = ev.steps.setdefault(rank, {}), []
@@ -159,14 +208,14 @@ class StoreSource:
         ev.node_of_rank.update((rank, node) for rank, node in node_of_rank.items()
                                if rank not in members.node_of_rank)
 
-    def _phases(self, ev: JobEvidence, job: str, span: str) -> None:
+    def _phases(self, ev: JobEvidence, job: str, wheres: list[str]) -> None:
         # a rank's kinds come as series of their own; its new keys go to its kept
         # orders at once, so that the order of all its phases takes them in one step
         added: dict[str, list] = {}
-        for tags, columns, values in self.store.series(
+        for tags, columns, values in self._series(
                 "SELECT seconds, bytes, peer FROM gloo_phase WHERE "
-                f"job = {quote(job)} AND (phase = 'data_load' OR phase = 'checkpoint') "
-                f"AND {span} GROUP BY rank, node, phase"):
+                f"job = {quote(job)} AND (phase = 'data_load' OR phase = 'checkpoint')",
+                wheres, "rank, node, phase"):
             rank, phase, node = tags.get("rank") or "-", tags.get("phase"), \
                 tags.get("node") or ""
             table, new = ev.phases.setdefault(rank, {}), added.setdefault(rank, [])

@@ -171,3 +171,93 @@ def test_a_store_that_does_not_answer_influxql_leaves_the_engine_idle_not_failin
         assert live.tick() == []
         assert live.engines == {}
         assert reg.get_sample_value("fabricscope_diagnosis_replicas_live") == 1.0
+
+
+def test_a_tick_reads_each_rank_and_node_from_what_it_had_reported_a_catch_up_from_back():
+    from diagnosis.engine import JobEngine
+    from diagnosis.evidence import NodeSecond, Phase, Step
+    from diagnosis.live import ReadSpan, _read_span
+    from diagnosis.source import Members, Starts
+
+    engine = JobEngine("j")
+    ev = engine.ev
+    ev.steps = {"0": {t * SECOND: Step("0", "node0", t * SECOND, 1.0, 0.5, 0.5)
+                      for t in (100, 101, 102)},
+                "1": {t * SECOND: Step("1", "node1", t * SECOND, 1.0, 0.5, 0.5)
+                      for t in (100, 101)}}
+    ev.phases = {"0": {(t * SECOND, "data_load"): Phase("0", "node0", t * SECOND,
+                                                         "data_load", 0.1, 10, "s:1")
+                       for t in (100, 102)},
+                 "1": {(101 * SECOND, "data_load"): Phase("1", "node1", 101 * SECOND,
+                                                          "data_load", 0.1, 10, "s:1")}}
+    ev.nodes = {"node0": {103: NodeSecond()}, "node1": {102: NodeSecond()}}
+    ev.last_seen_ns = {"node0": 103 * SECOND + 400, "node1": 102 * SECOND + 900}
+    members = Members("j", {"0": "node0", "1": "node1", "2": "node2"})
+    lag = 2 * SECOND
+    span = _read_span(engine, members, 95 * SECOND, lag, catch_up=False)
+    # cells from back, but not before the last evaluation's window (its latest
+    # second 103, less eval_seconds - 1), each node from its latest second (read
+    # again: its probes may ship that second's records a poll apart)
+    assert span.cells == Starts(101 * SECOND, {"node0": 103 * SECOND, "node1": 102 * SECOND})
+    # each rank from its latest step, and from a step lag before its latest phase;
+    # rank 2 (nothing reported yet) from back
+    assert span.steps == Starts(93 * SECOND, {"0": 102 * SECOND, "1": 101 * SECOND})
+    assert span.phases == Starts(93 * SECOND, {"0": 100 * SECOND, "1": 99 * SECOND})
+    # when every one has reported, nothing is read from before the earliest of them
+    both = Members("j", {"0": "node0", "1": "node1"})
+    span = _read_span(engine, both, 95 * SECOND, lag, catch_up=False)
+    assert span.steps.all_ns == 101 * SECOND and span.cells.all_ns == 102 * SECOND
+    assert span.steps.wheres("rank", 200 * SECOND, 0) == [
+        f"rank !~ /^(0)$/ AND time >= {101 * SECOND} AND time < {200 * SECOND}",
+        f"rank =~ /^(0)$/ AND time >= {102 * SECOND} AND time < {200 * SECOND}"]
+    # a catch-up rereads everyone from back
+    assert _read_span(engine, members, 95 * SECOND, lag, catch_up=True) == \
+        ReadSpan(Starts(101 * SECOND), Starts(93 * SECOND), Starts(93 * SECOND))
+
+
+def test_starts_read_each_group_from_its_own_time_and_the_rest_from_the_first():
+    from diagnosis.source import MAX_GROUPS, Starts
+    t1 = 200 * SECOND
+    assert Starts(100 * SECOND).wheres("node", t1, 0) == [
+        f"time >= {100 * SECOND} AND time < {t1}"]
+    wheres = Starts(100 * SECOND, {"a": 103 * SECOND, "b": 103 * SECOND,
+                                   "c": 104 * SECOND, "d": 90 * SECOND}).wheres("node", t1, 0)
+    assert wheres == [f"node !~ /^(a|b|c)$/ AND time >= {100 * SECOND} AND time < {t1}",
+                      f"node =~ /^(a|b)$/ AND time >= {103 * SECOND} AND time < {t1}",
+                      f"node =~ /^(c)$/ AND time >= {104 * SECOND} AND time < {t1}"]
+    # many distinct starts: grouped within a growing slack, each group from its first
+    many = Starts(0, {str(i): SECOND + i * SECOND // 20 for i in range(40)})
+    groups = many.wheres("rank", t1, 0)
+    assert 1 < len(groups) - 1 <= MAX_GROUPS
+    for where in groups[1:]:
+        names = where.split("/^(")[1].split(")$/")[0].split("|")
+        start = int(where.split("time >= ")[1].split()[0])
+        assert start == min(many.own_ns[n] for n in names)
+
+
+def test_a_record_that_comes_a_poll_after_the_rest_of_its_second_is_read_by_the_next_tick(
+        store):
+    """A tick does not reread what every node had reported, except each node's latest
+    second: its probes may ship one second's records a poll apart."""
+    (job, _) = two_jobs(["only", "other"])
+    records = to_records(build(SynthJob(seconds=30, job=job)))
+    second = T0 + 15                 # catch-ups at T0+12 and +22: +16's tick is not one
+
+    def is_held(r) -> bool:
+        return (r.measurement == "tcp_flow" and r.tags["node"] == "node1"
+                and r.time_ns // SECOND == second)
+    held = [r for r in records if is_held(r)]
+    assert held
+    store.write([r for r in records if not is_held(r)])
+    clock = Clock(T0 + 12)
+    live = LiveDiagnosis(store, DiagnosisMetrics(CollectorRegistry()), "only", clock=clock)
+    while clock.ns <= second * SECOND:
+        live.tick()
+        clock.ns += SECOND
+    ev = live.engines[job].ev
+    keys = [k for k in ev.cells if k.node == "node1"]
+    assert keys and all(second not in ev.cells[k] for k in keys)
+    assert all(second in ev.cells[k] for k in ev.cells if k.node == "node0")
+    store.write(held)
+    live.tick()                                   # at second + 1
+    assert all(second in ev.cells[k] for k in keys)

@@ -62,9 +62,26 @@ def test_a_read_holds_only_its_span(stored):
     source = StoreSource(store)
     members = Members(SPEC.job, dict(ev.node_of_rank))
     back = source.read(members, (T0 + 5) * SECOND, (T0 + 8) * SECOND,
-                       steps_from_ns=(T0 + 2) * SECOND)
+                       steps_from=(T0 + 2) * SECOND)
     assert {s for table in back.cells.values() for s in table} == {T0 + 5, T0 + 6, T0 + 7}
     assert sorted(t // SECOND - T0 for t in back.steps["1"]) == [2, 3, 4, 5, 6, 7]
+
+
+def test_a_read_from_starts_takes_each_node_and_rank_from_its_own(stored):
+    from diagnosis.source import Starts
+    store, ev = stored
+    members = Members(SPEC.job, dict(ev.node_of_rank))
+    t1 = (T0 + 10) * SECOND
+    back = StoreSource(store).read(
+        members, Starts((T0 + 5) * SECOND, {"node1": (T0 + 8) * SECOND}), t1,
+        steps_from=Starts((T0 + 2) * SECOND, {"1": (T0 + 6) * SECOND}))
+    for key, table in back.cells.items():
+        assert min(table) == (T0 + 8 if key.node == "node1" else T0 + 5), key
+    assert min(back.nodes["node1"]) == T0 + 8 and min(back.nodes["node0"]) == T0 + 5
+    assert min(back.steps["1"]) == (T0 + 6) * SECOND
+    assert min(back.steps["0"]) == (T0 + 2) * SECOND
+    # phases follow the steps' starts unless given their own
+    assert all(k[0] >= (T0 + 6) * SECOND for k in back.phases.get("1", {}))
 
 
 def test_an_unreachable_store_is_one_line_error():
@@ -162,8 +179,8 @@ def test_a_read_into_evidence_equals_merging_a_fresh_read(stored):
         for rank in evidence.steps:
             evidence.step_times(rank)
             evidence.phases_between(rank, "checkpoint", 0, 1 << 62)
-    later = dict(t0_ns=(T0 + 5) * SECOND, t1_ns=(T0 + 20) * SECOND,
-                 steps_from_ns=(T0 + 4) * SECOND)
+    later = dict(t0=(T0 + 5) * SECOND, t1_ns=(T0 + 20) * SECOND,
+                 steps_from=(T0 + 4) * SECOND)
     merged.merge(source.read(members, **later))
     assert source.read(members, **later, into=direct) is direct
     assert direct == merged
