@@ -90,12 +90,10 @@ class Phase(NamedTuple):
 
 
 class Reports(NamedTuple):
-    """JobEvidence.latest_reports: rank -> its latest step start and phase start (ns),
-    node -> its latest window's UNIX second."""
+    """JobEvidence.latest_reports: rank -> its latest step start and phase start (ns)."""
 
     step_ns: dict[str, int]
     phase_ns: dict[str, int]
-    second: dict[str, int]
 
 
 @dataclass
@@ -140,12 +138,10 @@ class JobEvidence:
         return keys[-1][0] if keys else 0
 
     def latest_reports(self) -> "Reports":
-        """What each rank and node has reported so far: its latest step start and
-        phase start (ns), and its latest window's second."""
+        """What each rank has reported so far: its latest step start and phase start."""
         steps = {r: times[-1] for r in self.steps if (times := self.step_times(r))}
         phases = {r: self.latest_phase_ns(r) for r, table in self.phases.items() if table}
-        seconds = {n: ns // SECOND for n, ns in self.last_seen_ns.items()}
-        return Reports(steps, phases, seconds)
+        return Reports(steps, phases)
 
     def merge(self, other: "JobEvidence") -> None:
         """Take what `other` read (newer reads of a second replace older ones)."""

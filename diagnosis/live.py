@@ -64,27 +64,28 @@ class ReadSpan(NamedTuple):
 
 def _read_span(engine: JobEngine, members: Members, back_ns: int, step_lag_ns: int,
                catch_up: bool) -> ReadSpan:
-    """Where a tick's reads begin. At most back_ns (steps and phases a step lag before
-    it: they are reported after they end), never before what an evaluation can
-    still look at; and, but for a catch-up, for each rank and node not before what
-    it had already reported: a rank's steps reach the store in order and whole, so
-    none can come that began before its latest one; a node's windows come in order,
-    but its probes may ship one second's records a poll apart, so its latest second
-    is read again; a phase is reported when its flow's next transfer begins, so one
-    of another flow that began before the latest seen can still come: phases are
-    read from a step lag before the rank's latest. What comes later than that (an
-    agent that lagged, a flow that moves less often than every step) is read by the
-    next catch-up. Reading every rank and node from back_ns reread 3-5 s of each
-    table every tick, most of a tick's rows (bench/diagnosis_tick.py)."""
-    cells_ns = max(back_ns, _still_evaluated_ns(engine))
+    """Where a tick's reads begin. Cells and nodes from back_ns, never before what an
+    evaluation can still look at: a node's records of one second do not reach the
+    store together (a new flow's wait for its owner, up to a /proc rescan; its
+    probes' polls), so what a node reported last says little about what of its
+    earlier seconds is still to come. Steps and phases from a step lag before
+    back_ns (they are reported after they end) and, but for a catch-up, for each
+    rank not before what it had already reported: a rank's steps reach the store
+    in order and whole, so none can come that began before its latest one; a phase
+    is reported when its flow's next transfer begins, so one of another flow that
+    began before the latest seen can still come: phases are read from a step lag
+    before the rank's latest. What comes later than that (an agent that lagged, a
+    flow that moves less often than every step) is read by the next catch-up.
+    Reading every rank's steps and phases from back_ns reread 3-5 s of them each
+    tick, about half of a tick's rows (bench/diagnosis_tick.py)."""
+    cells = Starts(max(back_ns, _still_evaluated_ns(engine)))
     steps_ns = back_ns - step_lag_ns
     if catch_up:
-        return ReadSpan(Starts(cells_ns), Starts(steps_ns), Starts(steps_ns))
+        return ReadSpan(cells, Starts(steps_ns), Starts(steps_ns))
     seen = engine.ev.latest_reports()
-    ranks, nodes = members.node_of_rank, set(members.nodes)
+    ranks = members.node_of_rank
     return ReadSpan(
-        _own_starts(cells_ns, {n: s * SECOND for n, s in seen.second.items()}, nodes),
-        _own_starts(steps_ns, seen.step_ns, ranks),
+        cells, _own_starts(steps_ns, seen.step_ns, ranks),
         _own_starts(steps_ns, {r: t - step_lag_ns for r, t in seen.phase_ns.items()}, ranks))
 
 
