@@ -57,7 +57,7 @@ def _still_evaluated_ns(engine: JobEngine) -> int:
 
 
 class ReadSpan(NamedTuple):
-    cells: Starts            # cells and nodes
+    cells_ns: int            # cells and nodes
     steps: Starts
     phases: Starts
 
@@ -78,14 +78,14 @@ def _read_span(engine: JobEngine, members: Members, back_ns: int, step_lag_ns: i
     flow that moves less often than every step) is read by the next catch-up.
     Reading every rank's steps and phases from back_ns reread 3-5 s of them each
     tick, about half of a tick's rows (bench/diagnosis_tick.py)."""
-    cells = Starts(max(back_ns, _still_evaluated_ns(engine)))
+    cells_ns = max(back_ns, _still_evaluated_ns(engine))
     steps_ns = back_ns - step_lag_ns
     if catch_up:
-        return ReadSpan(cells, Starts(steps_ns), Starts(steps_ns))
+        return ReadSpan(cells_ns, Starts(steps_ns), Starts(steps_ns))
     seen = engine.ev.latest_reports()
     ranks = members.node_of_rank
     return ReadSpan(
-        cells, _own_starts(steps_ns, seen.step_ns, ranks),
+        cells_ns, _own_starts(steps_ns, seen.step_ns, ranks),
         _own_starts(steps_ns, {r: t - step_lag_ns for r, t in seen.phase_ns.items()}, ranks))
 
 
@@ -194,7 +194,7 @@ class LiveDiagnosis:
                 last = self.read_until.get(job, now)
                 span = _read_span(engine, members, last - int(late_s * SECOND),
                                   self._step_lag_ns(engine), catch_up=late_s > LATE_S)
-                ev = self.source.read(members, span.cells, now + SECOND,
+                ev = self.source.read(members, span.cells_ns, now + SECOND,
                                       steps_from=span.steps, phases_from=span.phases,
                                       heartbeats=late_s > LATE_S, into=engine.ev)
                 self.read_until[job] = now

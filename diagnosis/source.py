@@ -44,9 +44,9 @@ MAX_GROUPS = 4       # statements per table and read: the later starts, rounded 
 
 @dataclass(frozen=True)
 class Starts:
-    """Where a read of one table begins: at all_ns, and for the nodes or ranks in
-    own_ns at a later time of their own (a live tick need not reread what each has
-    already reported: diagnosis/live.py)."""
+    """Where a read of steps or phases begins: at all_ns, and for the ranks in own_ns
+    at a later time of their own (a live tick need not reread what each has already
+    reported: diagnosis/live.py)."""
 
     all_ns: int
     own_ns: dict[str, int] = field(default_factory=dict)
@@ -95,13 +95,13 @@ class StoreSource:
                 out.setdefault(tags["job"], {})[tags.get("rank", "-")] = tags.get("node", "")
         return {job: Members(job, ranks) for job, ranks in out.items()}
 
-    def read(self, members: Members, t0: "int | Starts", t1_ns: int,
+    def read(self, members: Members, t0_ns: int, t1_ns: int,
              steps_from: "int | Starts | None" = None, heartbeat_from_ns: int | None = None,
              heartbeats: bool = True, into: JobEvidence | None = None,
              phases_from: "int | Starts | None" = None) -> JobEvidence:
         """The job's evidence of [t0, t1) (steps from steps_from, phases from
-        phases_from, default the steps'; each a time in ns or per-node/per-rank
-        Starts). Each node's latest window is looked up from heartbeat_from_ns
+        phases_from, default the steps'; each a time in ns or per-rank Starts).
+        Each node's latest window is looked up from heartbeat_from_ns
         (default: two minutes back) unless `heartbeats` is False: then the windows
         read say it (a live tick that knows the older ones).
 
@@ -114,11 +114,11 @@ class StoreSource:
         ev.node_of_rank.update(members.node_of_rank)
         if not members.nodes:
             return ev
-        cells = _starts(t0).wheres("node", t1_ns, 0)
+        cells = [_span(t0_ns, t1_ns)]
         nodes = regex_of(members.nodes)
         self._cells(ev, members.job, cells)
         self._nodes(ev, nodes, cells)
-        steps = _starts(steps_from if steps_from is not None else t0)
+        steps = _starts(steps_from if steps_from is not None else t0_ns)
         self._steps(ev, members, steps.wheres("rank", t1_ns, SECOND // 2))
         self._phases(ev, members.job, _starts(phases_from if phases_from is not None
                                               else steps).wheres("rank", t1_ns, SECOND // 2))

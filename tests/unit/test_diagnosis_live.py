@@ -197,7 +197,7 @@ def test_a_tick_reads_each_rank_and_node_from_what_it_had_reported_a_catch_up_fr
     span = _read_span(engine, members, 95 * SECOND, lag, catch_up=False)
     # cells from back, but not before the last evaluation's window (its latest
     # second 103, less eval_seconds - 1): a node's seconds do not come whole
-    assert span.cells == Starts(101 * SECOND)
+    assert span.cells_ns == 101 * SECOND
     # each rank from its latest step, and from a step lag before its latest phase;
     # rank 2 (nothing reported yet) from back
     assert span.steps == Starts(93 * SECOND, {"0": 102 * SECOND, "1": 101 * SECOND})
@@ -211,7 +211,7 @@ def test_a_tick_reads_each_rank_and_node_from_what_it_had_reported_a_catch_up_fr
         f"rank =~ /^(0)$/ AND time >= {102 * SECOND} AND time < {200 * SECOND}"]
     # a catch-up rereads everyone from back
     assert _read_span(engine, members, 95 * SECOND, lag, catch_up=True) == \
-        ReadSpan(Starts(101 * SECOND), Starts(93 * SECOND), Starts(93 * SECOND))
+        ReadSpan(101 * SECOND, Starts(93 * SECOND), Starts(93 * SECOND))
 
 
 def test_starts_read_each_group_from_its_own_time_and_the_rest_from_the_first():

@@ -67,17 +67,17 @@ def test_a_read_holds_only_its_span(stored):
     assert sorted(t // SECOND - T0 for t in back.steps["1"]) == [2, 3, 4, 5, 6, 7]
 
 
-def test_a_read_from_starts_takes_each_node_and_rank_from_its_own(stored):
+def test_a_read_from_starts_takes_each_rank_from_its_own(stored):
     from diagnosis.source import Starts
     store, ev = stored
     members = Members(SPEC.job, dict(ev.node_of_rank))
     t1 = (T0 + 10) * SECOND
     back = StoreSource(store).read(
-        members, Starts((T0 + 5) * SECOND, {"node1": (T0 + 8) * SECOND}), t1,
+        members, (T0 + 5) * SECOND, t1,
         steps_from=Starts((T0 + 2) * SECOND, {"1": (T0 + 6) * SECOND}))
-    for key, table in back.cells.items():
-        assert min(table) == (T0 + 8 if key.node == "node1" else T0 + 5), key
-    assert min(back.nodes["node1"]) == T0 + 8 and min(back.nodes["node0"]) == T0 + 5
+    for key, table in back.cells.items():                 # cells and nodes: from t0
+        assert min(table) == T0 + 5, key
+    assert min(back.nodes["node1"]) == T0 + 5 and min(back.nodes["node0"]) == T0 + 5
     assert min(back.steps["1"]) == (T0 + 6) * SECOND
     assert min(back.steps["0"]) == (T0 + 2) * SECOND
     # phases follow the steps' starts unless given their own
@@ -179,7 +179,7 @@ def test_a_read_into_evidence_equals_merging_a_fresh_read(stored):
         for rank in evidence.steps:
             evidence.step_times(rank)
             evidence.phases_between(rank, "checkpoint", 0, 1 << 62)
-    later = dict(t0=(T0 + 5) * SECOND, t1_ns=(T0 + 20) * SECOND,
+    later = dict(t0_ns=(T0 + 5) * SECOND, t1_ns=(T0 + 20) * SECOND,
                  steps_from=(T0 + 4) * SECOND)
     merged.merge(source.read(members, **later))
     assert source.read(members, **later, into=direct) is direct
