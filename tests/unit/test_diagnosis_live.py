@@ -72,6 +72,15 @@ def points_of(store: Store, finding_id: str) -> int:
     return rows[0]["count"] if rows else 0
 
 
+def write_holding_back(store: Store, records: list, held_if) -> list:
+    """Write the records but those held_if picks (an agent that ships them late);
+    return those."""
+    held = [r for r in records if held_if(r)]
+    assert held
+    store.write([r for r in records if not held_if(r)])
+    return held
+
+
 @pytest.fixture
 def store():
     with InfluxServer() as influx:
@@ -144,9 +153,7 @@ def test_a_step_that_reaches_the_store_late_is_read_by_the_next_catch_up(store):
     def is_late(r) -> bool:
         return (r.measurement == "gloo_step" and r.tags["node"] == "node2"
                 and r.time_ns // SECOND == late_second)
-    held = [r for r in records if is_late(r)]
-    assert held
-    store.write([r for r in records if not is_late(r)])
+    held = write_holding_back(store, records, is_late)
     clock = Clock(T0 + 12)
     live = LiveDiagnosis(store, DiagnosisMetrics(CollectorRegistry()), "only", clock=clock)
     while clock.ns < comes * SECOND:
@@ -246,9 +253,7 @@ def test_a_flow_record_that_comes_after_its_nodes_next_second_is_read_by_the_nex
     def is_held(r) -> bool:
         return (r.measurement == "tcp_flow" and r.tags["node"] == "node1"
                 and r.time_ns // SECOND == second)
-    held = [r for r in records if is_held(r)]
-    assert held
-    store.write([r for r in records if not is_held(r)])
+    held = write_holding_back(store, records, is_held)
     clock = Clock(T0 + 12)
     live = LiveDiagnosis(store, DiagnosisMetrics(CollectorRegistry()), "only", clock=clock)
     while clock.ns <= (second + 1) * SECOND:     # node1 has reported second + 1
