@@ -108,12 +108,6 @@ def parse_limit(cpu_max: str | None, quota_us: str | None, period_us: str | None
     return None
 
 
-@dataclass(frozen=True)
-class CpuSample:
-    throttled_ns: int
-    limit_cpus: float | None
-
-
 class CgroupCpu:
     """One cgroup of the cpu hierarchy: its throttled time and its quota, read on
     demand (a few small files: cheap enough for every agent poll)."""
@@ -148,11 +142,6 @@ class CgroupCpu:
             return parse_limit(self._read_or_none("cpu.max"), None, None)
         return parse_limit(None, self._read_or_none("cpu.cfs_quota_us"),
                            self._read_or_none("cpu.cfs_period_us"))
-
-    def sample(self) -> CpuSample | None:
-        """Both at once; None when the cgroup is gone or shows no throttling counters."""
-        throttled = self.throttled_ns()
-        return None if throttled is None else CpuSample(throttled, self.limit_cpus())
 
     def _read(self, name: str) -> str:
         with open(os.path.join(self.dir, name)) as fh:

@@ -5,6 +5,7 @@ the per-step throttled time the gloo probe derives from polled samples
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -12,7 +13,7 @@ from agent.probes.gloo.procs import describe
 from agent.probes.gloo.records import CPU_SAMPLE_S, CpuSamples, ProcessState
 from agent.probes.gloo.steps import Step
 from fabricscope import cgroupcpu
-from fabricscope.cgroupcpu import CgroupCpu, CpuHierarchy, CpuSample
+from fabricscope.cgroupcpu import CgroupCpu, CpuHierarchy
 from fabricscope.lineschema import canonical_line
 
 V1 = """12:memory:/kubepods/pod1
@@ -63,11 +64,18 @@ def test_a_process_cgroup_is_read_from_its_files(tmp_path: Path, version: int):
         (cg / "cpu.max").write_text("10000 100000\n")
     h = CpuHierarchy(version, str(tmp_path / "cg"))
     reader = CgroupCpu.of_process(h, 42, str(proc))
-    assert reader.sample() == CpuSample(7000, 0.1)
+    assert (reader.throttled_ns(), reader.limit_cpus()) == (7000, 0.1)
     assert CgroupCpu.of_process(h, 43, str(proc)) is None          # gone
     assert CgroupCpu.of_process(None, 42, str(proc)) is None       # no cpu hierarchy
     (cg / "cpu.stat").unlink()
-    assert reader.sample() is None                                 # the cgroup went away
+    assert reader.throttled_ns() is None                           # the cgroup went away
+
+
+class CpuSample(NamedTuple):
+    """What one read of a cgroup gives: its throttled time and its quota."""
+
+    throttled_ns: int
+    limit_cpus: float | None
 
 
 class FakeCgroup:
