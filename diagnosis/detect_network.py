@@ -105,7 +105,7 @@ def spared(located: Located, t) -> Spared | None:
                   expected)
 
 
-def _cause(located: Located, t) -> str:
+def _cause(located: Located, t) -> tuple[str, Spared | None]:
     """Queueing before the drop is what tells an overflowing buffer from a bad link: the
     lossy hops themselves must show the inflated RTT (more than half of them). Only
     hops whose delay was judged vote: a lossy hop to a peer outside the job (a
@@ -114,20 +114,20 @@ def _cause(located: Located, t) -> str:
     a queue seen on the place's other hops (their ACKs' path) decides. Without a
     queue shown, loss that spared the steady traffic through the place (`spared`)
     is still a buffer's: a queue too shallow to hold the bursts overflows before its
-    delay stands out of the hosts' own."""
+    delay stands out of the hosts' own. A buffer's cause comes with what it spared
+    (its finding shows it as evidence, with a queue shown or not)."""
     lossy = [b for b in located.cells if b.lossy]
     if not lossy:
-        return "straggler_network"
+        return "straggler_network", None
     timed = [b for b in lossy if b.timed]
     voters = timed or [b for b in located.cells if b.timed]
     queued = [b for b in voters if b.delayed]
     # the queue must be shown, by most of the voters: a busy host delays a hop's RTT
     # now and then by itself, so one of a lossy port's two hops delayed is no queue
-    if voters and 2 * len(queued) > len(voters):
-        return "buffer_saturation"
-    if spared(located, t) is not None:
-        return "buffer_saturation"
-    return "lossy_link"
+    steady = spared(located, t)
+    if (voters and 2 * len(queued) > len(voters)) or steady is not None:
+        return "buffer_saturation", steady
+    return "lossy_link", None
 
 
 def job_loss_ratio(snap: Snapshot) -> float:
@@ -137,7 +137,7 @@ def job_loss_ratio(snap: Snapshot) -> float:
 
 def _finding(snap: Snapshot, located: Located, share: float) -> Candidate | None:
     t, b = snap.thresholds, snap.baseline
-    cause = _cause(located, t)
+    cause, steady = _cause(located, t)
     sync_added = max(0.0, (snap.sync_s or 0.0) - b.sync_s) if b and snap.sync_s else 0.0
     if cause == "straggler_network" and not (
             located.place.kind == "node"            # a rank's link; slow storage is input's
@@ -175,7 +175,6 @@ def _finding(snap: Snapshot, located: Located, share: float) -> Candidate | None
                                  f">= {MIN_RTO_S * 1000:.0f} ms)", timeouts, "events",
                                  snap.window.start_ns, snap.window.end_ns))
     severity = "critical" if share_of_step >= t.critical_share else "warning"
-    steady = spared(located, t) if cause == "buffer_saturation" else None
     if steady is not None:
         evidence.append(Evidence("tcp_flow", f"payload resent on the clean hops through "
                                  f"{where} ({steady.steady_bytes / 1e6:.1f} MB; at the lossy "
