@@ -35,8 +35,10 @@ class CellSecond(NamedTuple):
     rtt_samples: int = 0
 
 
-@dataclass(frozen=True)
-class CellKey:
+class CellKey(NamedTuple):
+    """A cell: one node's flows to one peer address (a tuple: a tick builds and hashes
+    one for every series it reads, which a frozen dataclass made a visible cost)."""
+
     node: str        # the sending side's node
     addr: str        # its address
     peer: str        # the remote address
@@ -241,13 +243,14 @@ def weighted_median(pairs: list[tuple[float, int]]) -> float | None:
     if len(pairs) == 1:         # most windows' cells: one sampled second, or one flow
         value, weight = pairs[0]
         return float(value) if weight > 0 else None
-    pairs = sorted(p for p in pairs if p[1] > 0)
-    total = sum(w for _, w in pairs)
+    pairs = sorted(pairs)
+    total = sum([w for _, w in pairs if w > 0])
     acc = 0
     for value, weight in pairs:
-        acc += weight
-        if acc * 2 >= total:
-            return float(value)
+        if weight > 0:
+            acc += weight
+            if acc * 2 >= total:
+                return float(value)
     return None
 
 

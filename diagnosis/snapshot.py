@@ -120,12 +120,20 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
         settled = _latest_first(table, times, min(until_ns, ev.latest_phase_ns(rank)))
         out[rank] = RankRecent(
             rank, done[-1].node, done,
-            statistics.median(s.seconds for s in done),
-            statistics.median(s.sync_seconds for s in done),
-            statistics.median(max(0.0, s.seconds - s.sync_seconds) for s in done),
+            _median([s.seconds for s in done]),
+            _median([s.sync_seconds for s in done]),
+            _median([max(0.0, s.seconds - s.sync_seconds) for s in done]),
             _data_load(ev, rank, itertools.islice(settled, PHASE_LOOKBACK_STEPS)),
             _throttled(done))
     return out
+
+
+def _median(values: list[float]) -> float:
+    """statistics.median of a short list, without its generality: every rank's recent
+    steps take three of them each evaluation."""
+    values.sort()
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def throttled_in(step: Step) -> float | None:

@@ -292,6 +292,12 @@ def _total(column: tuple) -> int:
 
 
 def _combine_cells(rows: list[tuple]) -> tuple:
+    if len(rows) == 2 and None not in rows[0] and None not in rows[1]:
+        # the common case: two connections to one peer in a second (a storage
+        # server's read and checkpoint flows), every field set
+        a, b = rows
+        return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4],
+                _middle(a[5], b[5]), _middle(a[6], b[6]), a[7] + b[7])
     cols = list(zip(*rows))
     return (*(_total(cols[i]) for i in range(5)), _median(cols[5]), _median(cols[6]),
             _total(cols[7]))
@@ -314,6 +320,12 @@ def _combine_qdisc(rows: list[tuple]) -> tuple:
 def _max(column: tuple):
     values = [x for x in column if x is not None]
     return max(values) if values else None
+
+
+def _middle(x, y) -> float:
+    """The median of two values, as InfluxDB computes it."""
+    lo, hi = (x, y) if x <= y else (y, x)
+    return float(lo + (hi - lo) / 2)
 
 
 def _median(column: tuple) -> float | None:
