@@ -4,9 +4,11 @@ and the slowdown no cause explains (unexplained_slowdown).
 A rank's steps also carry the time its CPU cgroup was throttled by its quota
 (gloo_step throttled_seconds: a Kubernetes CPU limit, the lab's CPU fault). A
 quota bites inside the collectives as well (gloo's reduction and transport run on
-the CPU), so a throttled rank can slow the ring without entering it late; its
-throttled time is evidence and advice on a straggler found late, and not a cause
-on its own (see straggler).
+the CPU), so a throttled rank can slow the ring without entering it late. Its
+throttled time is evidence and advice on a straggler found late, and names a
+straggler of its own only where the rank was throttled through nearly all of
+each of its last steps (starved_share): a quota that comes and goes throttles
+neighbouring steps as well, which then vary (jitter) rather than run at its pace.
 
 A step of one rank (gloo_step) is its grad-sync time (a gradient AllReduce in
 flight) and its compute (the rest: forward, backward outside the buckets'
@@ -81,9 +83,20 @@ def _throttled_rank(snap: Snapshot, base_step: float):
     return top, others
 
 
+def _starved(held, t) -> bool:
+    """The rank its limit holds back was throttled through at least starved_share of
+    each of its last straggler_steps steps: it ran only in the rest, so the quota
+    itself sets its pace, in its compute and inside the collectives alike."""
+    last = held[0].steps[-t.straggler_steps:]
+    return bool(last) and all(
+        s.seconds and (throttled_in(s) or 0.0) >= t.starved_share * s.seconds for s in last)
+
+
 def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
-    """A rank late to every collective (its compute stands out); where its CPU limit
-    throttles it too, the finding says so and advises on the limit."""
+    """A rank late to every collective (its compute stands out), or one its CPU limit
+    starves (throttled through nearly all of each of its steps: slow inside the
+    collectives rather than late to them); where its limit throttles it, the finding
+    says so and advises on the limit."""
     t, b = snap.thresholds, snap.baseline
     if len(snap.ranks) < 2:
         return [], []
@@ -96,11 +109,16 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
                and late >= t.straggler_min_share * base_step
                and _every_step_late(top, rest, t.straggler_steps))
     held = _throttled_rank(snap, base_step)
-    if not is_late:
-        # a rank its limit throttles but that is not late to the collectives is not
-        # named on the throttling alone: in the lab's jitter runs a quota on every
-        # other step throttles the ranks' neighbouring steps too, and a CPU-starved
-        # rank would be named where the steps only vary (docs/DIAGNOSIS.md)
+    starved = not is_late and held is not None and _starved(held, t)
+    if starved:
+        top, rest = held[0], [r for r in snap.ranks.values() if r is not held[0]]
+        others = statistics.median(r.compute for r in rest)
+        late = max(0.0, top.compute - others)
+    elif not is_late:
+        # a rank its limit throttles for part of its steps, and that is not late to
+        # the collectives, is not named on the throttling: a quota that comes and goes
+        # (the lab's jitter runs: on every other step) throttles the neighbouring
+        # steps too, and those steps vary rather than run at the quota's pace
         quota = (f"; rank {held[0].rank}'s cgroup is throttled {held[0].throttled:.3f} s "
                  "per step") if held else ""
         return [], [RuledOut("straggler_compute", f"no rank computes much longer than the "
@@ -123,11 +141,20 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
             if b and snap.step_s else "")
     limit = next((s.cpu_limit for s in reversed(top.steps) if s.cpu_limit is not None), None)
     evidence = []
-    facts = {"late_s": late, "compute_s": top.compute, "others_s": others}
-    summary = (f"Compute straggler: rank {top.rank} on {top.node} computes "
-               f"{top.compute:.3f} s per step against {others:.3f} s on the others, so "
-               f"it enters every collective {late:.3f} s late and the other ranks wait "
-               f"inside them; its network is clean{cost}")
+    facts = {"late_s": late, "compute_s": top.compute, "others_s": others,
+             "starved": starved}
+    if starved:
+        bound = f" ({limit:.2f} CPUs)" if limit is not None else ""
+        summary = (f"Compute straggler: rank {top.rank} on {top.node} is starved by its "
+                   f"CPU limit{bound}, throttled {top.throttled:.3f} s of its "
+                   f"{top.seconds:.3f} s steps, so it is slow inside the collectives "
+                   f"(gloo's reductions and transport need the CPU too) and the ring runs "
+                   f"at its pace; its network is clean{cost}")
+    else:
+        summary = (f"Compute straggler: rank {top.rank} on {top.node} computes "
+                   f"{top.compute:.3f} s per step against {others:.3f} s on the others, "
+                   f"so it enters every collective {late:.3f} s late and the other ranks "
+                   f"wait inside them; its network is clean{cost}")
     evidence += [
         Evidence("gloo_step", f"compute per step of rank {top.rank} (step minus grad sync)",
                  round(top.compute, 4), "s", lo, hi, [top.node]),

@@ -21,7 +21,8 @@ CAUSES = {
     "lossy_link": "a port or cable drops frames independent of load",
     "buffer_saturation": "a switch buffer overflows under the job's synchronized bursts",
     "microburst": "bursts at line rate without loss or queueing (normal for training)",
-    "straggler_compute": "one rank is late to its collectives while its network is healthy",
+    "straggler_compute": "one rank is late to its collectives, or its CPU limit starves it "
+                         "inside them, while its network is healthy",
     "straggler_network": "one rank's link slows the whole ring",
     "input_stall": "data loading delays the steps",
     "jitter_accumulation": "step-time variance grows over the run",

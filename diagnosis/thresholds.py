@@ -103,6 +103,15 @@ class Thresholds:
         "little to the job, and a shared host's load bursts make a healthy rank that "
         "late for a step or two (up to ~15 % of a step in the lab's loaded runs)",
         "fraction"))
+    starved_share: float = field(default=0.9, metadata=why(
+        "a rank its CPU limit throttles through at least this share of each of its "
+        "last straggler_steps steps (and as _throttled_rank singles it out) is a compute "
+        "straggler though not late to the collectives: CFS throttles a cgroup only once "
+        "its quota for the period is spent, so a rank throttled through nearly all of "
+        "its time runs at the quota's pace everywhere, inside the collectives too. A "
+        "quota that comes and goes leaves part of some step free: the alerting lab's "
+        "quota on every other step, and CPU-bound ranks whose limit bites only in "
+        "their compute, are throttled through less", "fraction"))
     input_ratio: float = field(default=2.0, metadata=why(
         "data loading per step this many times its baseline marks the input as slow",
         "x"))

@@ -353,6 +353,31 @@ def test_a_throttled_rank_that_is_not_late_is_no_straggler_but_the_slowdown_says
     assert any("rank 2's cgroup is throttled 1.400 s per step" in w for w in why), why
 
 
+def test_a_rank_its_cpu_limit_starves_is_a_straggler_though_not_late():
+    """Throttled through 1.9 s of each 2.0 s step: the quota sets the rank's pace inside
+    the collectives too, so it is named though it enters them on time."""
+    _, findings = run(SynthJob(seconds=70, step=throttled_rank({"2": 1.9}, {"2": 0.1})))
+    (f,) = [f for f in serious(findings) if f.cause == "straggler_compute"]
+    assert f.where == "node2" and f.place["rank"] == "2"
+    assert "starved by its CPU limit (0.10 CPUs), throttled 1.900 s of its 2.000 s steps" \
+        in f.summary and "slow inside the collectives" in f.summary
+    assert f.advice[0].knob == "CPU limit of rank 2"
+    assert f.explained_share == 1.0 and f.step_seconds_added == 1.0
+    assert [v["rank"] for v in f.victims] == ["0", "1"]
+    assert primary(findings) is f
+
+
+def test_a_limit_that_leaves_part_of_a_step_free_starves_no_rank():
+    """Throttled through 1.9 s of a 2.0 s step, then 1.3 s of the next (its quota was
+    lifted during it): not starved in each of its last steps, so not named."""
+    def step(i, t):
+        if t < FAULT:
+            return StepPlan(throttled_of={r: 0.0 for r in "012"})
+        return StepPlan(seconds=2.0, sync=1.3, throttled_of={"2": 1.9 if i % 2 else 1.3})
+    _, findings = run(SynthJob(seconds=70, step=step))
+    assert not [f for f in findings if f.cause == "straggler_compute"]
+
+
 def on_and_off(i, t):
     """Rank 2 throttled on every other step (2.0 s), free on the ones between (1.0 s,
     with 0.3 s of its neighbours' throttling spilled into them)."""
