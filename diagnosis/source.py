@@ -335,5 +335,4 @@ def _median(column: tuple) -> float | None:
     mid = len(values) // 2
     if len(values) % 2:
         return float(values[mid])
-    lo, hi = values[mid - 1], values[mid]
-    return float(lo + (hi - lo) / 2)
+    return _middle(values[mid - 1], values[mid])

@@ -180,7 +180,7 @@ def test_a_store_that_does_not_answer_influxql_leaves_the_engine_idle_not_failin
         assert reg.get_sample_value("fabricscope_diagnosis_replicas_live") == 1.0
 
 
-def test_a_tick_reads_each_rank_and_node_from_what_it_had_reported_a_catch_up_from_back():
+def test_a_tick_reads_each_rank_from_what_it_had_reported_a_catch_up_from_back():
     from diagnosis.engine import JobEngine
     from diagnosis.evidence import NodeSecond, Phase, Step
     from diagnosis.live import ReadSpan, _read_span
