@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 
 from agent import addresses
 from agent.metrics import AgentMetrics
@@ -104,7 +105,8 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
     names = {p.name for p in probes}
     join = TrainingJoin(retransmits_known=bool(names & {"tcp_retransmit", "tcp_flows"}),
                         transfers_per_s=cfg.tcp_transfers_per_s,
-                        tail_s=cfg.tcp_transfer_tail_us / 1e6)
+                        tail_s=cfg.tcp_transfer_tail_us / 1e6,
+                        wall_ns=lambda: ctx.clock.to_wall(time.monotonic_ns()))
     interval = effective_poll_interval(cfg.poll_interval_s, probes)
     if interval < cfg.poll_interval_s:
         log.info("polling every %.3g s, not %.3g s (config poll_interval_s): what probes "

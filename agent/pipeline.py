@@ -67,6 +67,8 @@ def poll_once(probes, node: str, metrics, join=None, final: bool = False) -> lis
     pass the records through `join` (agent/training_join.py; `final`: release all)."""
     start = time.perf_counter()
     out: list[Record] = []
+    if join is not None:
+        join.begin_poll()
     for probe in probes:
         try:
             records = probe.poll()

@@ -47,6 +47,7 @@ from __future__ import annotations
 import bisect
 from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from fabricscope.records import Record
 
@@ -58,6 +59,7 @@ TAIL_BYTES = 64 << 10     # a piece this small after a transfer continues its ph
 MAX_FLOW_PHASES = 4096    # flows per process whose last phase is remembered (oldest go)
 MAX_NCCL_COMMS = 65536    # communicators remembered from NCCL logs (oldest dropped)
 _HELD = frozenset({"gloo_collective", "gloo_step", "tcp_transfer"})
+_WINDOWED = frozenset({"gloo_collective", "gloo_step"})     # joined by their window alone
 
 
 def _end_ns(r: Record) -> int:
@@ -146,13 +148,18 @@ class _Process:
 class TrainingJoin:
     def __init__(self, retransmits_known: bool, hold_s: float = HOLD_S,
                  horizon_s: float = HORIZON_S, transfers_per_s: int = 200,
-                 tail_s: float = TAIL_S):
+                 tail_s: float = TAIL_S, wall_ns: Callable[[], int] | None = None):
         """retransmits_known: a tcp probe runs, so a window without retransmit records
         really had none. transfers_per_s: written tcp_transfer records of processes that
         are not training ranks, at most, per second of the records' own time. tail_s: a
         small piece at most this long after its flow's previous transfer continues that
-        transfer's phase (0: never)."""
+        transfer's phase (0: never). wall_ns: the probes' clock (UNIX ns, as they stamp
+        records), read as each poll begins (begin_poll): a collective or step that
+        ended before it goes on with that poll; None: every held record waits for the
+        next poll."""
         self.retransmits_known = retransmits_known
+        self.wall_ns = wall_ns
+        self._poll_began_ns = 0
         self.tail_s = tail_s
         self.transfers_per_s = transfers_per_s
         self._budget_second, self._budget_used = -1, 0
@@ -177,6 +184,12 @@ class TrainingJoin:
                          "collectives_joined": 0, "steps_joined": 0}
 
     # --- the stage ----------------------------------------------------------------------
+
+    def begin_poll(self) -> None:
+        """A poll is about to drain the probes: what happened before now is in the
+        kernel's buffers, and this poll hands it out."""
+        if self.wall_ns is not None:
+            self._poll_began_ns = self.wall_ns()
 
     def feed(self, records: list[Record], now_s: float) -> list[Record]:
         """Take a poll's records; return those ready to go on (others are held)."""
@@ -237,8 +250,17 @@ class TrainingJoin:
         set, has passed): a retransmit inside a collective's window, or a transfer's
         collective windows, happened before the record was made, so the next poll
         has drained them (the tcp probes tag a record with its owner before they hand
-        it out); a transfer still missing its windows then waits for them."""
-        return poll < self._polls and now_s - arrived_s >= self.hold_s
+        it out); a transfer still missing its windows then waits for them. A
+        collective or step that ended before its own poll began has its partners in
+        that poll already: the retransmits inside its window were in the kernel's
+        buffers when the poll started draining them. That saves the diagnosis a poll
+        interval on every step (a step is reported once the next one's first
+        collective returns, well after it ended)."""
+        if now_s - arrived_s < self.hold_s:
+            return False
+        return poll < self._polls or (
+            r.measurement in _WINDOWED and r.fields.get("seconds") is not None
+            and _end_ns(r) < self._poll_began_ns)
 
     def flush(self) -> list[Record]:
         """At shutdown: release everything held, joined with what is known."""

@@ -83,6 +83,34 @@ def test_held_records_wait_for_partners_from_a_later_poll():
     assert join.feed([], now_s=102.1) == []
 
 
+def test_a_step_that_ended_before_its_poll_began_leaves_with_that_poll():
+    """Its retransmits were in the kernel's buffers when the poll began draining, so
+    they are in the same poll: it goes on at once, joined with them. A collective
+    still running when the poll began waits for the next poll, as without a clock."""
+    wall = [T0 + 50 * MS]
+    join = TrainingJoin(True, wall_ns=lambda: wall[0])
+    join.begin_poll()
+    out = join.feed([collective(0, 0.010), step(0, 0.040, 3), collective(45, 0.010),
+                     retransmit(4, 2), retransmit(30, 1), retransmit(47, 5)], now_s=100.0)
+    assert sorted(r.measurement for r in out) == ["gloo_collective", "gloo_step",
+                                                  "tcp_retransmit", "tcp_retransmit",
+                                                  "tcp_retransmit"]
+    assert by(out, "gloo_collective")[0].fields["retrans_segs"] == 2
+    assert by(out, "gloo_step")[0].fields["retrans_segs"] == 3
+    wall[0] = T0 + 1050 * MS
+    join.begin_poll()
+    late = join.feed([retransmit(52, 4)], now_s=101.0)
+    assert [(r.time_ns, r.fields["retrans_segs"]) for r in by(late, "gloo_collective")] == \
+        [(T0 + 45 * MS, 9)]
+
+
+def test_without_a_clock_a_finished_step_still_waits_for_the_next_poll():
+    join = TrainingJoin(True)
+    join.begin_poll()
+    assert join.feed([step(0, 0.040, 3)], now_s=100.0) == []
+    assert by(join.feed([], now_s=101.0), "gloo_step")[0].fields["step"] == 3
+
+
 def test_transfers_inside_collectives_are_folded_and_the_others_become_phases():
     out, stats = run([collective(0, 0.010), collective(10, 0.010), step(0, 0.040, 3),
                       step(40, 0.040, 4),
