@@ -185,3 +185,38 @@ def test_non_allreduce_after_init_and_empty_allreduce_are_ignored():
     tracker = StepTracker()
     steps, phases = feed(tracker, [coll("AllReduce", 0, 1, 0), coll("Broadcast", 5, 6, 8)])
     assert steps == [] and phases == []
+
+
+def test_the_next_steps_allreduce_in_flight_closes_the_last_step_at_its_start():
+    """The probe sees the next step's first AllReduce in flight (the BPF `active` map)
+    before it returns: the last step ends at its entry, and is emitted then, with the
+    length its return would have given it; the steps after are unchanged."""
+    colls = sorted(ddp_run(6, overlap=False), key=lambda c: c.end_ns)
+    held = StepTracker()
+    seen = []
+    for c in colls:
+        if c.op == "AllReduce" and held.step_bytes is not None:
+            early, _ = held.next_started(c.start_ns)
+            seen += early
+            assert held.next_started(c.start_ns) == ([], [])      # once only
+        seen += held.add(c)[0]
+    seen += held.flush()[0]
+    plain, _ = feed(StepTracker(), colls, shuffle_returns=False)
+    assert [(s.index, s.start_ns, s.seconds, s.sync_seconds) for s in seen] == \
+        [(s.index, s.start_ns, s.seconds, s.sync_seconds) for s in plain]
+    assert held.late == 0 and held.resyncs == 0
+
+
+def test_an_allreduce_in_flight_inside_the_last_steps_burst_or_an_unfinished_step_closes_nothing():
+    t = StepTracker()
+    feed_some = sorted(ddp_run(4, overlap=False), key=lambda c: c.end_ns)[:-2]  # step 3 half in
+    for c in feed_some:
+        t.add(c)
+    assert t.step_bytes is not None
+    assert t.next_started(t.bursts[-1].end_ns + 10 * MS) == ([], [])     # step 3 not whole
+    t.add(sorted(ddp_run(4, overlap=False), key=lambda c: c.end_ns)[-2])
+    end = t.bursts[-1].end_ns
+    assert t.next_started(end + 100_000) == ([], [])                    # within merge gap
+    steps, phases = t.next_started(end + 5 * MS)
+    assert [s.index for s in steps] == [3] and steps[0].seconds is not None
+    assert {p.name for p in phases} == {"grad_sync", "compute"}

@@ -69,6 +69,7 @@ BUFFER_HOOKS = ([Hook(layout.SEND_SYM, "buffer_send")]
                 + [Hook(sym, "buffer_recv") for sym in layout.RECV_SYMS])
 HOOKS = COLLECTIVE_HOOKS + BUFFER_HOOKS
 _COLLECTIVES = frozenset(op.symbol for op in layout.OPS)
+ALLREDUCE = next(op.id for op in layout.OPS if op.name == "AllReduce")
 
 
 def own_torch_library() -> str | None:
@@ -191,10 +192,28 @@ class GlooProbe(UprobeProbe):
         super().detach()
 
     def _after_rescan(self) -> None:
+        self._steps_closed_in_flight()
         now = time.monotonic()
         if now - self._last_model >= self.model_interval_s:
             self._last_model = now
             self._models()
+
+    def _steps_closed_in_flight(self) -> None:
+        """Each local process's AllReduce in flight now (the BPF `active` map, read
+        after the drain) closes its last step when it is the next step's first
+        (StepTracker.next_started): a step's length is known from the next one's
+        entry, and a rank that waits inside that AllReduce for a slow peer returns up
+        to a step later. A collective that returned since the drain is simply not
+        there (its event waits for the next poll)."""
+        earliest: dict[int, int] = {}
+        for _tid, ev in self._bpf[b"active"].items():
+            if ev.op == ALLREDUCE and ev.pid in self._states:
+                earliest[ev.pid] = min(ev.start_ns, earliest.get(ev.pid, ev.start_ns))
+        if not earliest:
+            return
+        self._before_drain()        # CPU samples past the steps' ends (their throttling)
+        for pid, start_ns in earliest.items():
+            self._pending += self._states[pid].on_next_step(start_ns, self.ctx.clock.to_wall)
 
     def stats(self) -> dict[str, int]:
         out = dict(self._counters)

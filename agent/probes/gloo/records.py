@@ -168,6 +168,12 @@ class ProcessState:
         steps, phases = self.tracker.add(c)
         return out + self._records(steps, phases, to_wall)
 
+    def on_next_step(self, start_ns: int, to_wall: Callable[[int], int]) -> list[Record]:
+        """The process has had an AllReduce in flight since start_ns: the steps it
+        closes (StepTracker.next_started)."""
+        steps, phases = self.tracker.next_started(start_ns)
+        return self._records(steps, phases, to_wall)
+
     def flush(self, to_wall: Callable[[int], int]) -> list[Record]:
         steps, phases = self.tracker.flush()
         return self._records(steps, phases, to_wall)

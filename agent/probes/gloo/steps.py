@@ -216,6 +216,17 @@ class StepTracker:
         steps, more = self._emit(final=False)
         return steps, phases + more
 
+    def next_started(self, start_ns: int) -> tuple[list[Step], list[Phase]]:
+        """An AllReduce has been in flight since start_ns (its return not seen yet).
+        When the bursts held make up whole steps and it starts past the last of them
+        (not in that burst), it is the next step's first: the last step ends at its
+        start, and is emitted now rather than at its return (a collective waiting
+        for a slow rank returns up to a step later)."""
+        if self.step_bytes is None or not self.bursts or \
+                start_ns <= self.bursts[-1].end_ns + self.merge_gap_ns:
+            return [], []
+        return self._emit(final=False, next_start_ns=start_ns)
+
     def flush(self) -> tuple[list[Step], list[Phase]]:
         """The process ended: emit what is left (the last step has no duration)."""
         phases = self._close_init() if not self.init_done else []
@@ -251,7 +262,8 @@ class StepTracker:
         keep.append(merged)
         self.bursts = sorted(keep, key=lambda b: b.start_ns)[-MAX_BURSTS:]
 
-    def _emit(self, final: bool) -> tuple[list[Step], list[Phase]]:
+    def _emit(self, final: bool,
+              next_start_ns: int | None = None) -> tuple[list[Step], list[Phase]]:
         sizes = [b.bytes for b in self.bursts]
         if self.step_bytes is not None and partition(sizes, self.step_bytes) is None:
             self.step_bytes = None
@@ -263,11 +275,12 @@ class StepTracker:
         groups = [self.bursts[a:b] for a, b in zip(starts, starts[1:] + [len(self.bursts)])]
         complete = sum(b.bytes for b in groups[-1]) == self.step_bytes
         # a step's duration needs the next step's start: keep the last complete group
-        # unless the process ended
-        ready = len(groups) - 1 if not (final and complete) else len(groups)
+        # unless the process ended or the next step's first AllReduce is in flight
+        last = complete and (final or next_start_ns is not None)
+        ready = len(groups) if last else len(groups) - 1
         steps, phases = [], []
         for i in range(ready):
-            nxt = groups[i + 1][0].start_ns if i + 1 < len(groups) else None
+            nxt = groups[i + 1][0].start_ns if i + 1 < len(groups) else next_start_ns
             step, sync_phase = self._step(groups[i], nxt)
             steps.append(step)
             phases.append(sync_phase)
