@@ -109,21 +109,25 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
     """Each rank's last `count` complete steps ending before until_ns, as medians.
 
     Phases arrive later than steps (a transfer is reported when its flow's next one
-    starts), so data loading is read from the steps that ended before the rank's
-    latest phase began: steps whose phases are all in."""
+    starts), so a step's data loading may not be all in when it is read: what has
+    come of it is a lower bound on the time its read took (a slow store streams a
+    read in pieces, each reported when the next begins, so most of a slow read is in
+    within one piece of its end). A lower bound never shows a stall that was not
+    there; waiting for every step's last piece (the next step's read) named a slow
+    store a step later."""
     out = {}
     for rank, table in ev.steps.items():
         times = ev.step_times(rank)
         done = list(itertools.islice(_latest_first(table, times, until_ns), count))[::-1]
         if len(done) < count:
             continue
-        settled = _latest_first(table, times, min(until_ns, ev.latest_phase_ns(rank)))
         out[rank] = RankRecent(
             rank, done[-1].node, done,
             _median([s.seconds for s in done]),
             _median([s.sync_seconds for s in done]),
             _median([max(0.0, s.seconds - s.sync_seconds) for s in done]),
-            _data_load(ev, rank, itertools.islice(settled, PHASE_LOOKBACK_STEPS)),
+            _data_load(ev, rank, itertools.islice(_latest_first(table, times, until_ns),
+                                                  PHASE_LOOKBACK_STEPS)),
             _throttled(done))
     return out
 
@@ -158,11 +162,10 @@ def _latest_first(table: dict, times: list[int], until_ns: int) -> Iterator[Step
             yield s
 
 
-#: steps with a read that say how long the rank's reads take now: phases come a step
-#: late (a transfer is reported when its flow's next one starts), so two, and the
-#: shorter of the two, so that one read slowed by a descheduled reader is no trend
+#: steps with a read that say how long the rank's reads take now: two, and the shorter
+#: of the two, so that one read slowed by a descheduled reader is no trend
 PHASE_STEPS = 2
-#: how many of the latest settled steps are searched for them: a job that reads no
+#: how many of the latest steps are searched for them: a job that reads no
 #: data over the network (data in memory, on local disk) has no data_load phase in
 #: any step, and its evaluations must not walk every step kept; reads that none of
 #: the last 16 steps showed say nothing about how long reads take now

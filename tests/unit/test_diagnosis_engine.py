@@ -517,3 +517,24 @@ def test_records_an_agent_dropped_are_an_info_gap():
     (f,) = [f for f in engine.evaluate(at(21)) if f.cause == "telemetry_gap"]
     assert f.severity == "info" and f.place["node"] == "node1"
     assert "dropped 5 records" in f.summary
+
+
+def test_a_read_still_coming_in_pieces_counts_with_what_has_come_of_it():
+    """A slow store streams each read in pieces, and the agent reports a piece when
+    the next begins: the latest step's read lacks its last piece until the next
+    step reads. What has come of it is a lower bound on its length, taken now
+    (the shorter of the last two steps' reads), not a step later."""
+    from diagnosis.evidence import JobEvidence, Phase, Step
+    from diagnosis.snapshot import recent_ranks
+    ev = JobEvidence("j")
+    table, phases = ev.steps.setdefault("0", {}), ev.phases.setdefault("0", {})
+    for i, (length, read) in enumerate([(1.0, 0.05), (1.0, 0.05), (2.0, 1.0), (2.0, 1.0)]):
+        start = 10 * SECOND + i * 2 * SECOND
+        table[start] = Step("0", "n0", start, length, 0.3, length - 0.3)
+        pieces = 10 if i < 3 else 6          # the latest read: 6 of its 10 pieces so far
+        for k in range(pieces):
+            t = start + int(0.3 * SECOND) + int(k * read / 10 * SECOND)
+            phases[(t, "data_load")] = Phase("0", "n0", t, "data_load", read / 20, 1000,
+                                             "198.18.0.254:9000")
+    recent = recent_ranks(ev, 1 << 62, 3)["0"]
+    assert recent.data_load == pytest.approx(0.5 + 0.05)      # 6 pieces: 0.5 s + a piece

@@ -15,6 +15,11 @@ Attribution: uprobes fire in every process of the kernel; only processes in the
 agent's network namespace are kept (others go to the BPF deny map and are counted
 as `filtered`). Job and rank tags come from the process's environment.
 
+When: a collective at its return; a step as soon as the next step's first AllReduce
+is in flight (the BPF map of collectives entered and not yet returned, read after
+each drain), since ranks waiting inside it for a slow peer return up to a step
+later.
+
 What it exports (fabricscope/measurements/gloo.py): gloo_collective (one per
 collective: duration, S, algbw, busbw; with the buffer hooks sent bytes vs the ring
 model), gloo_step and gloo_phase (inferred, agent/probes/gloo/steps.py), and with
