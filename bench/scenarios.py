@@ -275,8 +275,8 @@ def _dump(bench: Bench, out: Outcome, start_ns: int, folder: str) -> None:
     data = {"events": [{"event": "on", "ns": out.onset_ns}, {"event": "off",
                                                               "ns": out.clear_ns}],
             "nodes": [n.to_dict() for n in bench.lab.nodes], "outcome": out.to_dict()}
-    for m in ("tcp_node", "tcp_flow", "gloo_step", "gloo_phase", "nic_window", "nic_qdisc",
-              "agent_loss", "finding"):
+    for m in ("tcp_node", "tcp_flow", "gloo_step", "gloo_progress", "gloo_phase", "nic_window",
+              "nic_qdisc", "agent_loss", "finding"):
         data[m] = bench.store.query(f'SELECT * FROM "{m}" WHERE time >= {start_ns - 30 * SECOND}')
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, f"{out.scenario}-{out.job.replace(':', '_')}.json"), "w") as fh:

@@ -52,10 +52,18 @@ def _same_step(step, steps):
 
 def _every_step_late(top, rest, count: int) -> bool:
     """The slow rank is slow in each of its last `count` steps (twice the others'
-    median in the same step), not in one step whose outlier carried the median."""
-    for step in top.steps[-count:]:
-        same = [s for s in (_same_step(step, r.steps) for r in rest) if s is not None]
-        if not same or _compute(step) < 2 * statistics.median(_compute(s) for s in same):
+    median in the same step), not in one step whose outlier carried the median. The
+    others' same step as the one it is in has not ended (they wait in it): that one
+    is held against their recent compute."""
+    for i, step in enumerate(top.steps[-count:], start=1 - count):
+        if i == 0 and top.in_progress:
+            ref = statistics.median(r.compute for r in rest)
+        else:
+            same = [s for s in (_same_step(step, r.steps) for r in rest) if s is not None]
+            if not same:
+                return False
+            ref = statistics.median(_compute(s) for s in same)
+        if _compute(step) < 2 * ref:
             return False
     return True
 
@@ -170,6 +178,17 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
         if limit is not None:
             evidence.append(Evidence("gloo_step", f"CPU limit of rank {top.rank}'s cgroup",
                                      round(limit, 3), "CPUs", lo, hi, [top.node]))
+    now = snap.evidence.open_step(top.rank) if top.in_progress else None
+    if now is not None:
+        waiting = [p for p in map(snap.evidence.open_step, (r.rank for r in rest))
+                   if p is not None and p.waiting]
+        evidence.append(Evidence(
+            "gloo_progress", f"step in progress of rank {top.rank}: "
+            f"{'inside a collective' if now.waiting else 'computing'} "
+            f"{now.seconds:.3f} s so far" + (f", while {len(waiting)} of the others are "
+                                              "inside a collective" if waiting else ""),
+            round(now.seconds, 4), "s", now.time_ns, now.time_ns + int(now.seconds * 1e9),
+            [top.node]))
     evidence.append(Evidence("gloo_step", f"grad sync per step of the others (they wait for "
                              f"rank {top.rank})", round(statistics.median(r.sync for r in rest),
                                                         4), "s", lo, hi))

@@ -79,6 +79,25 @@ class Step(NamedTuple):
         return self.time_ns + int((self.seconds or self.sync_seconds) * SECOND)
 
 
+class Progress(NamedTuple):
+    """The step a rank is in, as its agent last reported it (gloo_progress): each
+    value so far, a lower bound of the step's own."""
+
+    rank: str
+    node: str
+    time_ns: int                   # the step's start (its gloo_step will have it)
+    seconds: float
+    sync_seconds: float
+    waiting: bool                  # inside a gradient AllReduce at the report
+    throttled_seconds: float | None = None
+
+    def as_step(self) -> Step:
+        """The step so far, as a Step whose values are lower bounds."""
+        return Step(self.rank, self.node, self.time_ns, self.seconds, self.sync_seconds,
+                    max(0.0, self.seconds - self.sync_seconds),
+                    throttled_seconds=self.throttled_seconds)
+
+
 class Phase(NamedTuple):
     """A data_load or checkpoint phase of a rank (gloo_phase)."""
 
@@ -105,6 +124,7 @@ class JobEvidence:
     nodes: dict[str, dict[int, NodeSecond]] = field(default_factory=dict)
     steps: dict[str, dict[int, Step]] = field(default_factory=dict)          # rank -> time -> step
     phases: dict[str, dict[tuple, Phase]] = field(default_factory=dict)
+    progress: dict[str, dict[int, Progress]] = field(default_factory=dict)  # rank -> time ->
     node_of_rank: dict[str, str] = field(default_factory=dict)
     addr_node: dict[str, str] = field(default_factory=dict)                 # address -> node
     last_seen_ns: dict[str, int] = field(default_factory=dict)              # node -> latest window
@@ -158,12 +178,33 @@ class JobEvidence:
                 added = [k for k in rows if k not in table]
                 update_changed(table, rows)
                 self.keys_added(name, rank, added)
+        for table in other.progress.values():
+            for progress in table.values():
+                self.take_progress(progress)
         self.node_of_rank.update(other.node_of_rank)
         self.addr_node.update(other.addr_node)
         for node, ns in other.last_seen_ns.items():
             self.last_seen_ns[node] = max(ns, self.last_seen_ns.get(node, 0))
         for node, n in other.lost_records.items():
             self.lost_records[node] = max(n, self.lost_records.get(node, 0))
+
+    def take_progress(self, p: Progress) -> None:
+        """A rank's report of a step in progress (one per step: a later report of the
+        same step, which has been running longer, replaces an earlier one)."""
+        table = self.progress.setdefault(p.rank, {})
+        old = table.get(p.time_ns)
+        if old is None or p.seconds >= old.seconds:
+            table[p.time_ns] = p
+
+    def open_step(self, rank: str) -> Progress | None:
+        """The rank's step in progress: its latest report, unless that step has ended
+        (a step of the rank starts at or after it)."""
+        table = self.progress.get(rank)
+        if not table:
+            return None
+        p = table[max(table)]
+        times = self.step_times(rank)
+        return p if not times or times[-1] < p.time_ns else None
 
     def keys_added(self, table_name: str, rank: str, keys: list) -> None:
         """Keys just added to a rank's steps or phases (by merge, or by a read into
@@ -186,6 +227,9 @@ class JobEvidence:
                     del table[k]
                 for order in orders.values():
                     order.drop_before(steps_before_ns)
+        for table in self.progress.values():
+            for t in [t for t in table if t < steps_before_ns]:
+                del table[t]
 
     # -- views ----------------------------------------------------------------------
     def latest_second(self) -> int | None:

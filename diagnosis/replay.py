@@ -1,12 +1,13 @@
 """Running the engine after the fact: `diagnose --recompute` and the tests replay a
 window of stored evidence second by second, as the live engine would have seen
-it arrive (a second's cells and nodes once it is over, a step once it ended), so
-each finding's `first_seen` is when the live engine would have raised it."""
+it arrive (a second's cells and nodes once it is over, a step once it ended, a
+step in progress as its report then said), so each finding's `first_seen` is
+when the live engine would have raised it."""
 
 from __future__ import annotations
 
 from diagnosis.engine import JobEngine
-from diagnosis.evidence import SECOND, JobEvidence
+from diagnosis.evidence import SECOND, JobEvidence, Progress
 from diagnosis.finding import Finding
 
 
@@ -20,12 +21,29 @@ def slice_until(ev: JobEvidence, t_s: int) -> JobEvidence:
                  for r, steps in ev.steps.items()}
     out.phases = {r: {k: p for k, p in ph.items() if p.time_ns + p.seconds * SECOND <= t_ns}
                   for r, ph in ev.phases.items()}
+    for table in ev.progress.values():
+        for p in table.values():
+            if p.time_ns < t_ns:
+                out.take_progress(progress_at(p, t_ns))
     out.last_seen_ns = {}
     for node, table in out.nodes.items():
         if table:
             out.last_seen_ns[node] = max(table) * SECOND
     out.lost_records = dict(ev.lost_records)
     return out
+
+
+def progress_at(p: Progress, t_ns: int) -> Progress:
+    """What a report of a step in progress said at t_ns: the store keeps each step's
+    last report only, so an earlier one is that report cut at t_ns (its time so far,
+    and its sync and throttled time no longer than that; whether it was inside a
+    collective then is taken from the last report)."""
+    seconds = (t_ns - p.time_ns) / SECOND
+    if seconds >= p.seconds:
+        return p
+    return p._replace(seconds=seconds, sync_seconds=min(p.sync_seconds, seconds),
+                      throttled_seconds=None if p.throttled_seconds is None
+                      else min(p.throttled_seconds, seconds))
 
 
 def replay(engine: JobEngine, ev: JobEvidence, start_s: int, end_s: int) -> list[Finding]:

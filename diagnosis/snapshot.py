@@ -29,6 +29,7 @@ class RankRecent:
     data_load: float | None     # seconds of data loading per step (None: unknown)
     throttled: float | None = None   # seconds its CPU cgroup was throttled per step
     #                                  (capped at the step; None: unread)
+    in_progress: bool = False   # the last of `steps` is the one it is in (so far)
 
     @property
     def duty(self) -> float:
@@ -121,6 +122,7 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
         done = list(itertools.islice(_latest_first(table, times, until_ns), count))[::-1]
         if len(done) < count:
             continue
+        done, in_progress = _with_open_step(ev, rank, done, until_ns)
         out[rank] = RankRecent(
             rank, done[-1].node, done,
             _median([s.seconds for s in done]),
@@ -128,8 +130,37 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
             _median([max(0.0, s.seconds - s.sync_seconds) for s in done]),
             _data_load(ev, rank, itertools.islice(_latest_first(table, times, until_ns),
                                                   PHASE_LOOKBACK_STEPS)),
-            _throttled(done))
+            _throttled(done), in_progress)
     return out
+
+
+def _with_open_step(ev: JobEvidence, rank: str, done: list[Step],
+                    until_ns: int) -> tuple[list[Step], bool]:
+    """The rank's recent steps, the newest being the step it is in (gloo_progress)
+    where that step already computed longer than the rank's recent median, or, inside
+    a collective, took longer: a rank late to the next collective is late before its
+    step ends, one its CPU limit starves is slow inside the collective it is in, and
+    the peers that wait for it wait meanwhile. A report's values are so far, lower
+    bounds of the step's own, and are taken only above the rank's median (two of its
+    three steps are at or above the median it replaces, so no median falls by taking
+    it). A rank inside a collective has not yet done the compute that comes after:
+    its compute is taken as its recent median and the rest of the time so far as
+    sync, so that a wait neither shortens its compute nor passes for compute.
+    Returns the steps and whether the newest is the one in progress."""
+    p = ev.open_step(rank)
+    if p is None or p.time_ns + int(p.seconds * SECOND) > until_ns:
+        return done, False
+    compute = _median([max(0.0, s.seconds - s.sync_seconds) for s in done])
+    seconds = _median([s.seconds for s in done])
+    step = p.as_step()
+    if p.waiting:
+        if p.seconds <= seconds:
+            return done, False
+        compute = min(compute, p.seconds)
+        step = step._replace(sync_seconds=p.seconds - compute, compute_seconds=compute)
+    elif step.compute_seconds <= compute or p.seconds < seconds:
+        return done, False
+    return done[1:] + [step], True
 
 
 def _median(values: list[float]) -> float:

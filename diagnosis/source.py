@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 
 from diagnosis.evidence import (SECOND, CellKey, CellSecond, JobEvidence, NodeSecond, Phase,
-                                Step, update_changed)
+                                Progress, Step, update_changed)
 from diagnosis.store import Store, quote, regex_of
 
 
@@ -120,6 +120,7 @@ class StoreSource:
         self._nodes(ev, nodes, cells)
         steps = _starts(steps_from if steps_from is not None else t0_ns)
         self._steps(ev, members, steps.wheres("rank", t1_ns, SECOND // 2))
+        self._progress(ev, members.job, steps.wheres("rank", t1_ns, SECOND // 2))
         self._phases(ev, members.job, _starts(phases_from if phases_from is not None
                                               else steps).wheres("rank", t1_ns, SECOND // 2))
         hb_from = heartbeat_from_ns if heartbeat_from_ns is not None else t1_ns - 120 * SECOND
@@ -207,6 +208,23 @@ class StoreSource:
             ev.keys_added("steps", rank, added)
         ev.node_of_rank.update((rank, node) for rank, node in node_of_rank.items()
                                if rank not in members.node_of_rank)
+
+    def _progress(self, ev: JobEvidence, job: str, wheres: list[str]) -> None:
+        """The ranks' reports of their steps in progress (one point per step: each
+        report replaces the last in the store); read from where the steps are read,
+        since a step in progress starts after the last one reported."""
+        for tags, columns, values in self._series(
+                "SELECT seconds, sync_seconds, waiting, throttled_seconds FROM gloo_progress "
+                f"WHERE job = {quote(job)}", wheres, "rank, node"):
+            rank, node = tags.get("rank") or "-", tags.get("node") or ""
+            pick = _picker(columns, ("time", "seconds", "sync_seconds", "waiting",
+                                     "throttled_seconds"))
+            for v in values:
+                time_ns, seconds, sync, waiting, throttled = pick(v)
+                if seconds is not None and sync is not None:
+                    ev.take_progress(Progress(rank, node, time_ns, float(seconds), float(sync),
+                                              bool(waiting), None if throttled is None
+                                              else float(throttled)))
 
     def _phases(self, ev: JobEvidence, job: str, wheres: list[str]) -> None:
         # a rank's kinds come as series of their own; its new keys go to its kept

@@ -97,7 +97,8 @@ class Thresholds:
     straggler_steps: int = field(default=2, metadata=why(
         "the slow rank is late (twice the others' compute in the same step) in each of "
         "its last steps: two in a row rule out one descheduled step, and with the "
-        "median over recent_steps a rank is named two steps after it slowed", "steps"))
+        "median over recent_steps a rank is named in the second step after it slowed "
+        "(the step it is in counts once it is late so far)", "steps"))
     straggler_min_share: float = field(default=0.2, metadata=why(
         "and late by at least this share of the baseline step: smaller lateness matters "
         "little to the job, and a shared host's load bursts make a healthy rank that "

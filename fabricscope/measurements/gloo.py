@@ -94,6 +94,31 @@ MEASUREMENTS = [
         },
     ),
     Measurement(
+        name="gloo_progress",
+        doc="The training step a process is in now, written at every poll of the agent "
+            "until the step ends (time = the step's first AllReduce entry, as its gloo_step "
+            "will have; each poll's point replaces the last, so the store keeps the "
+            "latest): a rank that computes far longer than its peers is late to the next "
+            "collective, and the diagnosis names it before that step ends. Every value is "
+            "so far, a lower bound of the step's own.",
+        source=_SOURCE,
+        tags=dict(_JOB_TAGS),
+        fields={
+            "step": Field(int, "", "the index the step will have (gloo_step step)"),
+            "seconds": Field(float, "s", "from the step's start to the poll"),
+            "sync_seconds": Field(float, "s", "time with a gradient AllReduce in flight so "
+                                  "far"),
+            "compute_seconds": Field(float, "s", "seconds - sync_seconds: computing outside "
+                                     "the collectives so far"),
+            "waiting": Field(bool, "", "a gradient AllReduce is in flight at the poll (the "
+                             "rank is inside a collective, waiting for its peers or moving "
+                             "data)"),
+            "throttled_seconds": Field(float, "s", "time the process's CPU cgroup was "
+                                       "throttled since the step's start (as gloo_step's; "
+                                       "absent where the cgroup cannot be read)"),
+        },
+    ),
+    Measurement(
         name="gloo_phase",
         doc="A training phase. From collective windows: param_broadcast (the collectives "
             "before the first AllReduce: DDP's parameter broadcast and checks), grad_sync "

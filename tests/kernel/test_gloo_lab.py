@@ -176,6 +176,24 @@ def test_grad_sync_and_compute_phases_split_each_step(run):
             pytest.approx(s.fields["seconds"])
 
 
+def test_the_step_in_progress_is_reported_as_its_step_is_later(run):
+    """gloo_progress: each report stands at the start of a step reported afterwards
+    (the step it was in), with that step's index, and what it says so far is no more
+    than the step's own."""
+    steps = {r.time_ns: r for r in run.of("gloo_step")}
+    reports = run.of("gloo_progress")
+    assert len(reports) >= 3, run.agent_stderr[-2000:]
+    for r in reports:
+        s = steps.get(r.time_ns)
+        assert s is not None and s.fields["step"] == r.fields["step"], r
+        if "seconds" in s.fields:
+            assert r.fields["seconds"] <= s.fields["seconds"] + 1e-9, (r, s)
+            assert r.fields["sync_seconds"] <= s.fields["sync_seconds"] + 1e-9, (r, s)
+        assert r.fields["seconds"] == pytest.approx(r.fields["sync_seconds"]
+                                                    + r.fields["compute_seconds"])
+        assert r.fields.get("throttled_seconds", 0.0) >= 0
+
+
 def test_inferred_step_time_matches_the_markers(run):
     # the same steps timed at different points (first AllReduce / step marker): over
     # a span, their sums differ only by the jitter at its two ends

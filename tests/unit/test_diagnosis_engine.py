@@ -264,13 +264,14 @@ def test_a_fault_that_stops_ends_at_its_last_evidence():
 
 # -- steps ---------------------------------------------------------------------------------
 
-def test_a_rank_computing_five_times_the_others_is_a_compute_straggler():
+@pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
+def test_a_rank_computing_five_times_the_others_is_a_compute_straggler(progress):
     def step(i, t):
         if t < FAULT:
             return StepPlan()
         # rank 2 computes 3.5 s instead of 0.7 s; the others wait inside grad sync
         return StepPlan(seconds=3.8, sync=3.1, sync_of={"2": 0.3})
-    _, findings = run(SynthJob(seconds=60, step=step))
+    _, findings = run(SynthJob(seconds=60, progress=progress, step=step))
     assert [(f.cause, f.where) for f in serious(findings)] == [("straggler_compute",
                                                                 "node2")]
     f = serious(findings)[0]
@@ -285,6 +286,49 @@ def test_a_rank_computing_five_times_the_others_is_a_compute_straggler():
     assert all(g.severity == "info" for g in findings if g.cause == "network_bound")
 
 
+def late_rank_2(i, t):
+    """Rank 2 computes 3.5 s per step from FAULT on; the others wait inside grad sync."""
+    if t < FAULT:
+        return StepPlan()
+    return StepPlan(seconds=3.8, sync=3.1, sync_of={"2": 0.3})
+
+
+def test_a_straggler_is_named_from_the_step_it_is_in_before_that_step_ends():
+    """With the agents' reports of the steps in progress (gloo_progress), rank 2's
+    second late step is late while it still runs: it is named before that step ends,
+    and from the steps alone only after; the same finding either way."""
+    _, plain = run(SynthJob(seconds=60, step=late_rank_2))
+    _, early = run(SynthJob(seconds=60, step=late_rank_2, progress=True))
+    (a,) = [f for f in serious(plain) if f.cause == "straggler_compute"]
+    (b,) = [f for f in serious(early) if f.cause == "straggler_compute"]
+    second_late_step_ends = at(FAULT + 2 * 3.8)
+    assert a.first_seen_ns >= second_late_step_ends > b.first_seen_ns
+    assert (b.place, b.start_ns, b.severity) == (a.place, a.start_ns, a.severity)
+
+
+def test_the_step_in_progress_names_it_with_what_it_shows_so_far():
+    engine = JobEngine("198.18.0.1:29500")
+    ev = build(SynthJob(seconds=60, step=late_rank_2, progress=True))
+    # 3.2 s into rank 2's second late step (from FAULT + 3.8): 0.3 s of sync, then
+    # computing 2.9 s so far, against the others' 0.7 s
+    engine.feed(slice_until(ev, T0 + FAULT + 7))
+    engine.evaluate(at(FAULT + 7))
+    (f,) = [f for f in serious(engine.findings()) if f.cause == "straggler_compute"]
+    (now,) = [e for e in f.evidence if e.measurement == "gloo_progress"]
+    assert now.what == "step in progress of rank 2: computing 3.200 s so far"
+    assert now.value == 3.2 and now.nodes == ["node2"]
+    assert "computes 2.900 s per step against 0.700 s" in f.summary
+
+
+def test_one_long_step_in_progress_is_no_straggler():
+    """A rank descheduled through one step computes long in it: two late steps are
+    still needed, the one in progress counting as one only after a late one."""
+    def step(i, t):
+        return StepPlan(seconds=3.8, sync=3.1, sync_of={"2": 0.3}) if i == 30 else StepPlan()
+    _, findings = run(SynthJob(seconds=60, step=step, progress=True))
+    assert serious(findings) == []
+
+
 def test_a_duty_cycle_that_rises_as_the_steps_slow_unexplained_is_a_warning_after_a_hold():
     def step(i, t):         # every rank's grad sync grows alike, without loss or queueing
         return StepPlan(sync=0.6) if t < FAULT else StepPlan(seconds=1.7, sync=1.3)
@@ -297,7 +341,8 @@ def test_a_duty_cycle_that_rises_as_the_steps_slow_unexplained_is_a_warning_afte
     assert {f.cause for f in serious(findings)} <= {"network_bound", "unexplained_slowdown"}
 
 
-def test_an_unexplained_slowdown_is_taken_over_by_the_straggler_named_later():
+@pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
+def test_an_unexplained_slowdown_is_taken_over_by_the_straggler_named_later(progress):
     """A rank that grows slow by degrees: at twice the others' compute it explains
     nothing yet (slow, cause unclear); at five times it is the straggler, and the
     unexplained slowdown was that."""
@@ -307,7 +352,7 @@ def test_an_unexplained_slowdown_is_taken_over_by_the_straggler_named_later():
         if t < FAULT + 20:      # rank 2 computes 1.4 s against 0.7 s: under straggler_ratio
             return StepPlan(seconds=2.2, sync=1.5, sync_of={"2": 0.8})
         return StepPlan(seconds=3.8, sync=3.1, sync_of={"2": 0.3})
-    _, findings = run(SynthJob(seconds=80, step=step))
+    _, findings = run(SynthJob(seconds=80, progress=progress, step=step))
     (unclear,) = [f for f in serious(findings) if f.cause == "unexplained_slowdown"]
     (strag,) = [f for f in serious(findings) if f.cause == "straggler_compute"]
     assert strag.where == "node2" and strag.first_seen_ns > unclear.first_seen_ns
@@ -327,13 +372,14 @@ def throttled_rank(throttled: dict[str, float], limit: dict[str, float] | None =
     return step
 
 
-def test_a_late_rank_its_cpu_limit_throttles_is_named_with_the_limit():
+@pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
+def test_a_late_rank_its_cpu_limit_throttles_is_named_with_the_limit(progress):
     def step(i, t):
         if t < FAULT:
             return StepPlan(throttled_of={r: 0.0 for r in "012"})
         return StepPlan(seconds=3.8, sync=3.1, sync_of={"2": 0.3},
                         throttled_of={"2": 3.0}, cpu_limit_of={"2": 0.1})
-    _, findings = run(SynthJob(seconds=70, step=step))
+    _, findings = run(SynthJob(seconds=70, progress=progress, step=step))
     (f,) = [f for f in serious(findings) if f.cause == "straggler_compute"]
     assert f.where == "node2" and "enters every collective 2.800 s late" in f.summary
     assert {e.what: e.value for e in f.evidence}[
@@ -343,20 +389,24 @@ def test_a_late_rank_its_cpu_limit_throttles_is_named_with_the_limit():
     assert "0.10 CPU now" in f.advice[0].value
 
 
-def test_a_throttled_rank_that_is_not_late_is_no_straggler_but_the_slowdown_says_it():
+@pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
+def test_a_throttled_rank_that_is_not_late_is_no_straggler_but_the_slowdown_says_it(progress):
     """A quota that bites inside the collectives slows the ring without making the rank
     late to them: the throttling alone names no straggler; the slowdown stays
     unexplained and its ruled-out straggler says which cgroup is throttled."""
-    _, findings = run(SynthJob(seconds=70, step=throttled_rank({"2": 1.4}, {"2": 0.1})))
+    _, findings = run(SynthJob(seconds=70, progress=progress,
+                               step=throttled_rank({"2": 1.4}, {"2": 0.1})))
     assert not [f for f in findings if f.cause == "straggler_compute"]
     why = [r["why"] for f in findings for r in f.ruled_out if r["cause"] == "straggler_compute"]
     assert any("rank 2's cgroup is throttled 1.400 s per step" in w for w in why), why
 
 
-def test_a_rank_its_cpu_limit_starves_is_a_straggler_though_not_late():
+@pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
+def test_a_rank_its_cpu_limit_starves_is_a_straggler_though_not_late(progress):
     """Throttled through 1.9 s of each 2.0 s step: the quota sets the rank's pace inside
     the collectives too, so it is named though it enters them on time."""
-    _, findings = run(SynthJob(seconds=70, step=throttled_rank({"2": 1.9}, {"2": 0.1})))
+    _, findings = run(SynthJob(seconds=70, progress=progress,
+                               step=throttled_rank({"2": 1.9}, {"2": 0.1})))
     (f,) = [f for f in serious(findings) if f.cause == "straggler_compute"]
     assert f.where == "node2" and f.place["rank"] == "2"
     assert "starved by its CPU limit (0.10 CPUs), throttled 1.900 s of its 2.000 s steps" \
@@ -367,14 +417,15 @@ def test_a_rank_its_cpu_limit_starves_is_a_straggler_though_not_late():
     assert primary(findings) is f
 
 
-def test_a_limit_that_leaves_part_of_a_step_free_starves_no_rank():
+@pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
+def test_a_limit_that_leaves_part_of_a_step_free_starves_no_rank(progress):
     """Throttled through 1.9 s of a 2.0 s step, then 1.3 s of the next (its quota was
     lifted during it): not starved in each of its last steps, so not named."""
     def step(i, t):
         if t < FAULT:
             return StepPlan(throttled_of={r: 0.0 for r in "012"})
         return StepPlan(seconds=2.0, sync=1.3, throttled_of={"2": 1.9 if i % 2 else 1.3})
-    _, findings = run(SynthJob(seconds=70, step=step))
+    _, findings = run(SynthJob(seconds=70, progress=progress, step=step))
     assert not [f for f in findings if f.cause == "straggler_compute"]
 
 
@@ -393,17 +444,19 @@ def on_and_off(i, t):
     throttled_rank({"2": 0.1}),                        # 0.1 s a step: under the min share
     on_and_off,                                        # jitter: not every step costs time
 ], ids=["alike", "little", "on-and-off"])
-def test_throttling_that_singles_out_no_rank_names_no_straggler(step):
-    _, findings = run(SynthJob(seconds=70, step=step))
+@pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
+def test_throttling_that_singles_out_no_rank_names_no_straggler(progress, step):
+    _, findings = run(SynthJob(seconds=70, progress=progress, step=step))
     assert not [f for f in findings if f.cause == "straggler_compute"]
     why = [r["why"] for f in findings for r in f.ruled_out if r["cause"] == "straggler_compute"]
     assert why and not any("cgroup is throttled" in w for w in why), why
 
 
-def test_one_slow_step_is_no_straggler():
+@pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
+def test_one_slow_step_is_no_straggler(progress):
     def step(i, t):
         return StepPlan(seconds=3.8, sync=3.1, sync_of={"2": 0.3}) if i == 30 else StepPlan()
-    _, findings = run(SynthJob(seconds=60, step=step))
+    _, findings = run(SynthJob(seconds=60, progress=progress, step=step))
     assert serious(findings) == []
 
 

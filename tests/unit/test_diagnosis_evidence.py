@@ -4,9 +4,11 @@ tables themselves (diagnosis/evidence.py, diagnosis/replay.py's slices).
 `SynthJob` describes a job as its agents would report it: a ring of nodes (rank
 k on node k sends its gradient share to rank k-1, as gloo's ring does), each
 second every hop's bytes, loss and RTT (`hop`), each step its length, grad-sync
-time, data loading and checkpoint (`step`). `build()` gives the JobEvidence the
-engine reads; `to_records()` the agents' records (tcp_flow, tcp_node, gloo_step,
-gloo_phase) of the same job, for the tests that go through InfluxDB. Other
+time, data loading and checkpoint (`step`), and with `progress` each step's last
+report while it ran (gloo_progress, REPORT_LEAD_S before its end). `build()` gives
+the JobEvidence the engine reads; `to_records()` the agents' records (tcp_flow,
+tcp_node, gloo_step, gloo_progress, gloo_phase) of the same job, for the tests
+that go through InfluxDB. Other
 diagnosis test modules import these.
 """
 
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from diagnosis.evidence import (SECOND, CellKey, CellSecond, JobEvidence, NodeSecond, Phase,
+                                Progress,
                                 Step, weighted_median)
 from diagnosis.replay import slice_until
 from fabricscope.records import Record
@@ -26,6 +29,7 @@ T0 = 1_700_000_000                    # the UNIX second synthetic jobs start at
 STORAGE = "198.18.0.254:9000"         # the data server the ranks read from
 SEGMENT = 1448                        # payload bytes per segment
 GRADIENT_PORT = "29500"
+REPORT_LEAD_S = 0.1                   # a step's last gloo_progress report, before its end
 
 
 def node(k: int) -> str:
@@ -70,6 +74,7 @@ class SynthJob:
     job: str = "198.18.0.1:29500"
     t0_s: int = T0
     first_node: int = 0               # the job's rank k runs on node(first_node + k)
+    progress: bool = False            # the agents report the steps in progress
 
     @property
     def end_s(self) -> int:
@@ -132,6 +137,14 @@ def _add_step(ev: JobEvidence, spec: SynthJob, k: int, t_ns: int, plan: StepPlan
         rank, where, t_ns, plan.seconds, sync, plan.seconds - sync,
         throttled_seconds=plan.throttled_of.get(rank, 0.0 if plan.throttled_of else None),
         cpu_limit=plan.cpu_limit_of.get(rank))
+    if spec.progress:
+        # the step's last report: its grad sync first, then computing (DDP's AllReduce
+        # opens the step; the optimizer and the next forward follow)
+        so_far = plan.seconds - REPORT_LEAD_S
+        throttled = plan.throttled_of.get(rank)
+        ev.take_progress(Progress(rank, where, t_ns, so_far, min(sync, so_far), so_far <= sync,
+                                  None if throttled is None
+                                  else throttled * so_far / plan.seconds))
     phases = ev.phases.setdefault(rank, {})
     if plan.data_load:
         at = t_ns + SECOND // 100
@@ -172,6 +185,14 @@ def to_records(ev: JobEvidence) -> list[Record]:
                 | ({"throttled_seconds": s.throttled_seconds}
                    if s.throttled_seconds is not None else {})
                 | ({"cpu_limit": s.cpu_limit} if s.cpu_limit is not None else {})))
+    for rank, table in ev.progress.items():
+        for i, p in enumerate(sorted(table.values(), key=lambda p: p.time_ns)):
+            out.append(Record("gloo_progress", p.time_ns, {"node": p.node, "job": ev.job,
+                                                           "rank": rank}, {
+                "step": i, "seconds": p.seconds, "sync_seconds": p.sync_seconds,
+                "compute_seconds": p.seconds - p.sync_seconds, "waiting": p.waiting}
+                | ({"throttled_seconds": p.throttled_seconds}
+                   if p.throttled_seconds is not None else {})))
     for rank, phases in ev.phases.items():
         for p in phases.values():
             out.append(Record("gloo_phase", p.time_ns, {"node": p.node, "job": ev.job,

@@ -19,7 +19,7 @@ from tests.unit.test_diagnosis_evidence import (T0, HopPlan, StepPlan, SynthJob,
 DB = "fabricscope"
 SPEC = SynthJob(seconds=20, step=lambda i, t: StepPlan(checkpoint=0.3 if i % 10 == 9 else 0.0),
                 hop=lambda s, src, dst: HopPlan(loss=0.01 if src == 1 else 0.0,
-                                                rtt_us=200.0 + 10 * s))
+                                                rtt_us=200.0 + 10 * s), progress=True)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,7 @@ def test_the_evidence_reads_back_as_the_agents_reported_it(stored):
     assert back.cells == ev.cells
     assert back.nodes == ev.nodes
     assert back.steps == ev.steps
+    assert back.progress == ev.progress and back.progress
     assert back.phases == ev.phases
     assert back.addr_node == ev.addr_node
     assert back.last_seen_ns == ev.last_seen_ns

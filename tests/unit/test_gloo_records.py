@@ -177,3 +177,22 @@ def test_the_probe_attaches_the_buffer_hooks_only_when_configured():
     assert {"buffer_send", "buffer_recv"} <= names[True]
     assert not {"buffer_send", "buffer_recv"} & names[False]
     assert names[False] == {h.entry_fn for h in gloo.COLLECTIVE_HOOKS} and names[False]
+
+
+def test_the_step_in_progress_is_a_gloo_progress_record_at_the_steps_start():
+    state = ProcessState(INFO, model_window_s=60)
+    state.on_collective(allreduce(0, 30, 8_396_800, 16_793_600, "Broadcast"), to_wall)
+    assert state.progress(90 * MS, None, to_wall) == []        # no steps known yet
+    t = 100.0
+    for _ in range(3):
+        state.on_collective(allreduce(t, t + 20), to_wall)
+        state.on_collective(allreduce(t + 1, t + 21), to_wall)
+        t += 50
+    (r,) = state.progress(int((t - 50 + 40) * MS), None, to_wall)   # 19 ms computing
+    valid(r)
+    assert (r.measurement, r.time_ns, r.tags) == ("gloo_progress", to_wall(int((t - 50) * MS)),
+                                                  {"job": "198.18.0.1:29500", "rank": "1"})
+    assert r.fields["seconds"] == pytest.approx(0.040)
+    assert r.fields["sync_seconds"] == pytest.approx(0.021)
+    assert r.fields["compute_seconds"] == pytest.approx(0.019)
+    assert r.fields["waiting"] is False and "throttled_seconds" not in r.fields

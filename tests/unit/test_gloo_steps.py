@@ -220,3 +220,32 @@ def test_an_allreduce_in_flight_inside_the_last_steps_burst_or_an_unfinished_ste
     steps, phases = t.next_started(end + 5 * MS)
     assert [s.index for s in steps] == [3] and steps[0].seconds is not None
     assert {p.name for p in phases} == {"grad_sync", "compute"}
+
+
+def test_the_step_in_progress_is_known_while_it_runs():
+    """Between its steps' ends the probe reports the step a process is in
+    (gloo_progress): computing since its last AllReduce returned, or inside one; each
+    value so far."""
+    colls = [c for c in sorted(ddp_run(4, overlap=False), key=lambda c: c.end_ns)
+             if c.op == "AllReduce"]
+    t = StepTracker()
+    assert t.open_step(0, None) is None                       # no steps known yet
+    for c in colls[:-1]:                                      # step 3's second bucket out
+        t.add(c)
+    assert t.step_bytes is not None
+    # step 3 (from 175 ms): its first bucket 175-185 ms, the second in flight since 187
+    o = t.open_step(190 * MS, 187 * MS)
+    assert (o.index, o.start_ns, o.waiting) == (3, 175 * MS, True)
+    assert (o.seconds, o.sync_seconds) == pytest.approx((0.015, 0.013))
+    t.add(colls[-1])                                          # 187-197 ms: step 3 whole
+    o = t.open_step(230 * MS, None)
+    assert (o.index, o.start_ns, o.waiting) == (3, 175 * MS, False)
+    assert (o.seconds, o.sync_seconds, o.compute_seconds) == pytest.approx((0.055, 0.020, 0.035))
+    # the next step's first AllReduce in flight since 225 ms closes step 3: the
+    # process is inside step 4's first AllReduce, waiting since then
+    assert [s.index for s in t.next_started(225 * MS)[0]] == [3]
+    o = t.open_step(240 * MS, 225 * MS)
+    assert (o.index, o.start_ns, o.waiting) == (4, 225 * MS, True)
+    assert (o.seconds, o.sync_seconds, o.compute_seconds) == pytest.approx((0.015, 0.015, 0))
+    assert t.open_step(240 * MS, None) is None      # returned, its event not read yet
+    assert t.open_step(240 * MS, 250 * MS) is None  # began after now: not in flight then

@@ -110,8 +110,11 @@ def test_v2_creation_delegates_cpu_down_to_the_lab(tmp_path, monkeypatch):
     assert all(Path(p).is_dir() for p in paths)
 
 
-def test_no_cpu_controller_means_no_cgroups_and_a_lab_all_the_same(monkeypatch, caplog):
+def test_no_cpu_controller_means_no_cgroups_and_a_lab_all_the_same(tmp_path, monkeypatch,
+                                                                    caplog):
     monkeypatch.setattr(cgroups, "detect", lambda: None)
+    # a lab running on this machine meanwhile exposes its hierarchy there
+    monkeypatch.setattr(cgroups, "EXPOSED_ROOT", str(tmp_path / "exposed"))
     assert cgroups.create("demo", 2) == []
     assert "no CPU fault" in caplog.text
     assert cgroups.remove("demo") is False and cgroups.lab_pids("demo") == []

@@ -197,28 +197,40 @@ class GlooProbe(UprobeProbe):
         super().detach()
 
     def _after_rescan(self) -> None:
-        self._steps_closed_in_flight()
+        now_ns = time.monotonic_ns()   # before the map is read: what is in flight then is
+        self._progress(now_ns, self._steps_closed_in_flight())   # in it
         now = time.monotonic()
         if now - self._last_model >= self.model_interval_s:
             self._last_model = now
             self._models()
 
-    def _steps_closed_in_flight(self) -> None:
+    def _steps_closed_in_flight(self) -> dict[int, int]:
         """Each local process's AllReduce in flight now (the BPF `active` map, read
         after the drain) closes its last step when it is the next step's first
         (StepTracker.next_started): a step's length is known from the next one's
         entry, and a rank that waits inside that AllReduce for a slow peer returns up
         to a step later. A collective that returned since the drain is simply not
-        there (its event waits for the next poll)."""
+        there (its event waits for the next poll). Returns pid -> the earliest start
+        of its AllReduces in flight."""
         earliest: dict[int, int] = {}
         for _tid, ev in self._bpf[b"active"].items():
             if ev.op == ALLREDUCE and ev.pid in self._states:
                 earliest[ev.pid] = min(ev.start_ns, earliest.get(ev.pid, ev.start_ns))
-        if not earliest:
-            return
-        self._before_drain()        # CPU samples past the steps' ends (their throttling)
+        if earliest:
+            self._before_drain()        # CPU samples past the steps' ends (their throttling)
         for pid, start_ns in earliest.items():
             self._pending += self._states[pid].on_next_step(start_ns, self.ctx.clock.to_wall)
+        return earliest
+
+    def _progress(self, now: int, in_flight: dict[int, int]) -> None:
+        """Each local process's step in progress at `now` (gloo_progress): a rank that
+        computes far longer than its peers is late to the next collective before that
+        step ends, and the ones waiting in it say so while they wait. An AllReduce that
+        returned between the drain and `now` is not seen until the next poll, so the
+        rank's compute so far can be overstated by that interval (a /proc rescan at
+        most, milliseconds)."""
+        for pid, state in self._states.items():
+            self._pending += state.progress(now, in_flight.get(pid), self.ctx.clock.to_wall)
 
     def stats(self) -> dict[str, int]:
         out = dict(self._counters)

@@ -12,7 +12,7 @@ from typing import Callable
 
 from agent.probes.gloo.layout import Collective
 from agent.probes.gloo.procs import ProcessInfo
-from agent.probes.gloo.steps import Phase, Step, StepTracker
+from agent.probes.gloo.steps import OpenStep, Phase, Step, StepTracker
 from fabricscope import busbw, trafficmodel
 from fabricscope.cgroupcpu import CgroupCpu
 from fabricscope.records import Record
@@ -76,6 +76,17 @@ def step_record(s: Step, info: ProcessInfo, nranks: int | None,
             fields["wire_efficiency"] = \
                 busbw.ring_bytes_per_rank("AllReduce", s.bytes, nranks) / s.sent_bytes
     return Record("gloo_step", to_wall(s.start_ns), _tags(info), fields)
+
+
+def progress_record(o: OpenStep, info: ProcessInfo, to_wall: Callable[[int], int],
+                    cpu: CpuSpan | None = None) -> Record:
+    """The step in progress (time = its start, as its gloo_step will have): each poll
+    writes it again, and the store keeps the latest."""
+    fields: dict = {"step": o.index, "seconds": o.seconds, "sync_seconds": o.sync_seconds,
+                    "compute_seconds": o.compute_seconds, "waiting": o.waiting}
+    if cpu is not None:
+        fields["throttled_seconds"] = cpu.throttled_s
+    return Record("gloo_progress", to_wall(o.start_ns), _tags(info), fields)
 
 
 def phase_record(p: Phase, info: ProcessInfo, to_wall: Callable[[int], int]) -> Record:
@@ -173,6 +184,19 @@ class ProcessState:
         closes (StepTracker.next_started)."""
         steps, phases = self.tracker.next_started(start_ns)
         return self._records(steps, phases, to_wall)
+
+    def progress(self, now_ns: int, in_flight_ns: int | None,
+                 to_wall: Callable[[int], int]) -> list[Record]:
+        """The step in progress now (StepTracker.open_step), with its throttled time so
+        far; none before the steps are known."""
+        o = self.tracker.open_step(now_ns, in_flight_ns)
+        if o is None:
+            return []
+        cpu = None
+        if self.cpu is not None:
+            self.cpu.sample(now_ns)
+            cpu = self.cpu.span(o.start_ns, now_ns)
+        return [progress_record(o, self.info, to_wall, cpu)]
 
     def flush(self, to_wall: Callable[[int], int]) -> list[Record]:
         steps, phases = self.tracker.flush()

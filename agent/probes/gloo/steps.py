@@ -82,6 +82,22 @@ class Step:
 
 
 @dataclass(frozen=True)
+class OpenStep:
+    """The step a process is in now, not yet emitted (its length needs the next
+    step's start): what is known of it so far, each a lower bound of the step's own."""
+
+    index: int                 # the index the step will have
+    start_ns: int              # start of its first AllReduce
+    seconds: float             # from its start to now
+    sync_seconds: float        # time with an AllReduce in flight, up to now
+    waiting: bool              # an AllReduce is in flight now
+
+    @property
+    def compute_seconds(self) -> float:
+        return max(0.0, self.seconds - self.sync_seconds)
+
+
+@dataclass(frozen=True)
 class Phase:
     name: str                  # param_broadcast, grad_sync, compute
     start_ns: int
@@ -226,6 +242,35 @@ class StepTracker:
                 start_ns <= self.bursts[-1].end_ns + self.merge_gap_ns:
             return [], []
         return self._emit(final=False, next_start_ns=start_ns)
+
+    def open_step(self, now_ns: int, in_flight_ns: int | None) -> OpenStep | None:
+        """The step in progress at now_ns, given since when an AllReduce has been in
+        flight (None: none is). After next_started closed the last step, that
+        AllReduce (not returned yet, so not among the bursts) is the open step's first;
+        else the open step is the last group of the bursts held. None until G is known,
+        or where the bursts held do not cut into steps of G."""
+        if self.step_bytes is None:
+            return None
+        if in_flight_ns is not None and in_flight_ns > now_ns:
+            in_flight_ns = None         # it began after now: not in flight then
+        if not self.bursts:
+            if in_flight_ns is None or in_flight_ns < self.frozen_ns:
+                return None
+            waited = (now_ns - in_flight_ns) / 1e9
+            return OpenStep(self.next_index, in_flight_ns, waited, waited, True)
+        starts = partition([b.bytes for b in self.bursts], self.step_bytes)
+        if starts is None:
+            return None
+        group = self.bursts[starts[-1]:]
+        start = group[0].start_ns
+        if now_ns < group[-1].end_ns:
+            return None
+        sync = sum(b.busy_ns for b in group)
+        waiting = in_flight_ns is not None and in_flight_ns >= start
+        if waiting:     # the AllReduce in flight adds the time since it began or since
+            sync += now_ns - max(in_flight_ns, group[-1].end_ns)   # the last one ended
+        return OpenStep(self.next_index + len(starts) - 1, start, (now_ns - start) / 1e9,
+                        sync / 1e9, waiting)
 
     def flush(self) -> tuple[list[Step], list[Phase]]:
         """The process ended: emit what is left (the last step has no duration)."""
