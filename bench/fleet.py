@@ -13,11 +13,11 @@ lossy senders):
 - per second (the agent's 1 s windows): 1 tcp_node, 5 tcp_flow (ring out to
   rank i-1, ring in from rank i+1, storage read, storage write: the job's; the
   agent's own flow to the collector, no job tags), 2 nic_window (rx, tx),
-  1 nic_qdisc;
+  1 nic_qdisc, 1 gloo_progress (the step in progress at the poll);
 - per training step: 1 gloo_step, 2 gloo_collective (two gradient buckets),
   4 gloo_phase (compute, grad_sync, data_load, checkpoint), 3 nic_burst,
   2 tcp_transfer (the read, the checkpoint);
-- healthy: 3 steps/s (45 records per node-second); once the fault is on, 2 steps
+- healthy: 3 steps/s (46 records per node-second); once the fault is on, 2 steps
   of 0.5 s per second, and the lossy node's cells resend 2 % of their segments
   (its ring out, its checkpoint writes, and rank i+1's ring flow into it), with a
   tcp_retransmit record per 2.5 segments resent, as the lab's fast retransmits
@@ -243,6 +243,12 @@ def _window(fleet: Fleet, i: int, faulted: bool) -> list[Template]:
                                                 "parent": "root"}, {
         "backlog_bytes": 0, "qlen": 0, "drops": 0, "overlimits": 0, "requeues": 0,
         "bytes": ring, "packets": ring // MSS}), 3000))
+    # the step in progress at the agent's poll (gloo_progress: one per poll and rank)
+    mode = FAULTED if faulted else HEALTHY
+    out.append(template(Record("gloo_progress", 0, {"node": fleet.node(i), "job": fleet.job,
+                                                    "rank": str(i)}, {
+        "step": 0, "seconds": mode.step_s / 2, "sync_seconds": mode.sync_s / 2,
+        "compute_seconds": (mode.step_s - mode.sync_s) / 2, "waiting": False}), 5000))
     for f, _segs, count in flows:
         for k in range(round(count / SEGS_PER_RECORD)):
             out.append(template(Record("tcp_retransmit", 0, {
