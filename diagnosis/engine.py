@@ -202,7 +202,8 @@ class JobEngine:
 
     # -- detectors ---------------------------------------------------------------------
     def _detect(self, snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
-        strag, ruled = detect_steps.straggler(snap)
+        strag, ruled = detect_steps.straggler(snap, frozenset(
+            f.place.get("rank") for f in self.open.values() if f.cause == "straggler_compute"))
         stragglers = frozenset(c.place.get("node") for c in strag) | frozenset(
             f.place.get("node") for f in self.open.values() if f.cause == "straggler_compute")
         prefer = frozenset(_place_of(f) for f in self.open.values()
