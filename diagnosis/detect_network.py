@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.evidence import CellTotals
 from diagnosis.finding import Evidence
-from diagnosis.localize import BadCell, Located, locate
+from diagnosis.localize import BadCell, Located, locate, told_apart
 from diagnosis.snapshot import Snapshot
 
 MIN_RTO_S = 0.2           # Linux's minimum retransmission timeout (TCP_RTO_MIN)
@@ -66,7 +66,8 @@ def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
     total_retrans = sum(b.cell.retrans_segs for b in bad) or 1
     out = []
     for f in found:
-        c = _finding(snap, f, sum(b.cell.retrans_segs for b in f.cells) / total_retrans)
+        c = _finding(snap, f, sum(b.cell.retrans_segs for b in f.cells) / total_retrans,
+                     tor_of)
         if c is not None:
             c.hops = f.hops
             out.append(c)
@@ -135,7 +136,8 @@ def job_loss_ratio(snap: Snapshot) -> float:
     return sum(c.retrans_bytes for c in snap.data_cells) / sent if sent else 0.0
 
 
-def _finding(snap: Snapshot, located: Located, share: float) -> Candidate | None:
+def _finding(snap: Snapshot, located: Located, share: float,
+             tor_of=lambda node: None) -> Candidate | None:
     t, b = snap.thresholds, snap.baseline
     cause, steady = _cause(located, t)
     sync_added = max(0.0, (snap.sync_s or 0.0) - b.sync_s) if b and snap.sync_s else 0.0
@@ -182,6 +184,17 @@ def _finding(snap: Snapshot, located: Located, share: float) -> Candidate | None
                                  round(steady.steady_ratio * 100, 4), "%",
                                  snap.window.start_ns, snap.window.end_ns))
     summary = _summary(cause, where, lossy, delayed, snap, added, share_of_step, steady)
+    # a place in series with this one on every path between the job's nodes: waiting for
+    # more of the job's hops cannot tell them apart, so it is named now and said
+    nodes = sorted(set(snap.evidence.node_of_rank.values()))
+    in_series = [p for p in located.alternatives
+                 if not told_apart(p, located.place, nodes, tor_of)]
+    if in_series:
+        summary += (f" ({' and '.join(_where(Located(p, [])) for p in in_series)}, the "
+                    f"other way, {'lies' if len(in_series) == 1 else 'lie'} in series with it "
+                    "on every path between the job's racks: only traffic leaving or "
+                    "entering the job tells them apart; the rack the lost frames leave is "
+                    "named)")
     victims = [{"rank": r.rank, "node": r.node,
                 "waited_s": round(max(0.0, r.sync - b.sync_s), 3)}
                for r in snap.ranks.values()] if b else []
@@ -199,7 +212,9 @@ def _finding(snap: Snapshot, located: Located, share: float) -> Candidate | None
                "tor": located.place.name if located.place.kind == "tor" else None,
                "bytes_per_s": sum(c.bytes_acked for c in cells) / max(1, snap.window.end_s -
                                                                        snap.window.start_s),
-               "alternatives": [p.name for p in located.alternatives]})
+               "alternatives": [p.name for p in located.alternatives
+                                if p not in in_series],
+               "in_series": [p.name for p in in_series]})
 
 
 def _bad_span_ns(snap: Snapshot, located: Located) -> tuple[int, int]:

@@ -168,6 +168,21 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
     return found, remaining
 
 
+def told_apart(a: Place, b: Place, nodes, tor_of) -> bool:
+    """Whether some transfer between the job's nodes crosses one place and not the
+    other. Where none does (with two ToRs, one's uplink and the other's downlink lie
+    in series on every path between the racks), no hop of the job can ever tell the
+    two apart: only traffic leaving or entering the job (a checkpoint, a read) can."""
+    ea, eb = elements(a), elements(b)
+    for src in nodes:
+        for dst in nodes:
+            if src != dst:
+                on = path(src, dst, tor_of)
+                if bool(on & ea) != bool(on & eb):
+                    return True
+    return False
+
+
 def _queue(cells: list[BadCell]) -> bool:
     """The loss comes with a queue: every lossy cell whose delay was judged is delayed.
     A queue overflows under the job's synchronized bursts and lets a lone flow

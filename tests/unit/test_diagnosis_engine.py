@@ -96,11 +96,27 @@ def test_rtt_inflated_lossy_cells_are_a_saturated_buffer_at_the_tor_uplink():
                        "rank": None}
     assert "RTT 6000 us vs floor 200 us" in f.summary
     assert engine.rtt_floor_us == 200.0
-    # tor1's downlink explains the same hops: the engine waits for more evaluations,
-    # and the finding still starts at the first evidence of the fault
+    # tor1's downlink explains the same hops, and lies in series with tor0's uplink on
+    # every path between the racks: no more of the job's hops can tell them apart, so
+    # the finding is raised after the two evaluations any needs, and says so
     assert f.start_ns == at(FAULT)
-    assert at(FAULT + AMBIGUOUS_EVALS) <= f.first_seen_ns <= at(FAULT + 3 + AMBIGUOUS_EVALS)
+    assert at(FAULT + 2) <= f.first_seen_ns <= at(FAULT + 3 + 2)
+    assert "(tor1's uplink, the other way, lies in series with it on every path between " \
+        "the job's racks" in f.summary
     assert {a.knob for a in f.advice} >= {"ECN marking at tor0's uplinks", "DDP bucket_cap_mb"}
+
+
+def test_places_the_jobs_own_hops_can_tell_apart_wait_for_them():
+    """One lossy hop, 1 -> 0, fits node1's port and node0's alike, and a hop of the job
+    through one and not the other could tell them apart: the finding waits up to
+    AMBIGUOUS_EVALS evaluations for it before naming one."""
+    def hop(s, src, dst):
+        return HopPlan(loss=0.01 if s >= FAULT and (src, dst) == (1, 0) else 0.0)
+    _, findings = run(SynthJob(seconds=60, step=slowed_sync(), hop=hop))
+    (f,) = serious(findings)
+    assert f.cause == "lossy_link" and f.where in ("node0", "node1")
+    assert f.first_seen_ns >= at(FAULT + AMBIGUOUS_EVALS)
+    assert "in series" not in f.summary
 
 
 def with_storage_writes(spec: SynthJob, writers: tuple[int, ...], hop: HopPlan) -> JobEvidence:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from diagnosis.evidence import CellKey, CellTotals
-from diagnosis.localize import BadCell, Place, _plausible_side, candidates, locate, path
+from diagnosis.localize import (BadCell, Place, _plausible_side, candidates, locate, path,
+                                told_apart)
 
 STORAGE = "198.18.0.254:9000"
 TWO_TORS = {"node0": "tor0", "node1": "tor0", "node2": "tor1", "node3": "tor1"}.get
@@ -194,3 +195,17 @@ def test_plausible_side_of_each_kind_of_fault():
     assert _plausible_side(Place("tor", "tor0"), lossy, TWO_TORS) == 1
     assert _plausible_side(Place("tor", "tor1"), lossy, TWO_TORS) == 0
     assert _plausible_side(Place("tor", "tor1"), queued, TWO_TORS) == 1
+
+
+def test_places_in_series_on_every_path_between_the_nodes_cannot_be_told_apart():
+    """With two ToRs, tor0's uplink and tor1's downlink lie on every path between the
+    racks: no transfer between the job's nodes crosses one and not the other. A node's
+    port and its ToR's uplink are told apart by the rack's other node."""
+    nodes = ["node0", "node1", "node2", "node3"]
+    tor_of = {"node0": "tor0", "node1": "tor0", "node2": "tor1", "node3": "tor1"}.get
+    assert not told_apart(Place("tor", "tor0"), Place("tor", "tor1"), nodes, tor_of)
+    assert told_apart(Place("tor", "tor0"), Place("node", "node0"), nodes, tor_of)
+    assert told_apart(Place("node", "node0"), Place("node", "node3"), nodes, tor_of)
+    # a third rack: tor0's uplink carries its paths to tor2 as well, tor1's does not
+    three = {**{n: tor_of(n) for n in nodes}, "node4": "tor2"}.get
+    assert told_apart(Place("tor", "tor0"), Place("tor", "tor1"), nodes + ["node4"], three)
