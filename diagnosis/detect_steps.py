@@ -100,16 +100,11 @@ def _starved(held, t) -> bool:
         s.seconds and (throttled_in(s) or 0.0) >= t.starved_share * s.seconds for s in last)
 
 
-def straggler(snap: Snapshot, named: frozenset[str] = frozenset()
-              ) -> tuple[list[Candidate], list[RuledOut]]:
+def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
     """A rank late to every collective (its compute stands out), or one its CPU limit
     starves (throttled through nearly all of each of its steps: slow inside the
     collectives rather than late to them); where its limit throttles it, the finding
-    says so and advises on the limit. `named`: ranks already named stragglers (an
-    open finding). A starved rank stays one while its limit still singles it out
-    (_throttled_rank) though a step of it falls under starved_share: a quota whose
-    share of the step wavers around the threshold would otherwise close and reopen
-    its finding and leave the slowdown it causes unexplained in between."""
+    says so and advises on the limit."""
     t, b = snap.thresholds, snap.baseline
     if len(snap.ranks) < 2:
         return [], []
@@ -122,8 +117,7 @@ def straggler(snap: Snapshot, named: frozenset[str] = frozenset()
                and late >= t.straggler_min_share * base_step
                and _every_step_late(top, rest, t.straggler_steps))
     held = _throttled_rank(snap, base_step)
-    starved = not is_late and held is not None and (_starved(held, t)
-                                                    or held[0].rank in named)
+    starved = not is_late and held is not None and _starved(held, t)
     if starved:
         top, rest = held[0], [r for r in snap.ranks.values() if r is not held[0]]
         others = statistics.median(r.compute for r in rest)

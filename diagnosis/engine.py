@@ -202,8 +202,7 @@ class JobEngine:
 
     # -- detectors ---------------------------------------------------------------------
     def _detect(self, snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
-        strag, ruled = detect_steps.straggler(snap, frozenset(
-            f.place.get("rank") for f in self.open.values() if f.cause == "straggler_compute"))
+        strag, ruled = detect_steps.straggler(snap)
         stragglers = frozenset(c.place.get("node") for c in strag) | frozenset(
             f.place.get("node") for f in self.open.values() if f.cause == "straggler_compute")
         prefer = frozenset(_place_of(f) for f in self.open.values()

@@ -112,10 +112,7 @@ class Thresholds:
         "its time runs at the quota's pace everywhere, inside the collectives too. A "
         "quota that comes and goes leaves part of some step free: the alerting lab's "
         "quota on every other step, and CPU-bound ranks whose limit bites only in "
-        "their compute, are throttled through less. Once named, the rank stays named "
-        "while _throttled_rank still singles it out: a starved rank's share wavers "
-        "(0.82-1.0 of its steps at 8 % of a CPU, one step at 0.52), and a finding that "
-        "closed on every dip would leave the slowdown it causes unexplained", "fraction"))
+        "their compute, are throttled through less", "fraction"))
     input_ratio: float = field(default=2.0, metadata=why(
         "data loading per step this many times its baseline marks the input as slow",
         "x"))

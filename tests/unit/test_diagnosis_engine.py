@@ -607,19 +607,3 @@ def test_a_read_still_coming_in_pieces_counts_with_what_has_come_of_it():
                                              "198.18.0.254:9000")
     recent = recent_ranks(ev, 1 << 62, 3)["0"]
     assert recent.data_load == pytest.approx(0.5 + 0.05)      # 6 pieces: 0.5 s + a piece
-
-
-def test_a_starved_rank_stays_named_while_its_share_wavers():
-    """Throttled through 1.9 s of its first 2.0 s steps, then through 1.9 and 1.6 s by
-    turns: named once, and kept while its limit still singles it out, not closed at
-    the first step under starved_share with the slowdown it causes left unexplained."""
-    def step(i, t):
-        if t < FAULT:
-            return StepPlan(throttled_of={r: 0.0 for r in "012"})
-        share = 1.9 if t < FAULT + 8 or i % 2 else 1.6
-        return StepPlan(seconds=2.0, sync=1.3, throttled_of={"2": share},
-                        cpu_limit_of={"2": 0.1})
-    _, findings = run(SynthJob(seconds=70, step=step))
-    (f,) = [f for f in serious(findings) if f.cause == "straggler_compute"]
-    assert f.where == "node2" and (f.end_ns is None or f.end_ns >= at(68))
-    assert [g.cause for g in serious(findings)] == ["straggler_compute"]
