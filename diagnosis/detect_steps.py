@@ -95,8 +95,11 @@ def _starved(held, t) -> bool:
     """The rank its limit holds back was throttled through at least starved_share of
     each of its last straggler_steps steps: it ran only in the rest, so the quota
     itself sets its pace, in its compute and inside the collectives alike."""
-    last = held[0].steps[-t.straggler_steps:]
-    return bool(last) and all(
+    rank = held[0]
+    # the step in progress does not count: the share of a step its cgroup was throttled
+    # through is known when it ends (throttling spills into a step's start)
+    last = (rank.steps[:-1] if rank.in_progress else rank.steps)[-t.straggler_steps:]
+    return len(last) == t.straggler_steps and all(
         s.seconds and (throttled_in(s) or 0.0) >= t.starved_share * s.seconds for s in last)
 
 
@@ -183,8 +186,7 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
         waiting = [p for p in map(snap.evidence.open_step, (r.rank for r in rest))
                    if p is not None and p.waiting]
         evidence.append(Evidence(
-            "gloo_progress", f"step in progress of rank {top.rank}: "
-            f"{'inside a collective' if now.waiting else 'computing'} "
+            "gloo_progress", f"step in progress of rank {top.rank}: computing, "
             f"{now.seconds:.3f} s so far" + (f", while {len(waiting)} of the others are "
                                               "inside a collective" if waiting else ""),
             round(now.seconds, 4), "s", now.time_ns, now.time_ns + int(now.seconds * 1e9),

@@ -137,28 +137,22 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
 def _with_open_step(ev: JobEvidence, rank: str, done: list[Step],
                     until_ns: int) -> tuple[list[Step], bool]:
     """The rank's recent steps, the newest being the step it is in (gloo_progress)
-    where that step already computed longer than the rank's recent median, or, inside
-    a collective, took longer: a rank late to the next collective is late before its
-    step ends, one its CPU limit starves is slow inside the collective it is in, and
-    the peers that wait for it wait meanwhile. A report's values are so far, lower
-    bounds of the step's own, and are taken only above the rank's median (two of its
-    three steps are at or above the median it replaces, so no median falls by taking
-    it). A rank inside a collective has not yet done the compute that comes after:
-    its compute is taken as its recent median and the rest of the time so far as
-    sync, so that a wait neither shortens its compute nor passes for compute.
+    where it is computing, outside the collectives, and has computed longer so far
+    than its recent median: a rank late to the next collective is late before its
+    step ends, and the peers that wait for it wait meanwhile. A report's time so far
+    is a lower bound of the step's, so it is taken only where it already exceeds
+    what the rank's steps show (two of its three steps are at or above the median
+    it replaces, so no median falls by taking it). A rank inside a collective has
+    not done the compute that follows, and how much of a step its cgroup was
+    throttled through is no bound at all until the step ends (a quota's throttling
+    spills into the start of the next step): neither is taken.
     Returns the steps and whether the newest is the one in progress."""
     p = ev.open_step(rank)
-    if p is None or p.time_ns + int(p.seconds * SECOND) > until_ns:
+    if p is None or p.waiting or p.time_ns + int(p.seconds * SECOND) > until_ns:
         return done, False
-    compute = _median([max(0.0, s.seconds - s.sync_seconds) for s in done])
-    seconds = _median([s.seconds for s in done])
     step = p.as_step()
-    if p.waiting:
-        if p.seconds <= seconds:
-            return done, False
-        compute = min(compute, p.seconds)
-        step = step._replace(sync_seconds=p.seconds - compute, compute_seconds=compute)
-    elif step.compute_seconds <= compute or p.seconds < seconds:
+    if step.compute_seconds <= _median([max(0.0, s.seconds - s.sync_seconds) for s in done]) \
+            or p.seconds < _median([s.seconds for s in done]):
         return done, False
     return done[1:] + [step], True
 

@@ -331,7 +331,7 @@ def test_the_step_in_progress_names_it_with_what_it_shows_so_far():
     engine.evaluate(at(FAULT + 7))
     (f,) = [f for f in serious(engine.findings()) if f.cause == "straggler_compute"]
     (now,) = [e for e in f.evidence if e.measurement == "gloo_progress"]
-    assert now.what == "step in progress of rank 2: computing 3.200 s so far"
+    assert now.what == "step in progress of rank 2: computing, 3.200 s so far"
     assert now.value == 3.2 and now.nodes == ["node2"]
     assert "computes 2.900 s per step against 0.700 s" in f.summary
 
