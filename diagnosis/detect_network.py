@@ -184,8 +184,9 @@ def _finding(snap: Snapshot, located: Located, share: float,
                                  round(steady.steady_ratio * 100, 4), "%",
                                  snap.window.start_ns, snap.window.end_ns))
     summary = _summary(cause, where, lossy, delayed, snap, added, share_of_step, steady)
-    # a place in series with this one on every path between the job's nodes: waiting for
-    # more of the job's hops cannot tell them apart, so it is named now and said
+    # a place in series with this one on every path between the job's nodes: no hop of
+    # the job can tell them apart, so the finding says which (the engine still waits for
+    # a checkpoint or a read to, as for any tie: meanwhile the queue's delay shows too)
     nodes = sorted(set(snap.evidence.node_of_rank.values()))
     in_series = [p for p in located.alternatives
                  if not told_apart(p, located.place, nodes, tor_of)]
@@ -212,8 +213,7 @@ def _finding(snap: Snapshot, located: Located, share: float,
                "tor": located.place.name if located.place.kind == "tor" else None,
                "bytes_per_s": sum(c.bytes_acked for c in cells) / max(1, snap.window.end_s -
                                                                        snap.window.start_s),
-               "alternatives": [p.name for p in located.alternatives
-                                if p not in in_series],
+               "alternatives": [p.name for p in located.alternatives],
                "in_series": [p.name for p in in_series]})
 
 
