@@ -50,6 +50,12 @@ def _same_step(step, steps):
     return best
 
 
+def _waiting(ev, ranks) -> list:
+    """The reports of these ranks' steps in progress that have them inside a
+    collective now."""
+    return [p for p in map(ev.open_step, (r.rank for r in ranks)) if p is not None and p.waiting]
+
+
 def _every_step_late(top, rest, count: int, ev) -> bool:
     """The slow rank is slow in each of its last `count` steps (twice the others'
     median in the same step), not in one step whose outlier carried the median. The
@@ -58,8 +64,7 @@ def _every_step_late(top, rest, count: int, ev) -> bool:
     store, their same step is as long), against their recent compute."""
     for i, step in enumerate(top.steps[-count:], start=1 - count):
         if i == 0 and top.in_progress:
-            now = [ev.open_step(r.rank) for r in rest]
-            if 2 * sum(p is not None and p.waiting for p in now) <= len(rest):
+            if 2 * len(_waiting(ev, rest)) <= len(rest):
                 return False
             ref = statistics.median(r.compute for r in rest)
         else:
@@ -187,8 +192,7 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
                                      round(limit, 3), "CPUs", lo, hi, [top.node]))
     now = snap.evidence.open_step(top.rank) if top.in_progress else None
     if now is not None:
-        waiting = [p for p in map(snap.evidence.open_step, (r.rank for r in rest))
-                   if p is not None and p.waiting]
+        waiting = _waiting(snap.evidence, rest)
         evidence.append(Evidence(
             "gloo_progress", f"step in progress of rank {top.rank}: computing, "
             f"{now.seconds:.3f} s so far" + (f", while {len(waiting)} of the others are "

@@ -119,8 +119,9 @@ class StoreSource:
         self._cells(ev, members.job, cells)
         self._nodes(ev, nodes, cells)
         steps = _starts(steps_from if steps_from is not None else t0_ns)
-        self._steps(ev, members, steps.wheres("rank", t1_ns, SECOND // 2))
-        self._progress(ev, members.job, steps.wheres("rank", t1_ns, SECOND // 2))
+        step_wheres = steps.wheres("rank", t1_ns, SECOND // 2)
+        self._steps(ev, members, step_wheres)
+        self._progress(ev, members.job, step_wheres)
         self._phases(ev, members.job, _starts(phases_from if phases_from is not None
                                               else steps).wheres("rank", t1_ns, SECOND // 2))
         hb_from = heartbeat_from_ns if heartbeat_from_ns is not None else t1_ns - 120 * SECOND

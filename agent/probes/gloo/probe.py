@@ -216,8 +216,8 @@ class GlooProbe(UprobeProbe):
         for _tid, ev in self._bpf[b"active"].items():
             if ev.op == ALLREDUCE and ev.pid in self._states:
                 earliest[ev.pid] = min(ev.start_ns, earliest.get(ev.pid, ev.start_ns))
-        if earliest:
-            self._before_drain()        # CPU samples past the steps' ends (their throttling)
+        if self._states:    # CPU samples past the steps' ends and past now (the steps in
+            self._before_drain()    # progress), once per cgroup
         for pid, start_ns in earliest.items():
             self._pending += self._states[pid].on_next_step(start_ns, self.ctx.clock.to_wall)
         return earliest

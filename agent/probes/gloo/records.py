@@ -188,14 +188,12 @@ class ProcessState:
     def progress(self, now_ns: int, in_flight_ns: int | None,
                  to_wall: Callable[[int], int]) -> list[Record]:
         """The step in progress now (StepTracker.open_step), with its throttled time so
-        far; none before the steps are known."""
+        far where the cgroup was sampled since now (the probe samples every cgroup once
+        per poll); none before the steps are known."""
         o = self.tracker.open_step(now_ns, in_flight_ns)
         if o is None:
             return []
-        cpu = None
-        if self.cpu is not None:
-            self.cpu.sample(now_ns)
-            cpu = self.cpu.span(o.start_ns, now_ns)
+        cpu = self.cpu.span(o.start_ns, now_ns) if self.cpu is not None else None
         return [progress_record(o, self.info, to_wall, cpu)]
 
     def flush(self, to_wall: Callable[[int], int]) -> list[Record]:
