@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from diagnosis.finding import Advice, Evidence, finding_key
+from diagnosis.localize import Hops
 
 
 @dataclass
@@ -27,7 +28,7 @@ class Candidate:
     #: network causes: the fabric elements each bad hop it was placed by implicates
     #: (diagnosis/localize.Located.hops), by which the engine tells when one finding's
     #: place explains all of another's hops
-    hops: frozenset = frozenset()
+    hops: Hops = Hops()
 
     @property
     def key(self) -> tuple:

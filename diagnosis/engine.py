@@ -28,7 +28,7 @@ from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.detect_trends import JitterTracker, mad, telemetry
 from diagnosis.evidence import SECOND, CellTotals, JobEvidence
 from diagnosis.finding import Finding, finding_key, severity_rank
-from diagnosis.localize import Place, elements, path
+from diagnosis.localize import Hops, Place, elements, path
 from diagnosis.snapshot import (Baseline, Snapshot, classify_cells, median_or_none,
                                 phase_seconds, recent_ranks)
 from diagnosis.thresholds import DEFAULT, Thresholds
@@ -322,7 +322,7 @@ class JobEngine:
                 self.open[c.key] = f
             _apply(f, c, others)
             if c.cause in NETWORK_CAUSES:
-                self.hops_of[c.key] = self.hops_of.get(c.key, frozenset()) | c.hops
+                self.hops_of[c.key] = self.hops_of.get(c.key, Hops()) | c.hops
             seen.add(c.key)
             changed.append(f)
         changed += self._supersede(seen)
@@ -346,15 +346,18 @@ class JobEngine:
         fault whose first hops to show could be explained by a place on their path (the
         sender's port, for a ToR uplink's first lossy hop; a neighbour, for the first
         hop of the ring to meet a port's loss), localized again once its other hops
-        showed; two faults keep a hop each that only their own place explains. And an
+        showed; two faults keep a hop each that only their own place explains. The
+        hops compared are each finding's evidence (localize.Hops): its lossy hops where
+        it had any, so that a busy host's delayed hop, which no place's loss explains,
+        cannot hold a finding that the loss has moved on from. And an
         unexplained slowdown that a cause named since explains (_explained_slowdowns)."""
         out = [self._close_taken_over(k, taker) for k, taker in self._explained_slowdowns(seen)]
         for key in sorted((k for k in seen if k in self.hops_of), key=lambda k: self.open[k].id):
-            mine, taker = self.hops_of[key], self.open[key]
+            mine, taker = self.hops_of[key].evidence, self.open[key]
             els = elements(_place_of(taker))
             for other_key in [k for k in self.open if k not in seen and k in self.hops_of]:
                 f = self.open[other_key]
-                theirs, other_els = self.hops_of[other_key], elements(_place_of(f))
+                theirs, other_els = self.hops_of[other_key].evidence, elements(_place_of(f))
                 if all(h & els for h in theirs) and any(not h & other_els for h in mine):
                     out.append(self._close_taken_over(other_key, taker))
         return out

@@ -65,6 +65,25 @@ class BadCell:
         return self.cell.peer_node
 
 
+@dataclass(frozen=True)
+class Hops:
+    """The fabric elements each bad hop of a place implicates (`implicated`), and
+    those of its lossy hops apart. A dropped frame died on its own data path, while
+    a delay may be a busy host's that answers late; so where a place has lossy hops,
+    they are its evidence (`evidence`), and its delayed-only ones count only for a
+    place named on delay alone."""
+
+    all: frozenset = frozenset()
+    lossy: frozenset = frozenset()
+
+    def __or__(self, other: "Hops") -> "Hops":
+        return Hops(self.all | other.all, self.lossy | other.lossy)
+
+    @property
+    def evidence(self) -> frozenset:
+        return self.lossy or self.all
+
+
 @dataclass
 class Located:
     place: Place
@@ -73,7 +92,7 @@ class Located:
     alternatives: list[Place] = field(default_factory=list)   # places that tied with it
     #: the elements each bad cell it explains implicates, this window's and the recent
     #: loss' (by which the engine tells when one place explains all of another's hops)
-    hops: frozenset = frozenset()
+    hops: Hops = Hops()
 
 
 def path(src: str, dst: str | None, tor_of, peer: str = "") -> set[tuple[str, str]]:
@@ -162,7 +181,9 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
         scored.sort(key=lambda s: s[0], reverse=True)
         best_key, place, mine, against, before = scored[0]
         ties = [s[1] for s in scored[1:] if s[0][:4] == best_key[:4]]
-        hops = frozenset(implicated_of[id(b)] for b in mine) | frozenset(p for _, p in before)
+        recent_hops = frozenset(p for _, p in before)        # lossy cells, all of them
+        hops = Hops(frozenset(implicated_of[id(b)] for b in mine) | recent_hops,
+                    frozenset(implicated_of[id(b)] for b in mine if b.lossy) | recent_hops)
         found.append(Located(place, mine, against, ties, hops))
         remaining = [b for b in remaining if b not in mine]
     return found, remaining

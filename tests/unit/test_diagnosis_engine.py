@@ -223,6 +223,33 @@ def test_a_finding_whose_hops_a_later_place_explains_with_more_is_taken_over():
     assert primary(findings) is uplink
 
 
+def test_a_busy_hosts_delayed_hop_does_not_hold_a_finding_the_loss_moved_on_from():
+    """tor0's uplink queues and overflows (0 -> 3 lossy and delayed) while node3's busy
+    host answers late (3 -> 2 delayed, from before the fault on): node3's port explains
+    both hops and is named first. Once node1's checkpoint loses frames through the
+    uplink, the uplink explains node3's only lossy hop and one node3 cannot: node3's
+    finding closes, taken over, though no loss at the uplink explains its delayed hop."""
+    def hop(s, src, dst):
+        if s >= FAULT - 10 and (src, dst) == (3, 2):
+            return HopPlan(rtt_us=6000.0)
+        return HopPlan(loss=0.01, rtt_us=6000.0) if s >= FAULT and (src, dst) == (0, 3) \
+            else HopPlan()
+    spec = SynthJob(nodes=4, seconds=70, step=slowed_sync(), hop=hop)
+    ev = build(spec)
+    key = CellKey(spec.node(1), spec.addr(1), STORAGE, "1")
+    ev.cells[key] = {spec.t0_s + s: cell_second(HopPlan(loss=0.02))
+                     for s in range(FAULT + 15, spec.seconds)}
+    engine = JobEngine(spec.job, tor_of=TWO_TORS)
+    findings = replay(engine, ev, spec.t0_s, spec.end_s + 5)
+    by_where = {f.where: f for f in serious(findings)}
+    assert sorted(by_where) == ["node3", "tor0 uplink"]
+    port, uplink = by_where["node3"], by_where["tor0 uplink"]
+    assert port.first_seen_ns < uplink.first_seen_ns
+    assert port.superseded_by == uplink.id and not port.open
+    assert uplink.cause == "buffer_saturation" and uplink.open
+    assert primary(findings) is uplink
+
+
 def test_a_place_keeps_its_cause_when_its_queue_dips():
     def hop(s, src, dst):           # the queue drains for 10 s while the drops go on
         h = uplink_queue(s, src, dst)
