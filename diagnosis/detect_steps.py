@@ -56,16 +56,13 @@ def _waiting(ev, ranks) -> list:
     return [p for p in map(ev.open_step, (r.rank for r in ranks)) if p is not None and p.waiting]
 
 
-def _every_step_late(top, rest, count: int, ev) -> bool:
+def _every_step_late(top, rest, count: int) -> bool:
     """The slow rank is slow in each of its last `count` steps (twice the others'
     median in the same step), not in one step whose outlier carried the median. The
-    step it is in counts only while most of the others wait inside a collective (the
-    ring waits for it; where they compute too, as while every rank reads from a slow
-    store, their same step is as long), against their recent compute."""
+    step it is in (taken only while most of the others wait inside a collective:
+    snapshot.recent_ranks) is held against their recent compute."""
     for i, step in enumerate(top.steps[-count:], start=1 - count):
         if i == 0 and top.in_progress:
-            if 2 * len(_waiting(ev, rest)) <= len(rest):
-                return False
             ref = statistics.median(r.compute for r in rest)
         else:
             same = [s for s in (_same_step(step, r.steps) for r in rest) if s is not None]
@@ -127,7 +124,7 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
     base_step = b.step_s if b else statistics.median(r.seconds for r in snap.ranks.values())
     is_late = (top.compute >= t.straggler_ratio * max(others, 1e-3)
                and late >= t.straggler_min_share * base_step
-               and _every_step_late(top, rest, t.straggler_steps, snap.evidence))
+               and _every_step_late(top, rest, t.straggler_steps))
     held = _throttled_rank(snap, base_step)
     starved = not is_late and held is not None and _starved(held, t)
     if starved:

@@ -117,12 +117,15 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
     there; waiting for every step's last piece (the next step's read) named a slow
     store a step later."""
     out = {}
+    waiting = {rank for rank in ev.steps if (p := ev.open_step(rank)) is not None and p.waiting}
     for rank, table in ev.steps.items():
         times = ev.step_times(rank)
         done = list(itertools.islice(_latest_first(table, times, until_ns), count))[::-1]
         if len(done) < count:
             continue
-        done, in_progress = _with_open_step(ev, rank, done, until_ns)
+        others = len(ev.steps) - 1
+        done, in_progress = _with_open_step(ev, rank, done, until_ns) \
+            if 2 * len(waiting - {rank}) > others else (done, False)
         out[rank] = RankRecent(
             rank, done[-1].node, done,
             _median([s.seconds for s in done]),
@@ -139,7 +142,11 @@ def _with_open_step(ev: JobEvidence, rank: str, done: list[Step],
     """The rank's recent steps, the newest being the step it is in (gloo_progress)
     where it is computing, outside the collectives, and has computed longer so far
     than its recent median: a rank late to the next collective is late before its
-    step ends, and the peers that wait for it wait meanwhile. A report's time so far
+    step ends, and the peers that wait for it wait meanwhile. The caller asks only
+    while most of the other ranks wait inside a collective: where they compute too
+    (every rank reading from a slow store, or done with training and never opening
+    another collective, their last step "in progress" until they exit), no rank is
+    late to anyone, and the step's length is not known before it ends. A report's time so far
     is a lower bound of the step's, so it is taken only where it already exceeds
     what the rank's steps show (two of its three steps are at or above the median
     it replaces, so no median falls by taking it). A rank inside a collective has

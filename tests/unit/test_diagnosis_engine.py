@@ -9,7 +9,7 @@ import random
 import pytest
 
 from diagnosis.engine import AMBIGUOUS_EVALS, JobEngine
-from diagnosis.evidence import SECOND, CellKey, JobEvidence
+from diagnosis.evidence import SECOND, CellKey, JobEvidence, NodeSecond, Progress
 from diagnosis.finding import Finding, primary, severity_rank
 from diagnosis.replay import replay, slice_until
 from diagnosis.thresholds import DEFAULT
@@ -383,6 +383,28 @@ def test_one_long_step_in_progress_is_no_straggler():
         return StepPlan(seconds=3.8, sync=3.1, sync_of={"2": 0.3}) if i == 30 else StepPlan()
     _, findings = run(SynthJob(seconds=60, step=step, progress=True))
     assert serious(findings) == []
+
+
+def test_a_job_done_training_is_no_slowdown_while_its_last_step_stays_open():
+    """Node1's port drops until the job ends; the ranks' training loops end, their
+    processes live on (saving, tearing down): each rank's agent reports the step
+    after the last one in progress, computing, for 60 s. No rank waits for another,
+    so that step says nothing of the job's pace: once the lossy link's finding has
+    closed (nothing crossed its place for JOB_GONE_S), the slow steps of the fault
+    it explained are no slowdown left unexplained."""
+    def step(i, t):          # x2.5: a slowdown left unexplained would be a warning
+        return StepPlan(seconds=2.5, sync=1.8) if t >= FAULT else StepPlan()
+    spec = SynthJob(seconds=60, step=step, hop=lossy_port(1), progress=True)
+    ev = build(spec)
+    for rank, steps in ev.steps.items():
+        last = steps[max(steps)]
+        ev.take_progress(Progress(rank, last.node, last.end_ns, 60.0, 0.3, False))
+    for table in ev.nodes.values():          # the agents go on with their windows
+        table.update({spec.end_s + s: NodeSecond(segs_out=10) for s in range(60)})
+    engine = JobEngine(spec.job)
+    findings = replay(engine, ev, spec.t0_s, spec.end_s + 60)
+    assert [(f.cause, f.where, f.open) for f in serious(findings)] == [
+        ("lossy_link", "node1", False)]
 
 
 def test_a_duty_cycle_that_rises_as_the_steps_slow_unexplained_is_a_warning_after_a_hold():
