@@ -36,8 +36,8 @@ WARM_STEPS = 14          # the baseline (2 + 8 steps) is in before the fault
 FAULT_STEPS = 14
 #: a rank its CPU limit starves beside a lossy ring is judged on its complete steps
 #: and is throttled through 40-90 % of them (it also waits on the lossy hops): named
-#: 3-19 s after the onset in the runs measured, so its scenario gives the faults
-#: as many steps as the cleared one's
+#: 3-33 s after the onset in the nine live runs measured, so its scenario gives the
+#: faults as many steps as the cleared one's
 COMBINED_FAULT_STEPS = 24
 #: the cleared fault's steps, and the steps after it: compare's windows, 24 steps (8
 #: blocks) a side, so that a lossy window's steps, which vary 3x from one to the next,
