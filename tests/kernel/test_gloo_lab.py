@@ -179,12 +179,18 @@ def test_grad_sync_and_compute_phases_split_each_step(run):
 def test_the_step_in_progress_is_reported_as_its_step_is_later(run):
     """gloo_progress: each report stands at the start of a step reported afterwards
     (the step it was in), with that step's index, and what it says so far is no more
-    than the step's own."""
+    than the step's own; but for the step a rank was in when the run's records were
+    taken (after its last step: no gloo_step closes it while the process lives on)."""
     steps = {r.time_ns: r for r in run.of("gloo_step")}
+    last = {}
+    for r in run.of("gloo_step"):
+        last[r.tags["rank"]] = max(last.get(r.tags["rank"], -1), r.fields["step"])
     reports = run.of("gloo_progress")
     assert len(reports) >= 3, run.agent_stderr[-2000:]
     for r in reports:
         s = steps.get(r.time_ns)
+        if s is None and r.fields["step"] > last.get(r.tags["rank"], -1):
+            continue                    # the step it is in, never closed in this run
         assert s is not None and s.fields["step"] == r.fields["step"], r
         if "seconds" in s.fields:
             assert r.fields["seconds"] <= s.fields["seconds"] + 1e-9, (r, s)
