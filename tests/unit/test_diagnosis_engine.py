@@ -199,6 +199,18 @@ def test_loss_beside_a_compute_straggler_is_placed_at_the_lossy_port():
         ("lossy_link", "node2"), ("straggler_compute", "node3")]
 
 
+def with_lossy_checkpoint_through_tor0(hop) -> list[Finding]:
+    """A 4-node job across two ToRs with these hops, where node1's checkpoint to the
+    storage loses frames through tor0's uplink from 15 s after FAULT on: the flow that
+    tells the uplink from the ports on the ring's one hop across it. Its findings."""
+    spec = SynthJob(nodes=4, seconds=70, step=slowed_sync(), hop=hop)
+    ev = build(spec)
+    key = CellKey(spec.node(1), spec.addr(1), STORAGE, "1")
+    ev.cells[key] = {spec.t0_s + s: cell_second(HopPlan(loss=0.02))
+                     for s in range(FAULT + 15, spec.seconds)}
+    return replay(JobEngine(spec.job, tor_of=TWO_TORS), ev, spec.t0_s, spec.end_s + 5)
+
+
 def test_a_finding_whose_hops_a_later_place_explains_with_more_is_taken_over():
     """tor0's uplink drops at random: at first only the ring's hop 0 -> 3 crosses it,
     which node0's port explains as well (the last guess names the port); 15 s later
@@ -207,13 +219,7 @@ def test_a_finding_whose_hops_a_later_place_explains_with_more_is_taken_over():
     it, and is not the primary."""
     def hop(s, src, dst):
         return HopPlan(loss=0.01) if s >= FAULT and (src, dst) == (0, 3) else HopPlan()
-    spec = SynthJob(nodes=4, seconds=70, step=slowed_sync(), hop=hop)
-    ev = build(spec)
-    key = CellKey(spec.node(1), spec.addr(1), STORAGE, "1")
-    ev.cells[key] = {spec.t0_s + s: cell_second(HopPlan(loss=0.02))
-                     for s in range(FAULT + 15, spec.seconds)}
-    engine = JobEngine(spec.job, tor_of=TWO_TORS)
-    findings = replay(engine, ev, spec.t0_s, spec.end_s + 5)
+    findings = with_lossy_checkpoint_through_tor0(hop)
     by_where = {f.where: f for f in serious(findings)}
     assert sorted(by_where) == ["node0", "tor0 uplink"]
     port, uplink = by_where["node0"], by_where["tor0 uplink"]
@@ -234,13 +240,7 @@ def test_a_busy_hosts_delayed_hop_does_not_hold_a_finding_the_loss_moved_on_from
             return HopPlan(rtt_us=6000.0)
         return HopPlan(loss=0.01, rtt_us=6000.0) if s >= FAULT and (src, dst) == (0, 3) \
             else HopPlan()
-    spec = SynthJob(nodes=4, seconds=70, step=slowed_sync(), hop=hop)
-    ev = build(spec)
-    key = CellKey(spec.node(1), spec.addr(1), STORAGE, "1")
-    ev.cells[key] = {spec.t0_s + s: cell_second(HopPlan(loss=0.02))
-                     for s in range(FAULT + 15, spec.seconds)}
-    engine = JobEngine(spec.job, tor_of=TWO_TORS)
-    findings = replay(engine, ev, spec.t0_s, spec.end_s + 5)
+    findings = with_lossy_checkpoint_through_tor0(hop)
     by_where = {f.where: f for f in serious(findings)}
     assert sorted(by_where) == ["node3", "tor0 uplink"]
     port, uplink = by_where["node3"], by_where["tor0 uplink"]
