@@ -50,12 +50,6 @@ def _same_step(step, steps):
     return best
 
 
-def _waiting(ev, ranks) -> list:
-    """The reports of these ranks' steps in progress that have them inside a
-    collective now."""
-    return [p for p in map(ev.open_step, (r.rank for r in ranks)) if p is not None and p.waiting]
-
-
 def _every_step_late(top, rest, count: int) -> bool:
     """The slow rank is slow in each of its last `count` steps (twice the others'
     median in the same step), not in one step whose outlier carried the median. The
@@ -189,10 +183,10 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
                                      round(limit, 3), "CPUs", lo, hi, [top.node]))
     now = snap.evidence.open_step(top.rank) if top.in_progress else None
     if now is not None:
-        waiting = _waiting(snap.evidence, rest)
+        waiting = sum(snap.evidence.in_collective(r.rank) for r in rest)
         evidence.append(Evidence(
             "gloo_progress", f"step in progress of rank {top.rank}: computing, "
-            f"{now.seconds:.3f} s so far" + (f", while {len(waiting)} of the others are "
+            f"{now.seconds:.3f} s so far" + (f", while {waiting} of the others are "
                                               "inside a collective" if waiting else ""),
             round(now.seconds, 4), "s", now.time_ns, now.time_ns + int(now.seconds * 1e9),
             [top.node]))

@@ -206,6 +206,11 @@ class JobEvidence:
         times = self.step_times(rank)
         return p if not times or times[-1] < p.time_ns else None
 
+    def in_collective(self, rank: str) -> bool:
+        """The rank's step in progress has it inside a collective now."""
+        p = self.open_step(rank)
+        return p is not None and p.waiting
+
     def keys_added(self, table_name: str, rank: str, keys: list) -> None:
         """Keys just added to a rank's steps or phases (by merge, or by a read into
         this evidence): the kept orders take them in."""

@@ -117,13 +117,13 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
     there; waiting for every step's last piece (the next step's read) named a slow
     store a step later."""
     out = {}
-    waiting = {rank for rank in ev.steps if (p := ev.open_step(rank)) is not None and p.waiting}
+    waiting = {rank for rank in ev.steps if ev.in_collective(rank)}
+    others = len(ev.steps) - 1
     for rank, table in ev.steps.items():
         times = ev.step_times(rank)
         done = list(itertools.islice(_latest_first(table, times, until_ns), count))[::-1]
         if len(done) < count:
             continue
-        others = len(ev.steps) - 1
         done, in_progress = _with_open_step(ev, rank, done, until_ns) \
             if 2 * len(waiting - {rank}) > others else (done, False)
         out[rank] = RankRecent(
