@@ -69,7 +69,7 @@ class Scenario:
     faults: list[Fault]
     expect: list[Expect]
     cleared: bool = False
-    fault_steps: int = FAULT_STEPS     # how long the faults stay (cleared: CLEARED_STEPS)
+    fault_steps: int = FAULT_STEPS     # how long the faults stay
 
 
 @dataclass
@@ -112,7 +112,8 @@ def draw(name: str, rng: random.Random, nodes: int = 4) -> Scenario:
                         [Expect("lossy_link", node)])
     if name == "cleared":     # a fault that costs enough for its clearing to be seen
         return Scenario(name, [Fault("loss", k, rng.choice([2, 3]))],
-                        [Expect("lossy_link", node)], cleared=True)
+                        [Expect("lossy_link", node)], cleared=True,
+                        fault_steps=CLEARED_STEPS)
     if name == "shape-node":
         # below what the job sends through one node's port (one ring hop each way,
         # 160-200 Mbit/s per second of the lab's DDP): a TBF at 300 Mbit/s there
@@ -193,7 +194,7 @@ def run_scenario(bench: Bench, scenario: Scenario, log=lambda msg: None) -> Outc
     job = f"{lab.nodes[0].address}:{port}"
     out = Outcome(sc.name, "; ".join(f"{f.kind} {f.target} {f.value}" for f in sc.faults), job,
                   expected=[asdict(e) for e in sc.expect])
-    fault_steps = CLEARED_STEPS if sc.cleared else sc.fault_steps
+    fault_steps = sc.fault_steps
     steps = WARM_STEPS + fault_steps + (CLEARED_STEPS if sc.cleared else 0)
     start_ns = time.time_ns()
     try:
