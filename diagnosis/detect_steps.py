@@ -16,7 +16,9 @@ AllReduce, optimizer, data loading). In a ring, a rank that computes slowly
 enters every collective late and the others wait inside it: their grad sync
 grows, its compute stands out. Data loading (gloo_phase data_load, the
 process's dataset reads) is part of compute; when it grows and grad sync does
-not, the input stalls the steps.
+not, the input stalls the steps. A straggler is judged by its compute outside
+storage I/O (snapshot.cpu_compute): a rank that is late because it reads from a
+slow store is the input's victim, not a straggler.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections import Counter
 
 from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.finding import Evidence
-from diagnosis.snapshot import Snapshot, throttled_in
+from diagnosis.snapshot import Snapshot, cpu_compute, throttled_in
 
 
 def _steps_span(snap: Snapshot) -> tuple[int, int]:
@@ -34,10 +36,6 @@ def _steps_span(snap: Snapshot) -> tuple[int, int]:
     if not steps:
         return snap.window.start_ns, snap.window.end_ns
     return min(s.time_ns for s in steps), max(s.end_ns for s in steps)
-
-
-def _compute(step) -> float:
-    return max(0.0, (step.seconds or 0.0) - step.sync_seconds)
 
 
 def _same_step(step, steps):
@@ -50,20 +48,20 @@ def _same_step(step, steps):
     return best
 
 
-def _every_step_late(top, rest, count: int) -> bool:
+def _every_step_late(ev, top, rest, count: int) -> bool:
     """The slow rank is slow in each of its last `count` steps (twice the others'
     median in the same step), not in one step whose outlier carried the median. The
     step it is in (taken only while most of the others wait inside a collective:
     snapshot.recent_ranks) is held against their recent compute."""
     for i, step in enumerate(top.steps[-count:], start=1 - count):
         if i == 0 and top.in_progress:
-            ref = statistics.median(r.compute for r in rest)
+            ref = statistics.median(r.cpu_compute for r in rest)
         else:
             same = [s for s in (_same_step(step, r.steps) for r in rest) if s is not None]
             if not same:
                 return False
-            ref = statistics.median(_compute(s) for s in same)
-        if _compute(step) < 2 * ref:
+            ref = statistics.median(cpu_compute(ev, s) for s in same)
+        if cpu_compute(ev, step) < 2 * ref:
             return False
     return True
 
@@ -111,20 +109,20 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
     t, b = snap.thresholds, snap.baseline
     if len(snap.ranks) < 2:
         return [], []
-    ranked = sorted(snap.ranks.values(), key=lambda r: r.compute, reverse=True)
+    ranked = sorted(snap.ranks.values(), key=lambda r: r.cpu_compute, reverse=True)
     top, rest = ranked[0], ranked[1:]
-    others = statistics.median(r.compute for r in rest)
-    late = top.compute - others
+    others = statistics.median(r.cpu_compute for r in rest)
+    late = top.cpu_compute - others
     base_step = b.step_s if b else statistics.median(r.seconds for r in snap.ranks.values())
-    is_late = (top.compute >= t.straggler_ratio * max(others, 1e-3)
+    is_late = (top.cpu_compute >= t.straggler_ratio * max(others, 1e-3)
                and late >= t.straggler_min_share * base_step
-               and _every_step_late(top, rest, t.straggler_steps))
+               and _every_step_late(snap.evidence, top, rest, t.straggler_steps))
     held = _throttled_rank(snap, base_step)
     starved = not is_late and held is not None and _starved(held, t)
     if starved:
         top, rest = held[0], [r for r in snap.ranks.values() if r is not held[0]]
-        others = statistics.median(r.compute for r in rest)
-        late = max(0.0, top.compute - others)
+        others = statistics.median(r.cpu_compute for r in rest)
+        late = max(0.0, top.cpu_compute - others)
     elif not is_late:
         # a rank its limit throttles for part of its steps, and that is not late to
         # the collectives, is not named on the throttling: a quota that comes and goes
@@ -133,7 +131,7 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
         quota = (f"; rank {held[0].rank}'s cgroup is throttled {held[0].throttled:.3f} s "
                  "per step") if held else ""
         return [], [RuledOut("straggler_compute", f"no rank computes much longer than the "
-                             f"others (slowest {top.compute:.3f} s, rank {top.rank}; median "
+                             f"others (slowest {top.cpu_compute:.3f} s, rank {top.rank}; median "
                              f"{others:.3f} s per step){quota}")]
     lo = top.steps[-t.straggler_steps].time_ns        # its first late step
     _lo, hi = _steps_span(snap)
@@ -152,7 +150,7 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
             if b and snap.step_s else "")
     limit = next((s.cpu_limit for s in reversed(top.steps) if s.cpu_limit is not None), None)
     evidence = []
-    facts = {"late_s": late, "compute_s": top.compute, "others_s": others,
+    facts = {"late_s": late, "compute_s": top.cpu_compute, "others_s": others,
              "starved": starved}
     if starved:
         bound = f" ({limit:.2f} CPUs)" if limit is not None else ""
@@ -163,12 +161,12 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
                    f"at its pace; its network is clean{cost}")
     else:
         summary = (f"Compute straggler: rank {top.rank} on {top.node} computes "
-                   f"{top.compute:.3f} s per step against {others:.3f} s on the others, "
+                   f"{top.cpu_compute:.3f} s per step against {others:.3f} s on the others, "
                    f"so it enters every collective {late:.3f} s late and the other ranks "
                    f"wait inside them; its network is clean{cost}")
     evidence += [
-        Evidence("gloo_step", f"compute per step of rank {top.rank} (step minus grad sync)",
-                 round(top.compute, 4), "s", lo, hi, [top.node]),
+        Evidence("gloo_step", f"compute per step of rank {top.rank} (step minus grad sync and storage I/O)",
+                 round(top.cpu_compute, 4), "s", lo, hi, [top.node]),
         Evidence("gloo_step", "median compute per step of the other ranks",
                  round(others, 4), "s", lo, hi, sorted(r.node for r in rest))]
     if held is not None and held[0] is top:

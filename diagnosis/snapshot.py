@@ -30,6 +30,7 @@ class RankRecent:
     throttled: float | None = None   # seconds its CPU cgroup was throttled per step
     #                                  (capped at the step; None: unread)
     in_progress: bool = False   # the last of `steps` is the one it is in (so far)
+    cpu_compute: float = 0.0    # compute outside storage I/O per step (cpu_compute())
 
     @property
     def duty(self) -> float:
@@ -106,6 +107,23 @@ def phase_seconds(ev: JobEvidence, rank: str, step: Step, kind: str) -> float:
     return sum(hi - lo for lo, hi in spans.values())
 
 
+#: the phases in which a rank waits on the store, not the CPU: its dataset reads and
+#: its checkpoint writes (gloo_phase)
+STORAGE_PHASES = ("data_load", "checkpoint")
+
+
+def cpu_compute(ev: JobEvidence, step: Step) -> float:
+    """The step's compute outside storage I/O: its time outside the collectives less its
+    reads and checkpoint writes. A slow store lengthens a rank's compute as a slow CPU
+    does, and the ranks' reads do not start together (the first reader meets the slow
+    store a step before the others), so one rank can enter a collective late for a step
+    or two while reading: that is the input's time (input_stall), not the rank's.
+    A read is reported piece by piece as it streams, so most of a read in progress is
+    already here."""
+    io = sum(phase_seconds(ev, step.rank, step, kind) for kind in STORAGE_PHASES)
+    return max(0.0, (step.seconds or 0.0) - step.sync_seconds - io)
+
+
 def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRecent]:
     """Each rank's last `count` complete steps ending before until_ns, as medians.
 
@@ -133,7 +151,8 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
             _median([max(0.0, s.seconds - s.sync_seconds) for s in done]),
             _data_load(ev, rank, itertools.islice(_latest_first(table, times, until_ns),
                                                   PHASE_LOOKBACK_STEPS)),
-            _throttled(done), in_progress)
+            _throttled(done), in_progress,
+            _median([cpu_compute(ev, s) for s in done]))
     return out
 
 

@@ -323,7 +323,7 @@ def test_a_rank_computing_five_times_the_others_is_a_compute_straggler(progress)
                          {"rank": "1", "node": "node1", "waited_s": 2.8}]
     assert f.step_seconds_added == 2.8 and f.explained_share == 1.0
     assert f.start_ns == at(FAULT)                # its first late step
-    assert "rank 2 on node2 computes 3.500 s per step against 0.700 s" in f.summary
+    assert "rank 2 on node2 computes 3.450 s per step against 0.650 s" in f.summary
     assert f.advice[0].knob == "host of rank 2"
     # the others' long grad sync is the straggler's doing, not the fabric's
     assert all(g.severity == "info" for g in findings if g.cause == "network_bound")
@@ -354,7 +354,8 @@ def test_the_step_in_progress_names_it_with_what_it_shows_so_far():
     engine = JobEngine("198.18.0.1:29500")
     ev = build(SynthJob(seconds=60, step=late_rank_2, progress=True))
     # 3.2 s into rank 2's second late step (from FAULT + 3.8): 0.3 s of sync, then
-    # computing 2.9 s so far, against the others' 0.7 s before; they wait for it now
+    # computing 2.9 s so far (2.85 s outside its 0.05 s read), against the others'
+    # 0.65 s before; they wait for it now
     engine.feed(slice_until(ev, T0 + FAULT + 7))
     engine.evaluate(at(FAULT + 7))
     (f,) = [f for f in serious(engine.findings()) if f.cause == "straggler_compute"]
@@ -362,7 +363,7 @@ def test_the_step_in_progress_names_it_with_what_it_shows_so_far():
     assert now.what == ("step in progress of rank 2: computing, 3.200 s so far, while 2 of "
                         "the others are inside a collective")
     assert now.value == 3.2 and now.nodes == ["node2"]
-    assert "computes 2.900 s per step against 0.700 s" in f.summary
+    assert "computes 2.850 s per step against 0.650 s" in f.summary
 
 
 def test_a_rank_computing_long_while_the_others_compute_too_is_no_straggler():
@@ -553,6 +554,24 @@ def test_growing_data_loads_with_steady_grad_sync_are_an_input_stall_at_the_stor
     rate = {e.what: e.value for e in f.evidence}["read rate from the storage"]
     assert rate == round((1 << 20) / 0.8 / 1e6, 2)
     assert f.advice[0].knob == "DataLoader num_workers / prefetch_factor"
+
+
+@pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
+def test_a_rank_that_meets_a_slow_store_first_is_no_straggler(progress):
+    """The ranks' reads do not start together: rank 2 reads from the slowed store for
+    two steps (1.6 s instead of 0.05 s) while the others still read fast and wait for it
+    inside grad sync; then every rank reads slowly. Rank 2 computed three times the
+    others' in those steps, all of it reading: the store's stall, not a straggler."""
+    def step(i, t):
+        if t < FAULT:
+            return StepPlan()
+        if t < FAULT + 2 * 2.55:
+            return StepPlan(seconds=2.55, sync=1.85, sync_of={"2": 0.3},
+                            data_load_of={"2": 1.6})
+        return StepPlan(seconds=2.55, data_load=1.6)
+    _, findings = run(SynthJob(seconds=60, progress=progress, step=step))
+    assert [(f.cause, f.where) for f in serious(findings)] == [("input_stall",
+                                                                f"peer {STORAGE}")]
 
 
 def test_a_healthy_job_with_noise_and_checkpoints_raises_no_warning():

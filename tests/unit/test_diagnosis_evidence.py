@@ -47,7 +47,8 @@ class StepPlan:
     seconds: float = 1.0
     sync: float = 0.3                                   # every rank's grad sync ...
     sync_of: dict[str, float] = field(default_factory=dict)    # ... unless named here
-    data_load: float = 0.05                             # a read at the step's start
+    data_load: float = 0.05                             # a read at the step's start ...
+    data_load_of: dict[str, float] = field(default_factory=dict)   # ... unless named here
     checkpoint: float = 0.0                             # a write at its end (0: none)
     throttled_of: dict[str, float] = field(default_factory=dict)   # CPU throttled, per rank
     cpu_limit_of: dict[str, float] = field(default_factory=dict)   # its quota in CPUs
@@ -146,10 +147,10 @@ def _add_step(ev: JobEvidence, spec: SynthJob, k: int, t_ns: int, plan: StepPlan
                                   None if throttled is None
                                   else throttled * so_far / plan.seconds))
     phases = ev.phases.setdefault(rank, {})
-    if plan.data_load:
+    read = plan.data_load_of.get(rank, plan.data_load)
+    if read:
         at = t_ns + SECOND // 100
-        phases[(at, "data_load")] = Phase(rank, where, at, "data_load", plan.data_load,
-                                          1 << 20, STORAGE)
+        phases[(at, "data_load")] = Phase(rank, where, at, "data_load", read, 1 << 20, STORAGE)
     if plan.checkpoint:
         at = t_ns + int((plan.seconds - plan.checkpoint - 0.01) * SECOND)
         phases[(at, "checkpoint")] = Phase(rank, where, at, "checkpoint", plan.checkpoint,
