@@ -209,30 +209,37 @@ static __always_inline void end_transfer(struct fs_sock *s, struct fs_flow *flow
  * `received`'s scale.
  *
  * The scales are tied once, before anything is counted (ack_baseline: nothing is
- * then counted and unacknowledged), and compared only when that packet left after
- * the last hit that counted payload: the socket is locked from a hit until its
- * segment is processed, so such a packet was built after and acknowledges
- * everything counted but out-of-order data, which, like duplicates, counts before
- * (or beyond) its acknowledgment and can only hide as many missed bytes.
+ * then counted and unacknowledged), and compared at a gap only when that packet
+ * left after the last hit that counted payload: the socket is locked from a hit
+ * until its segment is processed, so such a packet was built after and
+ * acknowledges everything counted but out-of-order data, which, like duplicates,
+ * counts before (or beyond) its acknowledgment and can only hide as many missed
+ * bytes.
  *
- * `fin`: 1 when the peer's FIN may be acknowledged (at close): it takes one sequence
- * number and carries no byte. Returns the recovered bytes (added to `received` by
- * the caller) and, in *ack_ns, when the ACK that covers them left. */
+ * `closing`: 1 at close. The peer's FIN may then be acknowledged (it takes one
+ * sequence number and carries no byte), and the last ACK is compared whenever it
+ * left: no later one will come, and an older one can only hide missed bytes, never
+ * add any. A starved receiver's last hit is often a duplicate (the sender's tail
+ * loss probe of the segment that carried its FIN): the ACK answering it repeats the
+ * number that first left before it, and the bytes missed before would be lost.
+ * Returns the recovered bytes (added to `received` by the caller) and, in *ack_ns,
+ * when the ACK that covers them left. */
 static __always_inline __u32 recover_received(__u64 sk, struct fs_flow *flow,
-					      struct fs_sock *s, __u64 *ack_ns, __u32 fin)
+					      struct fs_sock *s, __u64 *ack_ns, __u32 closing)
 {
 	__u32 ack;
 
-	if (!s->has_ack || !fs_last_ack(sk, flow, &ack, ack_ns, 0) || *ack_ns <= s->last_in_ns)
+	if (!s->has_ack || !fs_last_ack(sk, flow, &ack, ack_ns, 0) ||
+	    (!closing && *ack_ns <= s->last_in_ns))
 		return 0;
 	__u32 d = ack - s->last_ack;
 	if (!d || d >= 0x80000000)
 		return 0;
 	s->last_ack = ack;
 	s->rcv_acked += d;
-	if (s->rcv_acked <= s->received + fin)
+	if (s->rcv_acked <= s->received + closing)
 		return 0;
-	__u64 missed = s->rcv_acked - s->received - fin;
+	__u64 missed = s->rcv_acked - s->received - closing;
 	fstat_add(FS_FSTAT_RECOVERED, missed);
 	return missed > 0xffffffff ? 0xffffffff : (__u32)missed;
 }
