@@ -325,9 +325,16 @@ def judge(out: Outcome, sc: Scenario, findings: list[Finding]) -> None:
     out.found = [{"cause": f.cause, "where": f.where, "severity": f.severity,
                   "first_seen_s": round((f.first_seen_ns - out.onset_ns) / 1e9, 2)
                   if out.onset_ns else None, "id": f.id,
-                  "superseded_by": f.superseded_by} for f in findings]
+                  "superseded_by": f.superseded_by,
+                  "end_s": round((f.end_ns - out.onset_ns) / 1e9, 2)
+                  if out.onset_ns and f.end_ns else None,
+                  "summary": f.summary} for f in findings]
     expected = sc.expect
-    hits = [next((f for f in serious if _matches(f, e)), None) for e in expected]
+    # a fault's finding may close and open again (a gray-zone straggler between its
+    # late steps): how fast it was found is its first finding's, its end the last's
+    by_time = sorted(serious, key=lambda f: f.first_seen_ns)
+    hits = [next((f for f in by_time if _matches(f, e)), None) for e in expected]
+    lasts = [next((f for f in reversed(by_time) if _matches(f, e)), None) for e in expected]
     out.all_found = all(hits)
     top = primary(serious)
     out.primary_ok = (top is None) if not expected else \
@@ -336,7 +343,7 @@ def judge(out: Outcome, sc: Scenario, findings: list[Finding]) -> None:
     explained = {id(f) for f in hits if f is not None}
     wrong = [f for f in serious
              if id(f) not in explained and not any(_matches(f, e) for e in expected)]
-    right_ids = {f.id for f in hits if f is not None}
+    right_ids = {f.id for f in serious if any(_matches(f, e) for e in expected)}
     out.moved = [f"{f.cause} at {f.where} ({f.severity})" for f in wrong
                  if f.superseded_by in right_ids]
     out.false_alarms = [f"{f.cause} at {f.where} ({f.severity})" for f in wrong
@@ -344,5 +351,5 @@ def judge(out: Outcome, sc: Scenario, findings: list[Finding]) -> None:
     if out.onset_ns:
         out.latency_s = [round((f.first_seen_ns - out.onset_ns) / 1e9, 2) for f in hits if f]
     if sc.cleared and out.clear_ns:
-        ends = [f.end_ns for f in hits if f is not None and f.end_ns]
+        ends = [f.end_ns for f in lasts if f is not None and f.end_ns]
         out.end_after_clear_s = round((max(ends) - out.clear_ns) / 1e9, 2) if ends else None

@@ -18,6 +18,8 @@ evidence ends at its last evidence. The job's baseline is its first stretch of
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -55,6 +57,11 @@ AMBIGUOUS_EVALS = 8
 #: a few of a training job's steps, in which its checkpoints and other nodes' flows
 #: cross the places that one window's hops cannot tell apart
 LOSS_MEMORY_S = 10
+#: a file every evaluation appends one JSON line to (the hops it judged bad, the
+#: candidates, what waits, what is open), to follow a live run's decisions after the
+#: fact: a replay of the records cannot repeat the order in which they arrived. Unset
+#: (the default), nothing is written
+TRACE_PATH = os.environ.get("FABRICSCOPE_DIAGNOSIS_TRACE", "")
 
 
 @dataclass
@@ -119,7 +126,24 @@ class JobEngine:
                         if severity_rank(c.severity) >= 1]
         self._update_gauges(snap)
         self.last_snapshot = snap
-        return self._lifecycle(snap, candidates, ruled_out, now_ns)
+        changed = self._lifecycle(snap, candidates, ruled_out, now_ns)
+        if TRACE_PATH:
+            self._trace(snap, candidates, now_ns)
+        return changed
+
+    def _trace(self, snap: Snapshot, candidates: list[Candidate], now_ns: int) -> None:
+        bad = [f"{b.src}>{b.dst or b.cell.key.peer}{'L' if b.lossy else ''}"
+               f"{'D' if b.delayed else ''} {(b.cell.rtt_p50_us or 0) / 1000:.1f}ms"
+               for b in detect_network.bad_cells(snap)]
+        line = {"job": self.job, "now_ns": now_ns, "window_end_s": snap.window.end_s,
+                "bad": bad, "floor_us": self.rtt_floor_us,
+                "candidates": [[c.cause, c.severity, c.place,
+                                sorted(map(sorted, c.hops.evidence))] for c in candidates],
+                "pending": [[list(k), n] for k, (n, _) in self.pending.items()],
+                "open": [[f.cause, f.where, f.id, sorted(map(sorted, self.hops_of[k].evidence))
+                          if k in self.hops_of else None] for k, f in self.open.items()]}
+        with open(TRACE_PATH, "a") as out:
+            out.write(json.dumps(line, default=str) + "\n")
 
     def snapshot(self, end_s: int) -> Snapshot:
         t = self.thresholds

@@ -35,7 +35,11 @@ def describe(out) -> str:
     return (f"{out.scenario} ({out.params}): expected {out.expected}, found "
             f"{[(f['cause'], f['where'], f['severity']) for f in out.found]}, false alarms "
             f"{out.false_alarms}, moved {out.moved}, latency_s {out.latency_s}, "
-            f"step-time compare {out.compare.get('step_time')}, error {out.error!r}")
+            f"step-time compare {out.compare.get('step_time')}, error {out.error!r}"
+            # what each warning said, and when: a failure's only trace in a CI log
+            + "".join(f"\n  {f['cause']} at {f['where']}: first seen {f['first_seen_s']} s, "
+                      f"end {f['end_s']} s, superseded by {f['superseded_by']}: {f['summary']}"
+                      for f in out.found if f["severity"] != "info"))
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "healthy"])

@@ -36,3 +36,23 @@ def test_a_change_of_pace_shows_between_halves_but_not_in_the_null_comparison(st
     null = _null_compare(store, SHIFTED.job, start, end)
     assert null["step_time"]["verdict"] == "no change", null["step_time"]
     assert null["step_time"]["change_pct"] is not None       # both windows got samples
+
+
+def test_a_finding_found_twice_counts_from_its_first_and_ends_with_its_last():
+    """A gray-zone straggler named, closed between its late steps, then named again:
+    how fast the fault was found is the first finding's, its end the last one's, and
+    neither is a false alarm."""
+    from bench.scenarios import Expect, Fault, Outcome, Scenario, judge
+    from diagnosis.finding import Finding
+    onset = 1000 * SECOND
+
+    def straggler(first_s, end_s, fid):
+        return Finding("straggler_compute", "warning", "j", {"node": "node3", "rank": "3"},
+                       onset, "late", first_seen_ns=onset + int(first_s * SECOND),
+                       end_ns=onset + int(end_s * SECOND), id=fid)
+    out = Outcome("cpu", "", "j", onset_ns=onset, clear_ns=onset + 30 * SECOND)
+    sc = Scenario("cpu", [Fault("cpu", 3, 8)], [Expect("straggler_compute", {"node": "node3"})],
+                  cleared=True)
+    judge(out, sc, [straggler(22.5, 33.0, "b"), straggler(3.5, 10.0, "a")])
+    assert out.ok and out.false_alarms == [] and out.moved == []
+    assert out.latency_s == [3.5] and out.end_after_clear_s == 3.0
