@@ -32,11 +32,27 @@ MIN_RTO_S = 0.2           # Linux's minimum retransmission timeout (TCP_RTO_MIN)
 
 
 def bad_cells(snap: Snapshot) -> list[BadCell]:
+    """The hops of the window that resent (lossy) or queued (delayed). A hop that lost
+    nothing is bad only where its delay also stands out from its own usual RTT
+    (_delay_stands_out)."""
     lossy = {id(c) for c in snap.lossy}
     delayed = {id(c) for c in snap.delayed}
     timed = {id(c) for c in snap.timed}
     return [BadCell(c, id(c) in lossy, id(c) in delayed, id(c) in timed) for c in snap.cells
-            if id(c) in lossy or id(c) in delayed]
+            if id(c) in lossy or (id(c) in delayed and _delay_stands_out(snap, c))]
+
+
+def _delay_stands_out(snap: Snapshot, c: CellTotals) -> bool:
+    """The hop's RTT is rtt_excess_us above its usual one (its median in the job's
+    baseline; unknown: the floor's judgement stands). A loaded ring's hops run 1-2 ms
+    above the job's idle floor all along, at their hosts' pace (the lab's 2-core
+    runs), so they count as delayed against the floor before any fault; such a hop,
+    one of a fault's neighbours, then outweighed a fault's hop on the ties between
+    the places that explain its loss (a busy node0's hop into it named node0's port
+    for tor0's uplink). A lossy hop's own delay is judged against the floor still:
+    it says whether its loss came with a queue."""
+    usual = snap.usual_rtt_us.get(c.key)
+    return usual is None or (c.rtt_p50_us or 0.0) >= usual + snap.thresholds.rtt_excess_us
 
 
 def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),

@@ -22,7 +22,7 @@ import json
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from diagnosis import detect_network, detect_steps
 from diagnosis.advice import advise
@@ -57,6 +57,8 @@ AMBIGUOUS_EVALS = 8
 #: a few of a training job's steps, in which its checkpoints and other nodes' flows
 #: cross the places that one window's hops cannot tell apart
 LOSS_MEMORY_S = 10
+#: seconds of the baseline a hop must carry data in for its usual RTT to be known
+USUAL_RTT_SECONDS = 3
 #: a file every evaluation appends one JSON line to (the hops it judged bad, the
 #: candidates, what waits, what is open), to follow a live run's decisions after the
 #: fact: a replay of the records cannot repeat the order in which they arrived. Unset
@@ -97,7 +99,9 @@ class JobEngine:
     pending: dict = field(default_factory=dict)      # network key -> (evals, first evidence)
     node_known_ns: dict = field(default_factory=dict)   # node -> when the engine first knew it
     lossy_seen: dict = field(default_factory=dict)  # cell key -> (window end s, BadCell)
+    queued_seen: dict = field(default_factory=dict)  # cell key -> [window end s, lossy+queued]
     hops_of: dict = field(default_factory=dict)     # open network key -> its hops (elements)
+    usual_rtt_us: dict = field(default_factory=dict)  # cell key -> its RTT in the baseline
     pruned_s: int = 0
 
     def __post_init__(self) -> None:
@@ -134,7 +138,8 @@ class JobEngine:
     def _trace(self, snap: Snapshot, candidates: list[Candidate], now_ns: int) -> None:
         bad = [f"{b.src}>{b.dst or b.cell.key.peer}{'L' if b.lossy else ''}"
                f"{'D' if b.delayed else ''} {(b.cell.rtt_p50_us or 0) / 1000:.1f}ms"
-               for b in detect_network.bad_cells(snap)]
+               for b in self._with_recent_queue(snap.window.end_s,
+                                                detect_network.bad_cells(snap))]
         line = {"job": self.job, "now_ns": now_ns, "window_end_s": snap.window.end_s,
                 "bad": bad, "floor_us": self.rtt_floor_us,
                 "candidates": [[c.cause, c.severity, c.place,
@@ -156,9 +161,12 @@ class JobEngine:
         ranks = recent_ranks(self.ev, 1 << 62, t.recent_steps)
         if self.baseline is None:
             self.baseline = self._find_baseline()
+            if self.baseline is not None:
+                self.usual_rtt_us = self._usual_rtts(self.baseline)
         snap = Snapshot(self.job, end_s * SECOND, window, cells, data, lossy, delayed,
                         self.rtt_floor_us, window.nodes(), ranks, self.baseline, self.ev, t,
-                        notes={"tor_of": self.tor_of}, timed=timed)
+                        notes={"tor_of": self.tor_of}, timed=timed,
+                        usual_rtt_us=self.usual_rtt_us)
         if ranks:
             snap.step_s = statistics.median(r.seconds for r in ranks.values())
             snap.sync_s = statistics.median(r.sync for r in ranks.values())
@@ -174,6 +182,19 @@ class JobEngine:
         checkpoint acknowledges late), which is no queue in the fabric; its loss
         still counts, and a slow store is the input detector's."""
         return self.rtt_floor_us if cell.peer_node in job_nodes else None
+
+    def _usual_rtts(self, b: Baseline) -> dict:
+        """Each hop's median RTT over the seconds of the job's baseline in which it
+        carried data (at least USUAL_RTT_SECONDS of them): what its flows' RTT is
+        while the job runs healthy, its hosts' own pace and the load's included."""
+        t, lo, hi = self.thresholds, b.start_ns // SECOND, b.end_ns // SECOND
+        usual = {}
+        for key, table in self.ev.cells.items():
+            rtts = [c.rtt_p50_us for s, c in table.items() if lo <= s < hi
+                    and c.rtt_p50_us is not None and c.bytes_acked >= t.cell_min_bytes]
+            if len(rtts) >= USUAL_RTT_SECONDS:
+                usual[key] = statistics.median(rtts)
+        return usual
 
     def _learn_floors(self, cells: list[CellTotals], job_nodes: set[str]) -> None:
         """The lowest median RTT a data hop between the job's nodes showed."""
@@ -231,7 +252,7 @@ class JobEngine:
             f.place.get("node") for f in self.open.values() if f.cause == "straggler_compute")
         prefer = frozenset(_place_of(f) for f in self.open.values()
                            if f.cause in NETWORK_CAUSES)
-        bad = detect_network.bad_cells(snap)
+        bad = self._with_recent_queue(snap.window.end_s, detect_network.bad_cells(snap))
         net, r1 = detect_network.detect(snap, self.tor_of, prefer, stragglers,
                                         self._recent_loss(snap.window.end_s, bad), bad)
         net = [self._same_cause(c) for c in net]
@@ -290,6 +311,30 @@ class JobEngine:
         for key in [k for k, (s, _) in self.lossy_seen.items() if end_s - s > LOSS_MEMORY_S]:
             del self.lossy_seen[key]
         return [b for _, b in self.lossy_seen.values()]
+
+    def _with_recent_queue(self, end_s: int, bad: list) -> list:
+        """The bad cells, a lossy hop whose loss came with a standing queue in the last
+        LOSS_MEMORY_S marked delayed in a window where its median RTT dips: an
+        overflowing queue drains between the job's bursts (tor0's uplink at 300
+        Mbit/s: one window's median at 0.6 ms between 2.5 ms ones), and that one window
+        read as loss without a queue, at the sender's port, moved a pending uplink's
+        finding there. What _same_cause is for an open finding, for its hops before
+        one opens. A standing queue: lossy and delayed in at least eval_seconds
+        evaluations (so at least as many of its seconds: the overlapping windows
+        read two delayed seconds twice), for a link that starts dropping delays its
+        hops' RTT for a second or two as well (the resent segments' recovery)."""
+        need = self.thresholds.eval_seconds
+        for b in bad:
+            ends = self.queued_seen.setdefault(b.cell.key, []) if b.lossy and b.delayed \
+                else None
+            if ends is not None and end_s not in ends:   # a window read again counts once
+                ends.append(end_s)
+        for key, ends in list(self.queued_seen.items()):
+            ends[:] = [s for s in ends if end_s - s <= LOSS_MEMORY_S]
+            if not ends:
+                del self.queued_seen[key]
+        return [replace(b, delayed=True) if b.lossy and b.timed and not b.delayed
+                and len(self.queued_seen.get(b.cell.key, ())) >= need else b for b in bad]
 
     def _same_cause(self, c: Candidate) -> Candidate:
         """A place keeps the network cause it was named with: a window in which an

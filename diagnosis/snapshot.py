@@ -75,6 +75,8 @@ class Snapshot:
     notes: dict = field(default_factory=dict)
     #: the cells whose delay could be judged (snapshot.classify_cells)
     timed: list[CellTotals] = field(default_factory=list)
+    #: each hop's median RTT in the job's baseline (cell key -> us; empty before it)
+    usual_rtt_us: dict = field(default_factory=dict)
 
     @property
     def step_added_s(self) -> float:

@@ -250,6 +250,46 @@ def test_a_busy_hosts_delayed_hop_does_not_hold_a_finding_the_loss_moved_on_from
     assert primary(findings) is uplink
 
 
+def test_a_hop_slow_all_along_does_not_tip_the_place_of_a_new_loss():
+    """tor0's uplink queues and overflows (0 -> 3 lossy and delayed), and node0's busy
+    host has answered late on 1 -> 0 since the job began (1.5 ms against a 0.2 ms
+    floor). Node0's port, the uplink and node3's port explain the lossy hop alike;
+    the hop that was this slow in the job's baseline says nothing of which, so the
+    engine waits for the tie to be told apart, then names the place where such a
+    loss with a queue sits: the uplink, not node0's port."""
+    def hop(s, src, dst):
+        if (src, dst) == (1, 0):
+            return HopPlan(rtt_us=1500.0)
+        return HopPlan(loss=0.01, rtt_us=6000.0) if s >= FAULT and (src, dst) == (0, 3) \
+            else HopPlan()
+    _, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop),
+                      tor_of=TWO_TORS)
+    assert [(f.cause, f.where) for f in serious(findings)] == [("buffer_saturation",
+                                                                "tor0 uplink")]
+
+
+def test_a_queue_that_drains_for_a_window_keeps_its_place_before_it_is_named():
+    """tor0's uplink queues and overflows (0 -> 3 lossy and delayed); for 3 s its
+    queue drains between the bursts while the drops go on, node0's checkpoint loses
+    frames through it too, and node1's checkpoint crosses it unharmed. Those windows
+    alone read as a link that drops at random, which node1's clean checkpoint clears
+    the uplink of: node0's port, which explains both lossy hops. The hop's queue, seen
+    seconds before, stands: the uplink is named, and nothing else."""
+    def hop(s, src, dst):
+        if s >= FAULT and (src, dst) == (0, 3):
+            return HopPlan(loss=0.01, rtt_us=200.0 if FAULT + 3 <= s < FAULT + 6 else 6000.0)
+        return HopPlan()
+    spec = SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop)
+    ev = build(spec)
+    ev.cells[CellKey(spec.node(1), spec.addr(1), STORAGE, "1")] = {
+        spec.t0_s + s: cell_second(HopPlan()) for s in range(FAULT, spec.seconds)}
+    ev.cells[CellKey(spec.node(0), spec.addr(0), STORAGE, "0")] = {
+        spec.t0_s + s: cell_second(HopPlan(loss=0.02)) for s in range(FAULT + 3, FAULT + 6)}
+    findings = replay(JobEngine(spec.job, tor_of=TWO_TORS), ev, spec.t0_s, spec.end_s + 5)
+    assert [(f.cause, f.where) for f in serious(findings)] == [("buffer_saturation",
+                                                                "tor0 uplink")]
+
+
 def test_a_place_keeps_its_cause_when_its_queue_dips():
     def hop(s, src, dst):           # the queue drains for 10 s while the drops go on
         h = uplink_queue(s, src, dst)
