@@ -57,6 +57,12 @@ AMBIGUOUS_EVALS = 8
 #: a few of a training job's steps, in which its checkpoints and other nodes' flows
 #: cross the places that one window's hops cannot tell apart
 LOSS_MEMORY_S = 10
+#: evaluations in a row in which a named place's evidence shows the other network cause
+#: (a queue, or loss without one) before its finding takes that cause: a queue's dip
+#: between bursts, or a lossy link's RTT rise while its first losses recover, lasts one
+#: to three windows in the lab's runs; tor0's uplink at 300 Mbit/s, named a lossy link
+#: in the windows its queue drained, then queued in every window for 7 s
+CAUSE_REVISE_EVALS = 6
 #: seconds of the baseline a hop must carry data in for its usual RTT to be known
 USUAL_RTT_SECONDS = 3
 #: a file every evaluation appends one JSON line to (the hops it judged bad, the
@@ -100,6 +106,8 @@ class JobEngine:
     node_known_ns: dict = field(default_factory=dict)   # node -> when the engine first knew it
     lossy_seen: dict = field(default_factory=dict)  # cell key -> (window end s, BadCell)
     queued_seen: dict = field(default_factory=dict)  # cell key -> [window end s, lossy+queued]
+    other_cause_evals: dict = field(default_factory=dict)  # place -> evaluations in a row
+    #                                  its evidence showed another cause than its finding's
     hops_of: dict = field(default_factory=dict)     # open network key -> its hops (elements)
     usual_rtt_us: dict = field(default_factory=dict)  # cell key -> its RTT in the baseline
     pruned_s: int = 0
@@ -339,15 +347,24 @@ class JobEngine:
     def _same_cause(self, c: Candidate) -> Candidate:
         """A place keeps the network cause it was named with: a window in which an
         overflowing queue's RTT medians dip (or a lossy link's rise) is the same fault,
-        not a new one (a new finding needs the place's old one closed first)."""
+        not a new one. Until its evidence has shown the other cause in
+        CAUSE_REVISE_EVALS evaluations in a row: then the first windows misled, and
+        the finding with the cause the evidence shows now takes the old one over
+        (_supersede)."""
         if c.cause not in NETWORK_CAUSES:
             return c
-        for f in self.open.values():
-            if f.cause in NETWORK_CAUSES and f.cause != c.cause and \
-                    finding_key("-", f.place)[1:] == finding_key("-", c.place)[1:]:
-                c.cause = f.cause
-                c.summary = f.summary if c.step_seconds_added <= f.step_seconds_added \
-                    else c.summary
+        place = finding_key("-", c.place)[1:]
+        named = [f for f in self.open.values()
+                 if f.cause in NETWORK_CAUSES and finding_key("-", f.place)[1:] == place]
+        if not named or any(f.cause == c.cause for f in named):
+            self.other_cause_evals.pop(place, None)      # it agrees, or nothing is named
+            return c
+        seen = self.other_cause_evals[place] = self.other_cause_evals.get(place, 0) + 1
+        if seen < CAUSE_REVISE_EVALS:
+            f = named[0]
+            c.cause = f.cause
+            c.summary = f.summary if c.step_seconds_added <= f.step_seconds_added \
+                else c.summary
         return c
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -418,7 +435,8 @@ class JobEngine:
         showed; two faults keep a hop each that only their own place explains. The
         hops compared are each finding's evidence (localize.Hops): its lossy hops where
         it had any, so that a busy host's delayed hop, which no place's loss explains,
-        cannot hold a finding that the loss has moved on from. And an
+        cannot hold a finding that the loss has moved on from. The finding of the same
+        place under its other cause, once the evidence revised it (_same_cause). And an
         unexplained slowdown that a cause named since explains (_explained_slowdowns)."""
         out = [self._close_taken_over(k, taker) for k, taker in self._explained_slowdowns(seen)]
         for key in sorted((k for k in seen if k in self.hops_of), key=lambda k: self.open[k].id):
@@ -427,7 +445,10 @@ class JobEngine:
             for other_key in [k for k in self.open if k not in seen and k in self.hops_of]:
                 f = self.open[other_key]
                 theirs, other_els = self.hops_of[other_key].evidence, elements(_place_of(f))
-                if all(h & els for h in theirs) and any(not h & other_els for h in mine):
+                # the same place, its cause revised (_same_cause)
+                revised = _place_of(f) == _place_of(taker) and f.cause != taker.cause
+                if revised or (all(h & els for h in theirs)
+                               and any(not h & other_els for h in mine)):
                     out.append(self._close_taken_over(other_key, taker))
         return out
 

@@ -60,6 +60,14 @@ def _open_lossy(store) -> list[dict]:
     return store.query("SELECT * FROM finding WHERE cause = 'lossy_link' AND \"open\" = true")
 
 
+def _findings(store) -> list[str]:
+    from diagnosis.finding import Finding
+    found = [Finding.from_row({**r, **r.get("_tags", {})})
+             for r in store.query("SELECT * FROM finding")]
+    return [f"{f.cause} at {f.where} ({f.severity}, {'open' if f.open else 'closed'}): "
+            f"{f.summary}" for f in found]
+
+
 @pytest.fixture(scope="module")
 def faulty():
     from diagnosis.store import Store
@@ -80,8 +88,13 @@ def faulty():
         assert training.error is None, training.error
         faults.loss(lab, LOSSY_NODE, 2)
         fault_on, steps_at = time.time_ns(), len(training.records)
-        lossy = await_condition(lambda: _open_lossy(store), 90,
-                                "an open lossy_link finding in the store", 0.5)
+        try:
+            lossy = await_condition(lambda: _open_lossy(store), 90,
+                                    "an open lossy_link finding in the store", 0.5)
+        except TimeoutError:
+            raise AssertionError("no open lossy_link finding 90 s after the loss went on at "
+                                 f"node{LOSSY_NODE}; the engine's findings: "
+                                 f"{_findings(store)}") from None
         await_condition(lambda: len(training.records) >= steps_at + FAULT_STEPS, 120,
                         f"{FAULT_STEPS} steps with the loss on")
         yield Run(lab, stack, training, store, f"{lab.nodes[0].address}:{port}", fault_on,

@@ -290,6 +290,28 @@ def test_a_queue_that_drains_for_a_window_keeps_its_place_before_it_is_named():
                                                                 "tor0 uplink")]
 
 
+def test_a_place_named_a_lossy_link_whose_queue_then_stands_is_a_buffer():
+    """tor0's uplink drops without a queue showing for its first 6 s (0 -> 3 lossy at
+    the floor's RTT; node1's checkpoint through it lossy too, so the uplink is named),
+    then the queue stands in every window: the evidence has changed its mind, not
+    flickered. A buffer finding at the uplink takes the lossy link's over."""
+    def hop(s, src, dst):
+        if s >= FAULT and (src, dst) == (0, 3):
+            return HopPlan(loss=0.01, rtt_us=200.0 if s < FAULT + 6 else 6000.0)
+        return HopPlan()
+    spec = SynthJob(nodes=4, seconds=70, step=slowed_sync(), hop=hop)
+    ev = build(spec)
+    ev.cells[CellKey(spec.node(1), spec.addr(1), STORAGE, "1")] = {
+        spec.t0_s + s: cell_second(HopPlan(loss=0.02)) for s in range(FAULT, spec.seconds)}
+    findings = replay(JobEngine(spec.job, tor_of=TWO_TORS), ev, spec.t0_s, spec.end_s + 5)
+    by_cause = {f.cause: f for f in serious(findings)}
+    assert sorted((f.cause, f.where) for f in serious(findings)) == [
+        ("buffer_saturation", "tor0 uplink"), ("lossy_link", "tor0 uplink")]
+    link, buffer = by_cause["lossy_link"], by_cause["buffer_saturation"]
+    assert link.superseded_by == buffer.id and not link.open
+    assert primary(findings) is buffer
+
+
 def test_a_place_keeps_its_cause_when_its_queue_dips():
     def hop(s, src, dst):           # the queue drains for 10 s while the drops go on
         h = uplink_queue(s, src, dst)
