@@ -618,6 +618,19 @@ def test_growing_data_loads_with_steady_grad_sync_are_an_input_stall_at_the_stor
     assert f.advice[0].knob == "DataLoader num_workers / prefetch_factor"
 
 
+def test_a_rank_computing_longer_while_nobody_waits_longer_is_no_straggler():
+    """In two steps rank 2 computes 1.0 s against the others' 0.2 s, but the others'
+    grad sync stays at the baseline's 0.8 s and the steps at 1.0 s: nobody waited for
+    rank 2 (its time is known late, or spent where the ring does not wait), so it
+    holds nobody back."""
+    def step(i, t):
+        if FAULT <= t < FAULT + 2:
+            return StepPlan(seconds=1.0, sync=0.8, sync_of={"2": 0.0})
+        return StepPlan(seconds=1.0, sync=0.8)
+    _, findings = run(SynthJob(seconds=60, step=step))
+    assert serious(findings) == []
+
+
 @pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
 def test_a_rank_that_meets_a_slow_store_first_is_no_straggler(progress):
     """The ranks' reads do not start together: rank 2 reads from the slowed store for
