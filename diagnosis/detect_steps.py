@@ -28,7 +28,7 @@ from collections import Counter
 
 from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.finding import Evidence
-from diagnosis.snapshot import Snapshot, cpu_compute, throttled_in
+from diagnosis.snapshot import Snapshot, throttled_in
 
 
 def _steps_span(snap: Snapshot) -> tuple[int, int]:
@@ -48,7 +48,7 @@ def _same_step(step, steps):
     return best
 
 
-def _every_step_late(ev, top, rest, count: int, base_sync: float | None) -> bool:
+def _every_step_late(top, rest, count: int, base_sync: float | None) -> bool:
     """The slow rank is slow in each of its last `count` steps (twice the others'
     median in the same step), not in one step whose outlier carried the median, and
     the others waited for it inside that step's collectives: their grad sync grew over
@@ -57,18 +57,19 @@ def _every_step_late(ev, top, rest, count: int, base_sync: float | None) -> bool
     last pieces were not in yet, looked 0.18 s late in a CI run whose steps did not
     slow). The step it is in (taken only while most of the others wait inside a
     collective: snapshot.recent_ranks) is held against their recent compute."""
-    for i, step in enumerate(top.steps[-count:], start=1 - count):
+    for i, (step, cpu) in enumerate(zip(top.steps[-count:], top.step_cpu[-count:]),
+                                    start=1 - count):
         if i == 0 and top.in_progress:
             ref = statistics.median(r.cpu_compute for r in rest)
             waited = None                 # they are waiting now: recent_ranks checked it
         else:
-            same = [s for s in (_same_step(step, r.steps) for r in rest) if s is not None]
+            same = [(r, s) for r in rest if (s := _same_step(step, r.steps)) is not None]
             if not same:
                 return False
-            ref = statistics.median(cpu_compute(ev, s) for s in same)
-            waited = statistics.median(s.sync_seconds for s in same) - base_sync \
+            ref = statistics.median(r.cpu_of(s) for r, s in same)
+            waited = statistics.median(s.sync_seconds for _, s in same) - base_sync \
                 if base_sync is not None else None
-        late = cpu_compute(ev, step) - ref
+        late = cpu - ref
         if late < ref or (waited is not None and waited < late / 2):
             return False
     return True
@@ -124,7 +125,7 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
     base_step = b.step_s if b else statistics.median(r.seconds for r in snap.ranks.values())
     is_late = (top.cpu_compute >= t.straggler_ratio * max(others, 1e-3)
                and late >= t.straggler_min_share * base_step
-               and _every_step_late(snap.evidence, top, rest, t.straggler_steps,
+               and _every_step_late(top, rest, t.straggler_steps,
                                     b.sync_s if b else None))
     held = _throttled_rank(snap, base_step)
     starved = not is_late and held is not None and _starved(held, t)

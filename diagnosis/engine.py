@@ -133,23 +133,24 @@ class JobEngine:
         if latest is None:
             return []
         snap = self.snapshot(latest + 1)
-        candidates, ruled_out = self._detect(snap)
+        bad = self._with_recent_queue(snap.window.end_s, detect_network.bad_cells(snap))
+        candidates, ruled_out = self._detect(snap, bad)
         self.bad_ns += [(c.bad_from_ns, c.bad_until_ns) for c in candidates
                         if severity_rank(c.severity) >= 1]
         self._update_gauges(snap)
         self.last_snapshot = snap
         changed = self._lifecycle(snap, candidates, ruled_out, now_ns)
         if TRACE_PATH:
-            self._trace(snap, candidates, now_ns)
+            self._trace(snap, bad, candidates, now_ns)
         return changed
 
-    def _trace(self, snap: Snapshot, candidates: list[Candidate], now_ns: int) -> None:
-        bad = [f"{b.src}>{b.dst or b.cell.key.peer}{'L' if b.lossy else ''}"
-               f"{'D' if b.delayed else ''} {(b.cell.rtt_p50_us or 0) / 1000:.1f}ms"
-               for b in self._with_recent_queue(snap.window.end_s,
-                                                detect_network.bad_cells(snap))]
+    def _trace(self, snap: Snapshot, bad: list, candidates: list[Candidate],
+               now_ns: int) -> None:
+        hops = [f"{b.src}>{b.dst or b.cell.key.peer}{'L' if b.lossy else ''}"
+                f"{'D' if b.delayed else ''} {(b.cell.rtt_p50_us or 0) / 1000:.1f}ms"
+                for b in bad]
         line = {"job": self.job, "now_ns": now_ns, "window_end_s": snap.window.end_s,
-                "bad": bad, "floor_us": self.rtt_floor_us,
+                "bad": hops, "floor_us": self.rtt_floor_us,
                 "candidates": [[c.cause, c.severity, c.place,
                                 sorted(map(sorted, c.hops.evidence))] for c in candidates],
                 "pending": [[list(k), n] for k, (n, _) in self.pending.items()],
@@ -254,13 +255,14 @@ class JobEngine:
                         duty=sync_s / step_s if step_s else 0.0, start_ns=lo, end_ns=hi)
 
     # -- detectors ---------------------------------------------------------------------
-    def _detect(self, snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
+    def _detect(self, snap: Snapshot, bad: list) -> tuple[list[Candidate], list[RuledOut]]:
+        """`bad`: the window's bad cells (detect_network.bad_cells, with the recent
+        queues: _with_recent_queue)."""
         strag, ruled = detect_steps.straggler(snap)
         stragglers = frozenset(c.place.get("node") for c in strag) | frozenset(
             f.place.get("node") for f in self.open.values() if f.cause == "straggler_compute")
         prefer = frozenset(_place_of(f) for f in self.open.values()
                            if f.cause in NETWORK_CAUSES)
-        bad = self._with_recent_queue(snap.window.end_s, detect_network.bad_cells(snap))
         net, r1 = detect_network.detect(snap, self.tor_of, prefer, stragglers,
                                         self._recent_loss(snap.window.end_s, bad), bad)
         net = [self._same_cause(c) for c in net]
@@ -332,10 +334,9 @@ class JobEngine:
         read two delayed seconds twice), for a link that starts dropping delays its
         hops' RTT for a second or two as well (the resent segments' recovery)."""
         need = self.thresholds.eval_seconds
-        for b in bad:
-            ends = self.queued_seen.setdefault(b.cell.key, []) if b.lossy and b.delayed \
-                else None
-            if ends is not None and end_s not in ends:   # a window read again counts once
+        for b in (b for b in bad if b.lossy and b.delayed):
+            ends = self.queued_seen.setdefault(b.cell.key, [])
+            if end_s not in ends:                        # a window read again counts once
                 ends.append(end_s)
         for key, ends in list(self.queued_seen.items()):
             ends[:] = [s for s in ends if end_s - s <= LOSS_MEMORY_S]

@@ -30,7 +30,17 @@ class RankRecent:
     throttled: float | None = None   # seconds its CPU cgroup was throttled per step
     #                                  (capped at the step; None: unread)
     in_progress: bool = False   # the last of `steps` is the one it is in (so far)
-    cpu_compute: float = 0.0    # compute outside storage I/O per step (cpu_compute())
+    #: cpu_compute() of each of `steps`, in their order
+    step_cpu: list[float] = field(default_factory=list)
+
+    @property
+    def cpu_compute(self) -> float:
+        """Its compute outside storage I/O per step (the median of step_cpu)."""
+        return _median(list(self.step_cpu)) if self.step_cpu else 0.0
+
+    def cpu_of(self, step: Step) -> float:
+        """cpu_compute() of one of its steps."""
+        return self.step_cpu[self.steps.index(step)]
 
     @property
     def duty(self) -> float:
@@ -153,8 +163,7 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
             _median([max(0.0, s.seconds - s.sync_seconds) for s in done]),
             _data_load(ev, rank, itertools.islice(_latest_first(table, times, until_ns),
                                                   PHASE_LOOKBACK_STEPS)),
-            _throttled(done), in_progress,
-            _median([cpu_compute(ev, s) for s in done]))
+            _throttled(done), in_progress, [cpu_compute(ev, s) for s in done])
     return out
 
 

@@ -60,12 +60,10 @@ def _open_lossy(store) -> list[dict]:
     return store.query("SELECT * FROM finding WHERE cause = 'lossy_link' AND \"open\" = true")
 
 
-def _findings(store) -> list[str]:
-    from diagnosis.finding import Finding
-    found = [Finding.from_row({**r, **r.get("_tags", {})})
-             for r in store.query("SELECT * FROM finding")]
+def _findings(store, job: str, since_ns: int) -> list[str]:
+    from bench.scenarios import findings_of
     return [f"{f.cause} at {f.where} ({f.severity}, {'open' if f.open else 'closed'}): "
-            f"{f.summary}" for f in found]
+            f"{f.summary}" for f in findings_of(store, job, since_ns)]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +80,7 @@ def faulty():
             running_dataserver(lab, None) as server, running_stack(lab) as stack, \
             start_training(lab, 2000, model_mb=8, data_server=server, data_bytes=1 << 20,
                            checkpoint_every=10, master_port=port, timeout_s=400) as training:
-        store = Store(stack.influx.url)
+        store, job = Store(stack.influx.url), f"{lab.nodes[0].address}:{port}"
         await_condition(lambda: len(training.records) >= BASELINE_STEPS or training.error,
                         180, f"{BASELINE_STEPS} baseline steps")
         assert training.error is None, training.error
@@ -94,11 +92,10 @@ def faulty():
         except TimeoutError:
             raise AssertionError("no open lossy_link finding 90 s after the loss went on at "
                                  f"node{LOSSY_NODE}; the engine's findings: "
-                                 f"{_findings(store)}") from None
+                                 f"{_findings(store, job, fault_on)}") from None
         await_condition(lambda: len(training.records) >= steps_at + FAULT_STEPS, 120,
                         f"{FAULT_STEPS} steps with the loss on")
-        yield Run(lab, stack, training, store, f"{lab.nodes[0].address}:{port}", fault_on,
-                  lossy[0]["id"])
+        yield Run(lab, stack, training, store, job, fault_on, lossy[0]["id"])
 
 
 @pytest.fixture(scope="module")
