@@ -6,9 +6,10 @@ A rank's steps also carry the time its CPU cgroup was throttled by its quota
 quota bites inside the collectives as well (gloo's reduction and transport run on
 the CPU), so a throttled rank can slow the ring without entering it late. Its
 throttled time is evidence and advice on a straggler found late, and names a
-straggler of its own only where the rank was throttled through nearly all of
-each of its last steps (starved_share): a quota that comes and goes throttles
-neighbouring steps as well, which then vary (jitter) rather than run at its pace.
+straggler of its own only where one standing limit throttled the rank through
+each of its last steps, or it was throttled through nearly all of each
+(starved_share): a quota that comes and goes throttles neighbouring steps as
+well, which then vary (jitter) rather than run at its pace.
 
 A step of one rank (gloo_step) is its grad-sync time (a gradient AllReduce in
 flight) and its compute (the rest: forward, backward outside the buckets'
@@ -99,14 +100,26 @@ def _throttled_rank(snap: Snapshot, base_step: float):
 
 
 def _starved(held, t) -> bool:
-    """The rank its limit holds back was throttled through at least starved_share of
-    each of its last straggler_steps steps: it ran only in the rest, so the quota
-    itself sets its pace, in its compute and inside the collectives alike."""
+    """The rank its limit holds back (_throttled_rank) sets the ring's pace under its
+    limit: throttled through at least starved_share of each of its last
+    straggler_steps steps (it ran only in the rest, so the quota paces its compute and
+    its part of the collectives alike), or under one standing limit through those
+    steps (the same quota from the start to the end of each: a Kubernetes CPU
+    limit). A quota that comes and goes (the lab's jitter runs: a quota on every
+    other step, a smaller one each time) throttles the neighbouring steps as well,
+    which then vary rather than run at its pace: it is neither standing nor
+    throttles through nearly all of each."""
     rank = held[0]
     # the step in progress does not count: the share of a step its cgroup was throttled
-    # through is known when it ends (throttling spills into a step's start)
+    # through, and its limit at the end, are known when it ends
     last = (rank.steps[:-1] if rank.in_progress else rank.steps)[-t.straggler_steps:]
-    return len(last) == t.straggler_steps and all(
+    if len(last) < t.straggler_steps:
+        return False
+    # standing: the same quota from the start to the end of each step (a quota set
+    # anew at every step boundary shows a change inside one step or the next)
+    limits = {(s.cpu_limit, s.cpu_limit_held) for s in last}
+    (limit, kept), *more = limits
+    return (not more and kept and limit is not None) or all(
         s.seconds and (throttled_in(s) or 0.0) >= t.starved_share * s.seconds for s in last)
 
 
@@ -134,10 +147,11 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
         others = statistics.median(r.cpu_compute for r in rest)
         late = max(0.0, top.cpu_compute - others)
     elif not is_late:
-        # a rank its limit throttles for part of its steps, and that is not late to
-        # the collectives, is not named on the throttling: a quota that comes and goes
-        # (the lab's jitter runs: on every other step) throttles the neighbouring
-        # steps too, and those steps vary rather than run at the quota's pace
+        # a rank its limit throttles for part of its steps under a quota that changed
+        # between them, and that is not late to the collectives, is not named on the
+        # throttling: a quota that comes and goes (the lab's jitter runs: on every
+        # other step) throttles the neighbouring steps too, and those steps vary
+        # rather than run at the quota's pace
         quota = (f"; rank {held[0].rank}'s cgroup is throttled {held[0].throttled:.3f} s "
                  "per step") if held else ""
         return [], [RuledOut("straggler_compute", f"no rank computes much longer than the "

@@ -73,6 +73,7 @@ class Step(NamedTuple):
     sync_retrans_segs: int = 0
     throttled_seconds: float | None = None   # its CPU cgroup's throttled time (None: unread)
     cpu_limit: float | None = None           # that cgroup's quota in CPUs (None: none)
+    cpu_limit_held: bool = False             # the same quota from the step's start to end
 
     @property
     def end_ns(self) -> int:

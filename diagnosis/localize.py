@@ -13,7 +13,9 @@ explains a bad cell when one of its elements lies on the cell's implicated paths
 clean cells that carried data through the elements a place's bad cells implicate
 count against it, unless its loss comes with a queue (`_queue`). The place that
 explains the most lossy cells wins, then the one that explains most of the loss
-of the last seconds (lossy cells this window lacks), then the most bad cells,
+of the last seconds (lossy cells this window lacks), then, for a queue, one that
+can hold it (`_may_queue`: not a node's port its lossy cells only leave through,
+where the queue would be the node's own NIC's), then the most bad cells,
 then the one fewer clean cells contradict, then the place already named by an
 open finding: a dropped frame died on its own data path, while a delay lies on
 either direction's path or in a busy host that answers late, so loss places a
@@ -175,12 +177,21 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
             # of them than uplinks), a queue at a ToR's uplink (where a rack's traffic
             # converges, oversubscribed; one sender cannot overfill a node's port)
             guess = place.kind == ("tor" if queue else "node")
-            scored.append(((sum(b.lossy for b in mine), len(before), len(mine),
+            # a queue's loss places it only where a queue can sit (_may_queue): a busy
+            # host's delayed hop into node0 must not win node0's port a queue whose
+            # lossy hops only leave node0 (it took tor0's named uplink over so, replayed)
+            holds = not queue or _may_queue(place, mine + [b for b, _ in before])
+            scored.append(((sum(b.lossy for b in mine), len(before), holds, len(mine),
                             -len(against), place in prefer, sides, guess),
                            place, mine, against, before))
         scored.sort(key=lambda s: s[0], reverse=True)
         best_key, place, mine, against, before = scored[0]
-        ties = [s[1] for s in scored[1:] if s[0][:4] == best_key[:4]]
+        # the places that explain the hops as well and, for a queue, can hold it (a
+        # queue on tor0's uplink, whose loss a checkpoint of node0's shared, waited
+        # for node0's port to be told apart from it)
+        queued = _queue(mine)
+        ties = [s[1] for s in scored[1:] if s[0][:5] == best_key[:5]
+                and (not queued or _may_queue(s[1], s[2] + [b for b, _ in s[4]]))]
         recent_hops = frozenset(p for _, p in before)        # lossy cells, all of them
         hops = Hops(frozenset(implicated_of[id(b)] for b in mine) | recent_hops,
                     frozenset(implicated_of[id(b)] for b in mine if b.lossy) | recent_hops)
@@ -211,6 +222,14 @@ def _queue(cells: list[BadCell]) -> bool:
     place do not contradict it as they contradict a link that drops at random."""
     timed = [b for b in cells if b.lossy and b.timed]
     return bool(timed) and all(b.delayed for b in timed)
+
+
+def _may_queue(place: Place, cells: list[BadCell]) -> bool:
+    """Whether the queue whose overflow lost these cells' frames can sit at the place:
+    not at a node's port whose lossy cells all leave the node. A switch queues at its
+    egress, so at a node's port toward the node; a queue on the node's own way out is
+    its NIC's, which its qdisc shows (nic_qdisc), not a switch buffer."""
+    return place.kind != "node" or any(b.dst == place.name for b in cells if b.lossy)
 
 
 def _plausible_side(place: Place, bad: BadCell, tor_of) -> int:

@@ -184,22 +184,23 @@ class StoreSource:
         node_of_rank: dict[str, str] = {}
         for tags, columns, values in self._series(
                 "SELECT seconds, sync_seconds, compute_seconds, retrans_segs, "
-                f"sync_retrans_segs, throttled_seconds, cpu_limit FROM gloo_step WHERE job = "
-                f"{quote(members.job)}", wheres, "rank, node"):
+                "sync_retrans_segs, throttled_seconds, cpu_limit, cpu_limit_held FROM "
+                f"gloo_step WHERE job = {quote(members.job)}", wheres, "rank, node"):
             rank, node = tags.get("rank") or "-", tags.get("node") or ""
             node_of_rank.setdefault(rank, node)
             table, added = ev.steps.setdefault(rank, {}), []
             pick = _picker(columns, ("time", "seconds", "sync_seconds", "compute_seconds",
                                      "retrans_segs", "sync_retrans_segs", "throttled_seconds",
-                                     "cpu_limit"))
+                                     "cpu_limit", "cpu_limit_held"))
             for v in values:
                 fields = pick(v)
-                time_ns, seconds, sync, compute, retrans, sync_retrans, throttled, limit = fields
+                time_ns, seconds, sync, compute, retrans, sync_retrans, throttled, limit, \
+                    held = fields
                 if sync is None:          # the agent writes every field of a step at once:
                     continue              # a row without sync_seconds is one being written
                 step = (seconds, float(sync), compute, retrans or 0, sync_retrans or 0,
                         None if throttled is None else float(throttled),
-                        None if limit is None else float(limit))
+                        None if limit is None else float(limit), bool(held))
                 old = table.get(time_ns)
                 if old is None:
                     added.append(time_ns)

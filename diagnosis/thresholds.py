@@ -112,7 +112,10 @@ class Thresholds:
         "its time runs at the quota's pace everywhere, inside the collectives too. A "
         "quota that comes and goes leaves part of some step free: the alerting lab's "
         "quota on every other step, and CPU-bound ranks whose limit bites only in "
-        "their compute, are throttled through less", "fraction"))
+        "their compute, are throttled through less. Under one standing limit (the same "
+        "quota at the end of each of those steps: a Kubernetes CPU limit) a rank "
+        "_throttled_rank singles out is named at any share: the lab's rank at 10 % of a "
+        "CPU was throttled through 0.5-0.9 of each step and paced the ring", "fraction"))
     input_ratio: float = field(default=2.0, metadata=why(
         "data loading per step this many times its baseline marks the input as slow",
         "x"))

@@ -91,6 +91,10 @@ MEASUREMENTS = [
             "cpu_limit": Field(float, "CPUs", "that cgroup's quota at the step's end "
                                "(cpu.max or cpu.cfs_quota_us / period; absent when "
                                "unlimited)"),
+            "cpu_limit_held": Field(bool, "", "that quota was the same at every sample "
+                                    "of the cgroup from the step's start to its end "
+                                    "(false: it changed during the step; absent with "
+                                    "cpu_limit)"),
         },
     ),
     Measurement(

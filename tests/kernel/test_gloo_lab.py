@@ -315,6 +315,7 @@ def test_a_rank_under_a_cpu_quota_reports_its_throttled_time_and_the_limit(tmp_p
     later = after_first_sample([r for r in run.of("gloo_step") if "seconds" in r.fields])
     assert later and all("throttled_seconds" in r.fields for r in later), run.agent_stderr[-2000:]
     assert {r.fields["cpu_limit"] for r in later} == {0.3}
+    assert {r.fields["cpu_limit_held"] for r in later} == {True}     # set before the run
     # DDP at 30 % of a CPU runs out of its quota in most 100 ms periods of a step
     assert statistics.median(r.fields["throttled_seconds"] / r.fields["seconds"]
                              for r in later) > 0.2

@@ -127,6 +127,30 @@ def test_steps_a_quota_throttles_on_and_off_stay_apart_at_the_sampling_period():
     assert all(x < 0.7 * CPU_SAMPLE_S for x in spans[1::2])
 
 
+def test_a_quota_changed_between_two_steps_shows_on_each():
+    """The alerting lab's jitter phase: a quota on every other 0.4 s step, lifted on the
+    ones between, set once a step has ended. Each step carries the quota at its own
+    end, and whether it held from its start: neighbouring steps never show one
+    standing limit (diagnosis/detect_steps._starved)."""
+    step_ns, period = 400_000_000, int(CPU_SAMPLE_S * 1e9)
+    times = range(0, 6 * step_ns + period, period)
+    # the sample at a step boundary still shows the quota before it
+    samples = CpuSamples(FakeCgroup([CpuSample(0, None if ((t - 1) // step_ns) % 2 else 0.05)
+                                     for t in times]))
+    for t in times:
+        samples.sample(t)
+    spans = [samples.span(i * step_ns + 1_000_000, (i + 1) * step_ns - 1_000_000)
+             for i in range(5)]
+    assert [(s.limit_cpus, s.limit_held) for s in spans] == [(0.05, True), (None, True)] * 2 \
+        + [(0.05, True)]
+    # a step that ended after the boundary's sample: the next quota was set before the
+    # sample after its end, which shows it; the step's own first sample showed its own
+    late = [samples.span(i * step_ns + 1_000_000, (i + 1) * step_ns + 1_000_000)
+            for i in range(5)]
+    assert [(s.limit_cpus, s.limit_held) for s in late] == [(None, False), (0.05, False)] * 2 \
+        + [(None, False)]
+
+
 def test_a_step_record_carries_its_throttled_time_and_the_quota():
     info = describe(7, {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "198.18.0.1",
                         "MASTER_PORT": "29500"}, True)
@@ -137,7 +161,7 @@ def test_a_step_record_carries_its_throttled_time_and_the_quota():
     step = Step(0, 500_000_000, 1.0, 0.4, 1, 1000, 1000)
     (record,) = state._records([step], [], lambda ns: ns)
     assert record.fields["throttled_seconds"] == pytest.approx(0.4)
-    assert record.fields["cpu_limit"] == 0.25
+    assert record.fields["cpu_limit"] == 0.25 and record.fields["cpu_limit_held"] is True
     canonical_line(record)                                        # valid against the schema
     last = Step(1, 1_500_000_000, None, 0.4, 1, 1000, 1000)        # no length: no share
     (record,) = state._records([last], [], lambda ns: ns)

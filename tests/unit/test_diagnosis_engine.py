@@ -144,6 +144,24 @@ def test_lossy_hops_to_a_peer_outside_the_job_do_not_vote_on_the_queue(hop, writ
     assert [(f.cause, f.where) for f in serious(findings)] == [(cause, where)]
 
 
+def test_a_queue_a_checkpoint_shares_is_named_on_its_uplink_without_waiting():
+    """tor0's uplink queues and overflows, on the ring's one hop through it (0 -> 3, its
+    ACK hop not delayed) and on node0's checkpoint writes. node0's port explains both
+    lossy hops as well, but only as the way they leave node0: a queue there is its
+    NIC's, which is no switch buffer; so the uplink is named without waiting
+    AMBIGUOUS_EVALS evaluations for a hop that tells the two apart."""
+    def hop(s, src, dst):
+        if s >= FAULT and (src, dst) == (0, 3):
+            return HopPlan(loss=0.01, rtt_us=6000.0)
+        return HopPlan()
+    spec = SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop)
+    ev = with_storage_writes(spec, (0,), HopPlan(loss=0.02))
+    findings = replay(JobEngine(spec.job, tor_of=TWO_TORS), ev, spec.t0_s, spec.end_s + 5)
+    (f,) = serious(findings)
+    assert (f.cause, f.where) == ("buffer_saturation", "tor0 uplink")
+    assert f.first_seen_ns < at(FAULT + AMBIGUOUS_EVALS)
+
+
 @pytest.mark.parametrize("ring_loss, cause", [
     # the checkpoints through tor0's uplink lose 2 %, the ring's steady hop through it
     # (0 -> 3, 4 MB a second) nothing: the drops hit the bursts, a shallow buffer's
@@ -530,16 +548,48 @@ def test_a_late_rank_its_cpu_limit_throttles_is_named_with_the_limit(progress):
     assert "0.10 CPU now" in f.advice[0].value
 
 
+def changing_limit(held: bool):
+    """Rank 2 throttled 1.4 s of each 2.0 s step from FAULT on, under a quota that
+    differs from one step to the next (0.1 and 0.2 CPUs in turn), or (not held) that
+    shows 0.1 CPUs at each step's end but changed during each step (a quota set anew
+    at every step boundary, read a sample late)."""
+    def step(i, t):
+        if t < FAULT:
+            return StepPlan(throttled_of={r: 0.0 for r in "012"})
+        return StepPlan(seconds=2.0, sync=1.3, throttled_of={"2": 1.4},
+                        cpu_limit_of={"2": 0.1 if i % 2 or not held else 0.2},
+                        limit_held=held)
+    return step
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["by-step", "within-steps"])
 @pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
-def test_a_throttled_rank_that_is_not_late_is_no_straggler_but_the_slowdown_says_it(progress):
-    """A quota that bites inside the collectives slows the ring without making the rank
-    late to them: the throttling alone names no straggler; the slowdown stays
-    unexplained and its ruled-out straggler says which cgroup is throttled."""
-    _, findings = run(SynthJob(seconds=70, progress=progress,
-                               step=throttled_rank({"2": 1.4}, {"2": 0.1})))
+def test_a_throttled_rank_that_is_not_late_under_a_changing_quota_is_no_straggler(
+        progress, held):
+    """A quota that changes from step to step and bites inside the collectives slows
+    the ring without making the rank late to them: the throttling alone names no
+    straggler; the slowdown stays unexplained and its ruled-out straggler says which
+    cgroup is throttled."""
+    _, findings = run(SynthJob(seconds=70, progress=progress, step=changing_limit(held)))
     assert not [f for f in findings if f.cause == "straggler_compute"]
     why = [r["why"] for f in findings for r in f.ruled_out if r["cause"] == "straggler_compute"]
     assert any("rank 2's cgroup is throttled 1.400 s per step" in w for w in why), why
+
+
+@pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
+def test_a_rank_a_standing_cpu_limit_throttles_is_a_straggler_though_not_late(progress):
+    """Throttled through 1.4 s of each 2.0 s step under one limit (0.1 CPUs) that stays:
+    the only throttled rank, and the steps took as much longer, so its limit sets the
+    ring's pace though the rank enters the collectives on time (the lab's rank at 10 %
+    of a CPU: throttled through 0.5-0.9 of each step, named by nothing before)."""
+    _, findings = run(SynthJob(seconds=70, progress=progress,
+                               step=throttled_rank({"2": 1.4}, {"2": 0.1})))
+    (f,) = [f for f in serious(findings) if f.cause == "straggler_compute"]
+    assert f.where == "node2" and f.place["rank"] == "2"
+    assert "starved by its CPU limit (0.10 CPUs), throttled 1.400 s of its 2.000 s steps" \
+        in f.summary
+    assert f.advice[0].knob == "CPU limit of rank 2"
+    assert primary(findings) is f
 
 
 @pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])

@@ -52,6 +52,7 @@ class StepPlan:
     checkpoint: float = 0.0                             # a write at its end (0: none)
     throttled_of: dict[str, float] = field(default_factory=dict)   # CPU throttled, per rank
     cpu_limit_of: dict[str, float] = field(default_factory=dict)   # its quota in CPUs
+    limit_held: bool = True                             # ... the same all through the step
 
 
 @dataclass
@@ -137,7 +138,7 @@ def _add_step(ev: JobEvidence, spec: SynthJob, k: int, t_ns: int, plan: StepPlan
     ev.steps.setdefault(rank, {})[t_ns] = Step(
         rank, where, t_ns, plan.seconds, sync, plan.seconds - sync,
         throttled_seconds=plan.throttled_of.get(rank, 0.0 if plan.throttled_of else None),
-        cpu_limit=plan.cpu_limit_of.get(rank))
+        cpu_limit=plan.cpu_limit_of.get(rank), cpu_limit_held=plan.limit_held and rank in plan.cpu_limit_of)
     if spec.progress:
         # the step's last report: its grad sync first, then computing (DDP's AllReduce
         # opens the step; the optimizer and the next forward follow)
@@ -185,7 +186,8 @@ def to_records(ev: JobEvidence) -> list[Record]:
                 "sync_retrans_segs": s.sync_retrans_segs}
                 | ({"throttled_seconds": s.throttled_seconds}
                    if s.throttled_seconds is not None else {})
-                | ({"cpu_limit": s.cpu_limit} if s.cpu_limit is not None else {})))
+                | ({"cpu_limit": s.cpu_limit, "cpu_limit_held": s.cpu_limit_held}
+                   if s.cpu_limit is not None else {})))
     for rank, table in ev.progress.items():
         for i, p in enumerate(sorted(table.values(), key=lambda p: p.time_ns)):
             out.append(Record("gloo_progress", p.time_ns, {"node": p.node, "job": ev.job,

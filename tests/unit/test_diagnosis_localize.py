@@ -131,7 +131,8 @@ def test_recent_loss_and_a_queue_tell_the_uplink_from_the_ports():
     explain as well. node0's checkpoint lost frames through the uplink a few seconds
     ago (`recent`), and node1's went through clean between the bursts: no
     contradiction of a queue. The uplink and node0's port are left, and a switch
-    queues at its egress, onto the uplink, not at the ingress from node0."""
+    queues at its egress, onto the uplink, not at the ingress from node0: node0's
+    port, whose lossy hops all leave node0, is no alternative for a queue."""
     hops = ring(4) + [(1, STORAGE)]
     bad, clean = split(hops, lossy={(0, 3)}, delayed={(0, 3)})
     recent = [BadCell(cell(0, STORAGE), True, False, timed=False)]
@@ -143,11 +144,25 @@ def test_recent_loss_and_a_queue_tell_the_uplink_from_the_ports():
     found, _ = locate(bad, clean, TWO_TORS, recent=recent)
     assert found[0].place == Place("tor", "tor0")
     assert found[0].contradicting == []
-    assert found[0].alternatives == [Place("node", "node0")]
+    assert found[0].alternatives == []
     # a drop at random is contradicted by the clean checkpoint through the same uplink
     bad = [BadCell(cell(0, 3), True, False)]
     found, _ = locate(bad, clean, TWO_TORS, recent=recent)
     assert found[0].place == Place("node", "node0")
+
+
+def test_a_hop_its_host_delays_does_not_win_a_queue_the_place_cannot_hold():
+    """tor0's uplink queues: 0 -> 3 lossy and delayed, node0's checkpoint lost frames
+    through it a few seconds ago. node0's busy host then delays the hop into it
+    (1 -> 0). node0's port explains one more bad hop than the uplink, but the queue's
+    lossy hops all leave node0, and a queue on a node's way out is its NIC's: the
+    uplink keeps the queue, and 1 -> 0 is left to a place of its own."""
+    hops = ring(4) + [(1, STORAGE)]
+    bad, clean = split(hops, lossy={(0, 3)}, delayed={(0, 3), (1, 0)})
+    recent = [BadCell(cell(0, STORAGE), True, False, timed=False)]
+    found, _ = locate(bad, clean, TWO_TORS, recent=recent)
+    assert found[0].place == Place("tor", "tor0")
+    assert {(b.src, b.dst) for b in found[0].cells} == {("node0", "node3")}
 
 
 def test_a_store_every_node_loses_to_is_the_peer():

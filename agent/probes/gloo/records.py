@@ -21,7 +21,6 @@ MODEL_BIN_S = 0.001         # 1 ms: well below a gradient burst on any real link
 MIN_MODEL_WINDOWS = 6       # collectives needed in the window before fitting
 CPU_SAMPLE_S = 0.05         # the sampler's period: half of CFS's default period
 CPU_SAMPLES = 2400          # throttling samples kept per cgroup: 2 min of them
-LIMIT_EVERY = 20            # the quota is read every this many samples (1 s)
 
 
 def _tags(info: ProcessInfo) -> dict[str, str]:
@@ -62,6 +61,7 @@ def step_record(s: Step, info: ProcessInfo, nranks: int | None,
         fields["throttled_seconds"] = cpu.throttled_s
         if cpu.limit_cpus is not None:
             fields["cpu_limit"] = cpu.limit_cpus
+            fields["cpu_limit_held"] = cpu.limit_held
     if payload_known:
         fields["sent_bytes"] = s.sent_bytes
     if s.seconds is not None:
@@ -99,6 +99,7 @@ def phase_record(p: Phase, info: ProcessInfo, to_wall: Callable[[int], int]) -> 
 class CpuSpan:
     throttled_s: float          # the cgroup's throttled time in the span (over its CPUs)
     limit_cpus: float | None    # its CPU quota at the span's end (None: unlimited)
+    limit_held: bool = False    # every sample from the span's start to its end showed it
 
 
 class CpuSamples:
@@ -108,25 +109,25 @@ class CpuSamples:
     interpolated linearly between the samples around its ends. CFS decides
     throttling per period (100 ms by default), and sampling at half of that keeps a
     step's share to within a period: steps a quota throttles on and off, one after
-    the other, stay apart. The quota is read every LIMIT_EVERY samples."""
+    the other, stay apart. The quota is read with every sample (a few tens of us:
+    under 1 ms of CPU a second per cgroup), so that each step carries the quota at
+    its own end: the diagnosis names a rank that one standing limit paces, and a
+    quota changed between two steps must show as changed (read once a second, a
+    quota on every other 0.4 s step showed the same value on neighbouring steps)."""
 
     def __init__(self, cgroup: CgroupCpu, keep: int = CPU_SAMPLES):
         self.cgroup = cgroup
         self.samples: collections.deque = collections.deque(maxlen=keep)  # (ns, ns, cpus)
         self._lock = threading.Lock()
-        self._limit: float | None = None
-        self._count = 0
 
     def sample(self, now_ns: int) -> None:
         throttled = self.cgroup.throttled_ns()
         if throttled is None:
             return
-        if self._count % LIMIT_EVERY == 0:
-            self._limit = self.cgroup.limit_cpus()
-        self._count += 1
+        limit = self.cgroup.limit_cpus()
         with self._lock:
             if not self.samples or self.samples[-1][0] < now_ns:
-                self.samples.append((now_ns, throttled, self._limit))
+                self.samples.append((now_ns, throttled, limit))
 
     def span(self, start_ns: int, end_ns: int) -> CpuSpan | None:
         """None unless samples bracket the span (a cgroup that could not be read, a
@@ -135,8 +136,18 @@ class CpuSamples:
             if not self.samples or self.samples[0][0] > start_ns \
                     or self.samples[-1][0] < end_ns:
                 return None
-            (a, _), (b, limit) = self._at(start_ns), self._at(end_ns)
-        return CpuSpan(max(0.0, (b - a) / 1e9), limit)
+            (a, first), (b, limit) = self._at(start_ns), self._at(end_ns)
+            held = first == limit and all(
+                sample[2] == limit for sample in self._within(start_ns, end_ns))
+        return CpuSpan(max(0.0, (b - a) / 1e9), limit, held)
+
+    def _within(self, start_ns: int, end_ns: int):
+        """The samples taken from start_ns to end_ns, newest first."""
+        for sample in reversed(self.samples):
+            if sample[0] < start_ns:
+                return
+            if sample[0] <= end_ns:
+                yield sample
 
     def _at(self, t_ns: int) -> tuple[float, float | None]:
         """The throttled ns at t_ns and the quota of the first sample from it on; from
