@@ -29,7 +29,7 @@ from diagnosis.advice import advise
 from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.detect_trends import JitterTracker, mad, telemetry
 from diagnosis.evidence import SECOND, CellTotals, JobEvidence
-from diagnosis.finding import Finding, finding_key, severity_rank
+from diagnosis.finding import Finding, severity_rank
 from diagnosis.localize import Hops, Place, elements, path
 from diagnosis.snapshot import (Baseline, Snapshot, classify_cells, median_or_none,
                                 phase_seconds, recent_ranks)
@@ -261,7 +261,7 @@ class JobEngine:
         strag, ruled = detect_steps.straggler(snap)
         stragglers = frozenset(c.place.get("node") for c in strag) | frozenset(
             f.place.get("node") for f in self.open.values() if f.cause == "straggler_compute")
-        prefer = frozenset(_place_of(f) for f in self.open.values()
+        prefer = frozenset(_place_of(f.place) for f in self.open.values()
                            if f.cause in NETWORK_CAUSES)
         net, r1 = detect_network.detect(snap, self.tor_of, prefer, stragglers,
                                         self._recent_loss(snap.window.end_s, bad), bad)
@@ -354,9 +354,9 @@ class JobEngine:
         (_supersede)."""
         if c.cause not in NETWORK_CAUSES:
             return c
-        place = finding_key("-", c.place)[1:]
+        place = _place_of(c.place)
         named = [f for f in self.open.values()
-                 if f.cause in NETWORK_CAUSES and finding_key("-", f.place)[1:] == place]
+                 if f.cause in NETWORK_CAUSES and _place_of(f.place) == place]
         if not named or any(f.cause == c.cause for f in named):
             self.other_cause_evals.pop(place, None)      # it agrees, or nothing is named
             return c
@@ -442,12 +442,12 @@ class JobEngine:
         out = [self._close_taken_over(k, taker) for k, taker in self._explained_slowdowns(seen)]
         for key in sorted((k for k in seen if k in self.hops_of), key=lambda k: self.open[k].id):
             mine, taker = self.hops_of[key].evidence, self.open[key]
-            els = elements(_place_of(taker))
+            els = elements(_place_of(taker.place))
             for other_key in [k for k in self.open if k not in seen and k in self.hops_of]:
                 f = self.open[other_key]
-                theirs, other_els = self.hops_of[other_key].evidence, elements(_place_of(f))
+                theirs, other_els = self.hops_of[other_key].evidence, elements(_place_of(f.place))
                 # the same place, its cause revised (_same_cause)
-                revised = _place_of(f) == _place_of(taker) and f.cause != taker.cause
+                revised = _place_of(f.place) == _place_of(taker.place) and f.cause != taker.cause
                 if revised or (all(h & els for h in theirs)
                                and any(not h & other_els for h in mine)):
                     out.append(self._close_taken_over(other_key, taker))
@@ -509,8 +509,8 @@ class JobEngine:
                            and g.sync_slowdown > 1 else 0.0)
 
 
-def _place_of(f: Finding) -> Place:
-    p = f.place
+def _place_of(p: dict) -> Place:
+    """The fabric place a network finding's or candidate's place names."""
     if p.get("node"):
         return Place("node", p["node"])
     if p.get("tor"):
@@ -521,7 +521,7 @@ def _place_of(f: Finding) -> Place:
 def _carried_clean(snap: Snapshot, f: Finding) -> bool:
     """Data crossed the finding's place in this window and none of it was bad."""
     tor_of = snap.notes.get("tor_of") or (lambda node: None)
-    els = elements(_place_of(f))
+    els = elements(_place_of(f.place))
     bad = {id(c) for c in snap.lossy + snap.delayed}
     return any(id(c) not in bad and path(c.key.node, c.peer_node, tor_of, c.key.peer) & els
                for c in snap.data_cells)
