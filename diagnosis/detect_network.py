@@ -55,6 +55,29 @@ def _delay_stands_out(snap: Snapshot, c: CellTotals) -> bool:
     return usual is None or (c.rtt_p50_us or 0.0) >= usual + snap.thresholds.rtt_excess_us
 
 
+def narrowed_nodes(snap: Snapshot, nodes) -> frozenset:
+    """Those of `nodes` whose NIC received at most narrowed_share of their usual peak
+    (the median over the window's seconds of each second's busiest 100 us bin): a
+    link that paces every frame to the node caps all it receives, while a queue
+    upstream leaves its other traffic (its reads) arriving at line rate. Only the
+    seconds in which the job's hops brought the node data (a cell's worth) count: a
+    node the job left idle (its training over) received nothing, which narrows
+    nothing. Evidence for a queue at the node's port only where the peak fell: a
+    port that incast overfills still receives at line rate."""
+    ev, t = snap.evidence, snap.thresholds
+    seconds = range(snap.window.start_s, snap.window.end_s)
+    out = set()
+    for node in set(nodes) & snap.usual_rx_peak.keys():
+        tables = [ev.cells.get(c.key, {}) for c in snap.cells if c.peer_node == node]
+        fed = [s for s in seconds
+               if any(tb[s].bytes_acked >= t.cell_min_bytes for tb in tables if s in tb)]
+        table = ev.nodes.get(node, {})
+        peaks = [table[s].rx_peak_util for s in fed if s in table]
+        if peaks and statistics.median(peaks) <= t.narrowed_share * snap.usual_rx_peak[node]:
+            out.add(node)
+    return frozenset(out)
+
+
 def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
            stragglers: frozenset = frozenset(), recent: list[BadCell] = (),
            bad: list[BadCell] | None = None) -> tuple[list[Candidate], list[RuledOut]]:
@@ -74,7 +97,8 @@ def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
     clean = [c for c in snap.data_cells if id(c) not in bad_ids]
     keys = {b.cell.key for b in bad}
     found, unexplained = locate(bad, clean, tor_of, prefer=prefer,
-                                recent=[b for b in recent if b.cell.key not in keys])
+                                recent=[b for b in recent if b.cell.key not in keys],
+                                narrowed=narrowed_nodes(snap, {b.dst for b in bad if b.lossy}))
     t = snap.thresholds
     explained = sum(len(f.cells) for f in found)
     if explained < t.place_explains * len(bad):

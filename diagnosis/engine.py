@@ -110,6 +110,7 @@ class JobEngine:
     #                                  its evidence showed another cause than its finding's
     hops_of: dict = field(default_factory=dict)     # open network key -> its hops (elements)
     usual_rtt_us: dict = field(default_factory=dict)  # cell key -> its RTT in the baseline
+    usual_rx_peak: dict = field(default_factory=dict)  # node -> its peak received, baseline
     pruned_s: int = 0
 
     def __post_init__(self) -> None:
@@ -172,10 +173,11 @@ class JobEngine:
             self.baseline = self._find_baseline()
             if self.baseline is not None:
                 self.usual_rtt_us = self._usual_rtts(self.baseline)
+                self.usual_rx_peak = self._usual_rx_peaks(self.baseline)
         snap = Snapshot(self.job, end_s * SECOND, window, cells, data, lossy, delayed,
                         self.rtt_floor_us, window.nodes(), ranks, self.baseline, self.ev, t,
                         notes={"tor_of": self.tor_of}, timed=timed,
-                        usual_rtt_us=self.usual_rtt_us)
+                        usual_rtt_us=self.usual_rtt_us, usual_rx_peak=self.usual_rx_peak)
         if ranks:
             snap.step_s = statistics.median(r.seconds for r in ranks.values())
             snap.sync_s = statistics.median(r.sync for r in ranks.values())
@@ -203,6 +205,18 @@ class JobEngine:
                     and c.rtt_p50_us is not None and c.bytes_acked >= t.cell_min_bytes]
             if len(rtts) >= USUAL_RTT_SECONDS:
                 usual[key] = statistics.median(rtts)
+        return usual
+
+    def _usual_rx_peaks(self, b: Baseline) -> dict:
+        """Each node's median over the baseline's seconds (at least USUAL_RTT_SECONDS
+        with traffic) of its busiest 100 us bin received in the second: the peak its
+        port passes while the job runs healthy (detect_network.narrowed_nodes)."""
+        lo, hi = b.start_ns // SECOND, b.end_ns // SECOND
+        usual = {}
+        for node, table in self.ev.nodes.items():
+            peaks = [x.rx_peak_util for s, x in table.items() if lo <= s < hi and x.rx_peak_util]
+            if len(peaks) >= USUAL_RTT_SECONDS:
+                usual[node] = statistics.median(peaks)
         return usual
 
     def _learn_floors(self, cells: list[CellTotals], job_nodes: set[str]) -> None:

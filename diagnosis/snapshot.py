@@ -87,6 +87,8 @@ class Snapshot:
     timed: list[CellTotals] = field(default_factory=list)
     #: each hop's median RTT in the job's baseline (cell key -> us; empty before it)
     usual_rtt_us: dict = field(default_factory=dict)
+    #: each node's usual busiest 100 us bin received (node -> fraction of line rate)
+    usual_rx_peak: dict = field(default_factory=dict)
 
     @property
     def step_added_s(self) -> float:

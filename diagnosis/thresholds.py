@@ -69,6 +69,16 @@ class Thresholds:
         "a place (a node's port, a ToR's uplink) is named when it lies on the path of at "
         "least this share of the bad cells; else the finding says the network is impaired "
         "and lists the cells", "fraction"))
+    narrowed_share: float = field(default=0.6, metadata=why(
+        "a node whose NIC received at most this share of its usual peak (the median "
+        "over the window's seconds of each second's busiest 100 us bin, against its "
+        "median over the job's baseline) has a narrowed port: a link that paces every "
+        "frame to the node (a degraded or policed link, a shaper) caps what it "
+        "receives, while a queue upstream (a ToR's uplink) leaves the node's other "
+        "traffic, its reads, arriving at line rate. The busiest bin of a second "
+        "varies by about +-30 % in healthy lab runs (4.5-7.7 Gbit/s around 5.5); a "
+        "port shaped to 100-200 Mbit/s peaks at the shaper's burst, 1.8-2.7 Gbit/s",
+        "fraction"))
     microburst_util: float = field(default=0.9, metadata=why(
         "a 100 us bin at this share of the link's speed is a burst at line rate", "fraction"))
     # -- steps: the job's own baseline --------------------------------------------------

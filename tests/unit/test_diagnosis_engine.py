@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from diagnosis.detect_network import narrowed_nodes
 from diagnosis.engine import AMBIGUOUS_EVALS, JobEngine
 from diagnosis.evidence import SECOND, CellKey, JobEvidence, NodeSecond, Progress
 from diagnosis.finding import Finding, primary, severity_rank
@@ -142,6 +143,46 @@ def test_lossy_hops_to_a_peer_outside_the_job_do_not_vote_on_the_queue(hop, writ
     engine = JobEngine(spec.job, tor_of=TWO_TORS)
     findings = replay(engine, ev, spec.t0_s, spec.end_s + 5)
     assert [(f.cause, f.where) for f in serious(findings)] == [(cause, where)]
+
+
+@pytest.mark.parametrize("narrowed", [True, False], ids=["port-narrowed", "peak-kept"])
+def test_a_queue_into_a_node_whose_nic_peak_fell_is_at_its_port(narrowed):
+    """Node3's port queues and overflows: 0 -> 3, the ring's one hop into node3 and the
+    one hop through tor0's uplink, is lossy and delayed, and fits both. Where node3's
+    NIC received at most a fifth of its usual peak from then on (its port paces all
+    it receives), its port is named without waiting for a hop that tells the two
+    apart; where its peak held (its reads still arrive at line rate), the wait ends
+    with the guess for a queue, the uplink."""
+    def hop(s, src, dst):
+        if s >= FAULT and (src, dst) == (0, 3):
+            return HopPlan(loss=0.01, rtt_us=6000.0)
+        return HopPlan()
+
+    def rx_peak(s, k):
+        return 0.1 if narrowed and s >= FAULT and k == 3 else 0.5
+    engine, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop,
+                                    rx_peak=rx_peak), tor_of=TWO_TORS)
+    (f,) = serious(findings)
+    if narrowed:
+        assert (f.cause, f.where) == ("buffer_saturation", "node3")
+        assert f.first_seen_ns < at(FAULT + AMBIGUOUS_EVALS)
+    else:
+        assert (f.cause, f.where) == ("buffer_saturation", "tor0 uplink")
+        assert f.first_seen_ns >= at(FAULT + AMBIGUOUS_EVALS)
+
+
+@pytest.mark.parametrize("fed", [True, False], ids=["fed", "idle"])
+def test_a_node_whose_peak_fell_is_narrowed_only_while_the_job_sends_it_data(fed):
+    """Node3's NIC peaks at a fiftieth of its usual from FAULT on: a narrowed port while
+    its ring neighbour still sends it data; nothing while nobody does (a job whose
+    training ended leaves its nodes idle, which narrows nothing)."""
+    def hop(s, src, dst):
+        return HopPlan(bytes=0) if not fed and s >= FAULT and dst == 3 else HopPlan()
+    spec = SynthJob(nodes=4, seconds=60, hop=hop,
+                    rx_peak=lambda s, k: 0.01 if s >= FAULT and k == 3 else 0.5)
+    engine = JobEngine(spec.job, tor_of=TWO_TORS)
+    replay(engine, build(spec), spec.t0_s, spec.end_s)
+    assert ("node3" in narrowed_nodes(engine.snapshot(spec.end_s), {"node3"})) is fed
 
 
 def test_a_queue_a_checkpoint_shares_is_named_on_its_uplink_without_waiting():

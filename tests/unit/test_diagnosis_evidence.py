@@ -73,6 +73,9 @@ class SynthJob:
     #: (second since the start, sender index, receiver index) -> the hop in that second
     hop: Callable[[int, int, int], HopPlan] = lambda s, src, dst: HopPlan()
     silent_from: dict[int, int] = field(default_factory=dict)   # node -> second it goes quiet
+    #: (second since the start, node index) -> its busiest 100 us bin received (of line
+    #: rate; 0: no NIC windows, as the records of `records()` have none)
+    rx_peak: Callable[[int, int], float] = lambda s, k: 0.0
     job: str = "198.18.0.1:29500"
     t0_s: int = T0
     first_node: int = 0               # the job's rank k runs on node(first_node + k)
@@ -118,7 +121,8 @@ def build(spec: SynthJob) -> JobEvidence:
             ev.cells.setdefault(key, {})[second] = c
             ev.nodes.setdefault(spec.node(src), {})[second] = NodeSecond(
                 segs_out=c.bytes_acked // SEGMENT + c.retrans_segs + 500,
-                retrans_segs=c.retrans_segs, bytes_out=c.bytes_acked + c.retrans_bytes)
+                retrans_segs=c.retrans_segs, bytes_out=c.bytes_acked + c.retrans_bytes,
+                rx_peak_util=spec.rx_peak(s, src))
             ev.last_seen_ns[spec.node(src)] = second * SECOND
     i, t = 0, 0.0
     while True:

@@ -165,6 +165,18 @@ def test_a_hop_its_host_delays_does_not_win_a_queue_the_place_cannot_hold():
     assert {(b.src, b.dst) for b in found[0].cells} == {("node0", "node3")}
 
 
+def test_a_queue_into_a_narrowed_node_is_at_its_port():
+    """0 -> 3 lossy and delayed fits node3's port and tor0's uplink alike; where node3's
+    NIC received far less than its usual peak, its port paces all it receives and
+    holds the queue. A narrowed sender (node0) says nothing about it."""
+    bad, clean = split(ring(4), lossy={(0, 3)}, delayed={(0, 3)})
+    found, _ = locate(bad, clean, TWO_TORS, narrowed=frozenset({"node3"}))
+    assert found[0].place == Place("node", "node3") and found[0].alternatives == []
+    found, _ = locate(bad, clean, TWO_TORS, narrowed=frozenset({"node0"}))
+    assert found[0].place == Place("tor", "tor0")
+    assert Place("node", "node3") in found[0].alternatives
+
+
 def test_a_store_every_node_loses_to_is_the_peer():
     hops = ring(4) + [(k, STORAGE) for k in range(4)]
     bad, clean = split(hops, lossy={(k, STORAGE) for k in range(4)})
