@@ -63,8 +63,9 @@ LOSS_MEMORY_S = 10
 #: to three windows in the lab's runs; tor0's uplink at 300 Mbit/s, named a lossy link
 #: in the windows its queue drained, then queued in every window for 7 s
 CAUSE_REVISE_EVALS = 6
-#: seconds of the baseline a hop must carry data in for its usual RTT to be known
-USUAL_RTT_SECONDS = 3
+#: seconds of the baseline a hop must carry data in for its usual RTT to be known, and a
+#: node must receive in for its usual NIC peak to be
+USUAL_SECONDS = 3
 #: a file every evaluation appends one JSON line to (the hops it judged bad, the
 #: candidates, what waits, what is open), to follow a live run's decisions after the
 #: fact: a replay of the records cannot repeat the order in which they arrived. Unset
@@ -196,26 +197,26 @@ class JobEngine:
 
     def _usual_rtts(self, b: Baseline) -> dict:
         """Each hop's median RTT over the seconds of the job's baseline in which it
-        carried data (at least USUAL_RTT_SECONDS of them): what its flows' RTT is
+        carried data (at least USUAL_SECONDS of them): what its flows' RTT is
         while the job runs healthy, its hosts' own pace and the load's included."""
         t, lo, hi = self.thresholds, b.start_ns // SECOND, b.end_ns // SECOND
         usual = {}
         for key, table in self.ev.cells.items():
             rtts = [c.rtt_p50_us for s, c in table.items() if lo <= s < hi
                     and c.rtt_p50_us is not None and c.bytes_acked >= t.cell_min_bytes]
-            if len(rtts) >= USUAL_RTT_SECONDS:
+            if len(rtts) >= USUAL_SECONDS:
                 usual[key] = statistics.median(rtts)
         return usual
 
     def _usual_rx_peaks(self, b: Baseline) -> dict:
-        """Each node's median over the baseline's seconds (at least USUAL_RTT_SECONDS
+        """Each node's median over the baseline's seconds (at least USUAL_SECONDS
         with traffic) of its busiest 100 us bin received in the second: the peak its
         port passes while the job runs healthy (detect_network.narrowed_nodes)."""
         lo, hi = b.start_ns // SECOND, b.end_ns // SECOND
         usual = {}
         for node, table in self.ev.nodes.items():
             peaks = [x.rx_peak_util for s, x in table.items() if lo <= s < hi and x.rx_peak_util]
-            if len(peaks) >= USUAL_RTT_SECONDS:
+            if len(peaks) >= USUAL_SECONDS:
                 usual[node] = statistics.median(peaks)
         return usual
 
@@ -456,12 +457,14 @@ class JobEngine:
         out = [self._close_taken_over(k, taker) for k, taker in self._explained_slowdowns(seen)]
         for key in sorted((k for k in seen if k in self.hops_of), key=lambda k: self.open[k].id):
             mine, taker = self.hops_of[key].evidence, self.open[key]
-            els = elements(_place_of(taker.place))
+            place = _place_of(taker.place)
+            els = elements(place)
             for other_key in [k for k in self.open if k not in seen and k in self.hops_of]:
                 f = self.open[other_key]
-                theirs, other_els = self.hops_of[other_key].evidence, elements(_place_of(f.place))
+                other = _place_of(f.place)
+                theirs, other_els = self.hops_of[other_key].evidence, elements(other)
                 # the same place, its cause revised (_same_cause)
-                revised = _place_of(f.place) == _place_of(taker.place) and f.cause != taker.cause
+                revised = other == place and f.cause != taker.cause
                 if revised or (all(h & els for h in theirs)
                                and any(not h & other_els for h in mine)):
                     out.append(self._close_taken_over(other_key, taker))

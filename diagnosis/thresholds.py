@@ -123,7 +123,8 @@ class Thresholds:
         "quota that comes and goes leaves part of some step free: the alerting lab's "
         "quota on every other step, and CPU-bound ranks whose limit bites only in "
         "their compute, are throttled through less. Under one standing limit (the same "
-        "quota at the end of each of those steps: a Kubernetes CPU limit) a rank "
+        "quota from the start to the end of each of those steps, gloo_step "
+        "cpu_limit_held: a Kubernetes CPU limit) a rank "
         "_throttled_rank singles out is named at any share: the lab's rank at 10 % of a "
         "CPU was throttled through 0.5-0.9 of each step and paced the ring", "fraction"))
     input_ratio: float = field(default=2.0, metadata=why(
