@@ -57,7 +57,8 @@ class AgentConfig:
     gloo_model_window_s: float = field(default=10.0, metadata=doc(
         "seconds of collective traffic each traffic_model record (T, B, D) is fitted to"))
     gloo_model_interval_s: float = field(default=5.0, metadata=doc(
-        "how often the gloo probe writes a traffic_model record per training process"))
+        "how often the gloo probe writes a traffic_model record per training process (and "
+        "once more when the process exits, over its last window)"))
     gloo_buffer_hooks: bool = field(default=False, metadata=doc(
         "also hook gloo's UnboundBuffer::send/recv: per collective the payload sent and "
         "posted and the send calls (sent_bytes, recv_bytes, sends), S from the transfers "

@@ -177,6 +177,10 @@ def _await_stored(stack, lab) -> None:
                     >= STEPS - 1, 60, "rank 0's steps in InfluxDB", 0.5)
     await_condition(lambda: all(stack.agent_metric(n.index, "fabricscope_agent_queue_records")
                                 == 0 for n in lab.nodes), 60, "the agents' queues to drain")
+    # each rank's process has exited: its agent writes its last traffic model then
+    await_condition(lambda: len(stack.influx.query(
+        'SHOW TAG VALUES FROM "traffic_model" WITH KEY = "rank"', db="fabricscope"))
+        == len(lab.nodes), 60, "every rank's traffic model in InfluxDB", 0.5)
     await_stable(lambda: (count("SELECT count(seconds) FROM gloo_phase"),
                           count("SELECT count(duty_cycle) FROM traffic_model")),
                  quiet_s=3.0, timeout_s=60, what="phases in InfluxDB")

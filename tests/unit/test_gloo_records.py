@@ -129,6 +129,27 @@ def test_model_needs_enough_recent_traffic():
     assert state.model_record(5000 * MS, to_wall) is None          # all older than 1 s
 
 
+def test_a_process_that_exits_between_two_models_keeps_its_last_one():
+    """The periodic model runs every gloo_model_interval_s; a process that exits before
+    the next one (or lives shorter than the interval) gets its model at exit, over the
+    window ending at its last collective, and no second one when nothing ended since."""
+    state = ProcessState(INFO, model_window_s=60)
+    for i in range(10):
+        state.on_collective(allreduce(i * 50, i * 50 + 20), to_wall)
+    models = [r for r in state.flush(to_wall) if r.measurement == "traffic_model"]
+    assert len(models) == 1
+    valid(models[0])
+    assert models[0].time_ns == to_wall(470 * MS)
+    assert models[0].fields["window_s"] == pytest.approx(0.470, abs=0.002)
+    assert models[0].fields["period_s"] == pytest.approx(0.050, rel=0.01)
+
+    modelled = ProcessState(INFO, model_window_s=60)
+    for i in range(10):
+        modelled.on_collective(allreduce(i * 50, i * 50 + 20), to_wall)
+    assert modelled.model_record(480 * MS, to_wall) is not None
+    assert not [r for r in modelled.flush(to_wall) if r.measurement == "traffic_model"]
+
+
 def test_the_rescan_learns_every_process_mapping_libtorch_while_it_lives():
     from types import SimpleNamespace
 

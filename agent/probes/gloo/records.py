@@ -177,6 +177,7 @@ class ProcessState:
         self.windows: collections.deque = collections.deque()
         self.nranks: int | None = info.world_size
         self.last_end_ns = 0
+        self.modelled_to_ns = 0      # the last collective end a model record covered
 
     def on_collective(self, c: Collective, to_wall: Callable[[int], int]) -> list[Record]:
         if c.nranks and c.op == "AllReduce":
@@ -208,8 +209,17 @@ class ProcessState:
         return [progress_record(o, self.info, to_wall, cpu)]
 
     def flush(self, to_wall: Callable[[int], int]) -> list[Record]:
+        """The process exited: its last steps and phases, and the traffic model of its
+        last window where collectives ended since the last model (a process that exits
+        between two periodic models, or lives shorter than the interval, keeps its
+        traffic model)."""
         steps, phases = self.tracker.flush()
-        return self._records(steps, phases, to_wall)
+        out = self._records(steps, phases, to_wall)
+        if self.last_end_ns > self.modelled_to_ns:
+            model = self.model_record(self.last_end_ns, to_wall)
+            if model is not None:
+                out.append(model)
+        return out
 
     def _records(self, steps: list[Step], phases: list[Phase], to_wall) -> list[Record]:
         return [step_record(s, self.info, self.nranks, to_wall, self.payload_known,
@@ -233,6 +243,7 @@ class ProcessState:
         # process that started or ended inside the window
         t0 = max(start, self.windows[0][0])
         t1 = max(e for _, e, _ in self.windows)
+        self.modelled_to_ns = max(self.modelled_to_ns, t1)
         series = trafficmodel.series_from_windows(
             ((s / 1e9, e / 1e9, b) for s, e, b in self.windows), t0 / 1e9, t1 / 1e9, MODEL_BIN_S)
         model = trafficmodel.fit(series, MODEL_BIN_S)
