@@ -29,6 +29,8 @@ from diagnosis.localize import BadCell, Located, locate, told_apart
 from diagnosis.snapshot import Snapshot
 
 MIN_RTO_S = 0.2           # Linux's minimum retransmission timeout (TCP_RTO_MIN)
+#: a second of a fault follows another within this many seconds (port_rates)
+ONSET_LOOKBACK_S = 2
 
 
 def bad_cells(snap: Snapshot) -> list[BadCell]:
@@ -55,27 +57,114 @@ def _delay_stands_out(snap: Snapshot, c: CellTotals) -> bool:
     return usual is None or (c.rtt_p50_us or 0.0) >= usual + snap.thresholds.rtt_excess_us
 
 
-def narrowed_nodes(snap: Snapshot, nodes) -> frozenset:
-    """Those of `nodes` whose NIC received at most narrowed_share of their usual peak
-    (the median over the window's seconds of each second's busiest 100 us bin): a
-    link that paces every frame to the node caps all it receives, while a queue
-    upstream leaves its other traffic (its reads) arriving at line rate. Only the
-    seconds in which the job's hops brought the node data (a cell's worth) count: a
-    node the job left idle (its training over) received nothing, which narrows
-    nothing. Evidence for a queue at the node's port only where the peak fell: a
-    port that incast overfills still receives at line rate."""
+@dataclass(frozen=True)
+class PortRates:
+    """Fabric elements (localize.path's (kind, name): a node's port toward it `in`, a
+    ToR's downlink `down`) judged by the NIC peaks of the nodes they feed.
+    `narrowed`: every node it feeds received at most narrowed_share of its usual peak
+    (the element paces all that crosses it); `kept`: some node it feeds received
+    more (the element passes traffic at full rate, so a queue there needs senders
+    converging on it, not a narrowed link). Elements with no witness traffic are in
+    neither."""
+
+    narrowed: frozenset = frozenset()
+    kept: frozenset = frozenset()
+
+
+def port_rates(snap: Snapshot, tor_of, bad: list[BadCell]) -> PortRates:
+    """The elements in front of the nodes the lossy hops of `bad` enter: each node's
+    port and its ToR's downlink, judged by the node's busiest 100 us bin received in
+    each second (nic_window rx), its median against the node's usual (its
+    baseline's), over the seconds in which those hops resent (the fault's seconds:
+    the window's earlier ones, before a port was narrowed, would say it was not).
+
+    Only seconds in which the node received a cell's worth of data that crossed no
+    other rack's uplink count (witness traffic): its reads from peers outside the job
+    (behind the spine, through its ToR's downlink) and hops from nodes of its own
+    rack. Data that crossed another rack's uplink arrives at that uplink's pace, so a
+    narrowed uplink would make the node look narrowed (behind a shaped tor0 uplink,
+    node3 receives its ring hop at the uplink's rate and its reads at line rate). A
+    node's port: its reads and its rack's hops; a ToR's downlink: the reads of every
+    node of its rack."""
     ev, t = snap.evidence, snap.thresholds
     seconds = range(snap.window.start_s, snap.window.end_s)
-    out = set()
-    for node in set(nodes) & snap.usual_rx_peak.keys():
-        tables = [ev.cells.get(c.key, {}) for c in snap.cells if c.peer_node == node]
-        fed = [s for s in seconds
-               if any(tb[s].bytes_acked >= t.cell_min_bytes for tb in tables if s in tb)]
+    usual = snap.usual_rx_peak
+    resent: dict[str, set] = {}      # node -> the seconds the fault showed on a hop into it
+    for b in bad:
+        if b.lossy and b.dst is not None:
+            table = ev.cells.get(b.cell.key, {})
+            usual_rtt = snap.usual_rtt_us.get(b.cell.key, snap.rtt_floor_us)
+            resent.setdefault(b.dst, set()).update(
+                s for s in range(seconds.start - ONSET_LOOKBACK_S, seconds.stop)
+                if s in table and _faulty_second(table[s], usual_rtt, t))
+    # not the first second of a run (a hop's flows report about once a second, so a
+    # second may go missing in between): the fault began within it, and its busiest
+    # bin may have come before (a port shaped mid-second passed that second's peak)
+    lossy_into = {n: {s for s in got if s in seconds and
+                      any(s - k in got for k in range(1, ONSET_LOOKBACK_S + 1))}
+                  for n, got in resent.items()}
+    nodes = set(lossy_into)
+    fed_from_outside: dict[str, set] = {}
+    fed_in_rack: dict[str, set] = {}
+    job_nodes = set(ev.node_of_rank.values())
+    judged = {n for n in nodes if n in usual}
+    racks = {tor_of(n) for n in judged} - {None}
+    judged |= {n for n in job_nodes if tor_of(n) in racks and n in usual}
+    for c in snap.cells:
+        if c.peer_node is None and c.key.node in judged:
+            into, field_of, into_set = c.key.node, "bytes_received", fed_from_outside
+        elif c.peer_node in judged and tor_of(c.key.node) == tor_of(c.peer_node):
+            into, field_of, into_set = c.peer_node, "bytes_acked", fed_in_rack
+        else:
+            continue
+        table = ev.cells.get(c.key, {})
+        got = into_set.setdefault(into, set())
+        got.update(s for s in seconds
+                   if s in table and getattr(table[s], field_of) >= t.cell_min_bytes)
+
+    def rate(node: str, fed: set) -> str | None:
+        """"narrowed" where the node received at most narrowed_share of its usual peak
+        over the seconds `fed` (their median), "kept" where at least kept_share of it
+        in every one of them, two at least (a port narrowed within the window has
+        passed its usual peak in the seconds before); else None."""
         table = ev.nodes.get(node, {})
-        peaks = [table[s].rx_peak_util for s in fed if s in table]
-        if peaks and statistics.median(peaks) <= t.narrowed_share * snap.usual_rx_peak[node]:
-            out.add(node)
-    return frozenset(out)
+        shares = [table[s].rx_peak_util / usual[node] for s in fed if s in table]
+        if not shares:
+            return None
+        if statistics.median(shares) <= t.narrowed_share:
+            return "narrowed"
+        return "kept" if len(shares) >= 2 and min(shares) >= t.kept_share else None
+
+    narrowed, kept = set(), set()
+    for node in judged & nodes:
+        verdict = rate(node, (fed_from_outside.get(node, set()) |
+                              fed_in_rack.get(node, set())) & lossy_into[node])
+        if verdict is not None:
+            (kept if verdict == "kept" else narrowed).add(("in", node))
+    for rack in racks:
+        faulty = set().union(*(lossy_into[n] for n in nodes if tor_of(n) == rack))
+        verdicts = [v for v in (rate(n, fed_from_outside.get(n, set()) & faulty)
+                                for n in sorted(judged) if tor_of(n) == rack) if v]
+        if "kept" in verdicts:
+            kept.add(("down", rack))
+        elif len(verdicts) >= 2 and all(v == "narrowed" for v in verdicts):
+            # a downlink paces all its rack receives: one node narrowed is as much
+            # its own port's doing
+            narrowed.add(("down", rack))
+    return PortRates(frozenset(narrowed), frozenset(kept))
+
+
+def _faulty_second(c, usual_rtt_us: float | None, t) -> bool:
+    """One second of a lossy hop in which the fault showed: it resent as a lossy cell
+    does (snapshot.classify_cells), or resent anything while its RTT stood
+    rtt_excess_us above its usual (a queue that overflows now and then resends a few
+    segments a second; a healthy ring's hops resend a few now and then too, at their
+    usual RTT)."""
+    sent = c.bytes_acked + c.retrans_bytes
+    if c.retrans_segs >= t.loss_min_segs and sent and c.retrans_bytes / sent >= t.loss_ratio:
+        return True
+    return bool(c.retrans_segs) and usual_rtt_us is not None and \
+        c.rtt_p50_us is not None and c.rtt_p50_us >= usual_rtt_us + t.rtt_excess_us
 
 
 def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
@@ -98,7 +187,7 @@ def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
     keys = {b.cell.key for b in bad}
     found, unexplained = locate(bad, clean, tor_of, prefer=prefer,
                                 recent=[b for b in recent if b.cell.key not in keys],
-                                narrowed=narrowed_nodes(snap, {b.dst for b in bad if b.lossy}))
+                                rates=port_rates(snap, tor_of, bad))
     t = snap.thresholds
     explained = sum(len(f.cells) for f in found)
     if explained < t.place_explains * len(bad):

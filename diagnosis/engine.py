@@ -211,7 +211,7 @@ class JobEngine:
     def _usual_rx_peaks(self, b: Baseline) -> dict:
         """Each node's median over the baseline's seconds (at least USUAL_SECONDS
         with traffic) of its busiest 100 us bin received in the second: the peak its
-        port passes while the job runs healthy (detect_network.narrowed_nodes)."""
+        port passes while the job runs healthy (detect_network.port_rates)."""
         lo, hi = b.start_ns // SECOND, b.end_ns // SECOND
         usual = {}
         for node, table in self.ev.nodes.items():

@@ -15,10 +15,13 @@ count against it, unless its loss comes with a queue (`_queue`). The place that
 explains the most lossy cells wins, then the one that explains most of the loss
 of the last seconds (lossy cells this window lacks), then, for a queue, one that
 can hold it (`_may_queue`: not a node's port its lossy cells only leave through,
-where the queue would be the node's own NIC's), then, for a queue, the port of a
-node its lossy cells enter whose NIC received far less than its usual peak (a
-narrowed port paces all the node receives, a queue upstream does not), then the
-most bad cells,
+where the queue would be the node's own NIC's), then, for a queue, a place whose
+element in front of a node (its port, its ToR's downlink) paces what the node
+receives through it (detect_network.port_rates: a narrowed link caps all that
+crosses it, a queue upstream does not), then one not shown to pass traffic at
+full rate (one whose every such element lets the nodes behind it receive at
+their usual peak needs converging senders to overflow, which the ring's one hop
+into a node is not), then the most bad cells,
 then the one fewer clean cells contradict, then the place already named by an
 open finding: a dropped frame died on its own data path, while a delay lies on
 either direction's path or in a busy host that answers late, so loss places a
@@ -148,7 +151,7 @@ def candidates(bad: list[BadCell], tor_of) -> list[Place]:
 
 def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int = 3,
            prefer: frozenset = frozenset(), recent: list[BadCell] = (),
-           narrowed: frozenset = frozenset()) -> tuple[list[Located], list[BadCell]]:
+           rates=None) -> tuple[list[Located], list[BadCell]]:
     """The places that explain the bad cells, greedily (at most max_places), and the
     cells none of them explains. The caller names causes only when the places
     explain enough of the bad cells (thresholds.place_explains). `prefer`: places
@@ -157,9 +160,12 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
     cells of the last seconds that this window does not hold; they rank the places
     that explain this window's loss equally (the flow that tells a node's port from
     its ToR's uplink, another node's or a checkpoint's through the uplink, crosses
-    it only now and then), and are explained by no place of their own. `narrowed`:
-    nodes whose NIC received far less than its usual peak (detect_network.
-    narrowed_nodes): a queue whose lossy hops enter such a node is at its port."""
+    it only now and then), and are explained by no place of their own. `rates`
+    (detect_network.PortRates): the elements in front of nodes that pace what
+    crosses them (`narrowed`: a queue there is where its lossy hops meet it) and
+    those that pass traffic at full rate (`kept`: no narrowed link to queue at)."""
+    narrowed = rates.narrowed if rates is not None else frozenset()
+    kept = rates.kept if rates is not None else frozenset()
     remaining = list(bad)
     found: list[Located] = []
     clean_paths = [(c, path(c.key.node, c.peer_node, tor_of, c.key.peer)) for c in clean]
@@ -186,13 +192,19 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
             # host's delayed hop into node0 must not win node0's port a queue whose
             # lossy hops only leave node0 (it took tor0's named uplink over so, replayed)
             holds = not queue or _may_queue(place, mine + [b for b, _ in before])
-            # a port whose node received far less than its usual peak paces everything
-            # to it: the queue of lossy hops into that node is its, not one upstream
-            # that the hops cross as well (a ToR's uplink)
-            narrow = queue and place.kind == "node" and place.name in narrowed and \
-                _may_queue(place, mine)
+            # where the lossy hops could queue at the place: a port or downlink in
+            # front of a node that receives far less than its usual peak paces all
+            # that crosses it, so the queue is there, not upstream on the same hops
+            # (a ToR's uplink); one through which nodes receive at their usual peak
+            # is no narrowed link
+            queued_at = {e for b in mine if b.lossy
+                         for e in implicated_of[id(b)] & els if e[0] != "out"} \
+                if queue else set()
+            narrow = bool(queued_at & narrowed)
+            full_rate = bool(queued_at) and queued_at <= kept
             scored.append(((sum(b.lossy for b in mine), len(before), holds, narrow,
-                            len(mine), -len(against), place in prefer, sides, guess),
+                            not full_rate, len(mine), -len(against), place in prefer, sides,
+                            guess),
                            place, mine, against, before))
         scored.sort(key=lambda s: s[0], reverse=True)
         best_key, place, mine, against, before = scored[0]
@@ -200,7 +212,7 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
         # queue on tor0's uplink, whose loss a checkpoint of node0's shared, waited
         # for node0's port to be told apart from it)
         queued = _queue(mine)
-        ties = [s[1] for s in scored[1:] if s[0][:6] == best_key[:6]
+        ties = [s[1] for s in scored[1:] if s[0][:7] == best_key[:7]
                 and (not queued or _may_queue(s[1], s[2] + [b for b, _ in s[4]]))]
         recent_hops = frozenset(p for _, p in before)        # lossy cells, all of them
         hops = Hops(frozenset(implicated_of[id(b)] for b in mine) | recent_hops,

@@ -70,14 +70,25 @@ class Thresholds:
         "least this share of the bad cells; else the finding says the network is impaired "
         "and lists the cells", "fraction"))
     narrowed_share: float = field(default=0.6, metadata=why(
-        "a node whose NIC received at most this share of its usual peak (the median "
-        "over the window's seconds of each second's busiest 100 us bin, against its "
-        "median over the job's baseline) has a narrowed port: a link that paces every "
+        "a node whose NIC received at most this share of its usual peak (the median, "
+        "over the fault's seconds in which data reached it through no other rack's "
+        "uplink, of each second's busiest 100 us bin, against its median over the "
+        "job's baseline; detect_network.port_rates) has a narrowed port: a link that paces every "
         "frame to the node (a degraded or policed link, a shaper) caps what it "
         "receives, while a queue upstream (a ToR's uplink) leaves the node's other "
         "traffic, its reads, arriving at line rate. The busiest bin of a second "
         "varies by about +-30 % in healthy lab runs (4.5-7.7 Gbit/s around 5.5); a "
         "port shaped to 100-200 Mbit/s peaks at the shaper's burst, 1.8-2.7 Gbit/s",
+        "fraction"))
+    kept_share: float = field(default=0.9, metadata=why(
+        "a node whose NIC received at least this share of its usual peak (as for "
+        "narrowed_share) while a queue's lossy hops into it resent has a port, and "
+        "its ToR a downlink, that pass traffic at full rate: a queue there needs senders "
+        "converging on it, and the ring's one hop into the node is one sender, so "
+        "the queue sits upstream. A healthy port's busiest bin per second, on the "
+        "seconds it received its reads, is at least 0.9 of its usual in 90 % of "
+        "single seconds and 92 % of two-second medians (the lab's healthy runs: "
+        "median 1.14); between narrowed_share and this a port is judged neither way",
         "fraction"))
     microburst_util: float = field(default=0.9, metadata=why(
         "a 100 us bin at this share of the link's speed is a burst at line rate", "fraction"))

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from diagnosis.detect_network import narrowed_nodes
+from diagnosis.detect_network import bad_cells, port_rates
 from diagnosis.engine import AMBIGUOUS_EVALS, JobEngine
 from diagnosis.evidence import SECOND, CellKey, JobEvidence, NodeSecond, Progress
 from diagnosis.finding import Finding, primary, severity_rank
@@ -145,44 +145,85 @@ def test_lossy_hops_to_a_peer_outside_the_job_do_not_vote_on_the_queue(hop, writ
     assert [(f.cause, f.where) for f in serious(findings)] == [(cause, where)]
 
 
-@pytest.mark.parametrize("narrowed", [True, False], ids=["port-narrowed", "peak-kept"])
-def test_a_queue_into_a_node_whose_nic_peak_fell_is_at_its_port(narrowed):
-    """Node3's port queues and overflows: 0 -> 3, the ring's one hop into node3 and the
-    one hop through tor0's uplink, is lossy and delayed, and fits both. Where node3's
-    NIC received at most a fifth of its usual peak from then on (its port paces all
-    it receives), its port is named without waiting for a hop that tells the two
-    apart; where its peak held (its reads still arrive at line rate), the wait ends
-    with the guess for a queue, the uplink."""
+@pytest.mark.parametrize("port, reads, named, waits", [
+    # node3's port paces all node3 receives: its reads too
+    ("narrowed", True, "node3", False),
+    # a queue upstream: node3's reads still arrive at line rate, through its port and
+    # tor1's downlink, neither of which the ring's one hop alone could overfill
+    ("kept", True, "tor0 uplink", False),
+    # no reads: all node3 receives crosses the uplink, at its pace; nothing tells the
+    # places apart, and the wait ends with the guess for a queue, the uplink
+    ("narrowed", False, "tor0 uplink", True)],
+    ids=["port-narrowed", "peak-kept", "no-witness"])
+def test_a_queue_into_a_node_is_placed_by_the_peak_its_nic_receives(port, reads, named,
+                                                                    waits):
+    """0 -> 3, the ring's one hop into node3 and the one hop through tor0's uplink, is
+    lossy and delayed, and fits node3's port, tor1's downlink and tor0's uplink. Where
+    node3 receives other data (its reads) at a fifth of its usual peak, its port
+    paces it and is named; at its usual peak, its port and tor1's downlink pass
+    traffic at full rate and the uplink is named; both without waiting. Without
+    such data the engine waits for a hop that tells the places apart."""
     def hop(s, src, dst):
         if s >= FAULT and (src, dst) == (0, 3):
             return HopPlan(loss=0.01, rtt_us=6000.0)
         return HopPlan()
 
     def rx_peak(s, k):
-        return 0.1 if narrowed and s >= FAULT and k == 3 else 0.5
+        return 0.1 if port == "narrowed" and s >= FAULT and k == 3 else 0.5
     engine, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop,
-                                    rx_peak=rx_peak), tor_of=TWO_TORS)
+                                    rx_peak=rx_peak,
+                                    reads=lambda s, k: 2_000_000 if reads else 0),
+                           tor_of=TWO_TORS)
     (f,) = serious(findings)
-    if narrowed:
-        assert (f.cause, f.where) == ("buffer_saturation", "node3")
-        assert f.first_seen_ns < at(FAULT + AMBIGUOUS_EVALS)
-    else:
-        assert (f.cause, f.where) == ("buffer_saturation", "tor0 uplink")
-        assert f.first_seen_ns >= at(FAULT + AMBIGUOUS_EVALS)
+    assert (f.cause, f.where) == ("buffer_saturation", named)
+    assert (f.first_seen_ns >= at(FAULT + AMBIGUOUS_EVALS)) is waits
 
 
-@pytest.mark.parametrize("fed", [True, False], ids=["fed", "idle"])
-def test_a_node_whose_peak_fell_is_narrowed_only_while_the_job_sends_it_data(fed):
-    """Node3's NIC peaks at a fiftieth of its usual from FAULT on: a narrowed port while
-    its ring neighbour still sends it data; nothing while nobody does (a job whose
-    training ended leaves its nodes idle, which narrows nothing)."""
+@pytest.mark.parametrize("fed", ["reads", "rack", "other rack", "idle"])
+def test_a_port_is_judged_only_by_data_that_crossed_no_other_racks_uplink(fed):
+    """Node3's NIC peaks at a fiftieth of its usual from FAULT on, while the hop into it
+    resends. Its port is narrowed where node3 receives data that came through no
+    other rack's uplink meanwhile (its reads; its ring neighbour's hop where node0
+    shares its rack); data from node0 in the other rack arrives at the pace of tor0's
+    uplink, which may be what narrows it, and an idle node (its training over) lost
+    and received nothing: neither says anything about the port."""
     def hop(s, src, dst):
-        return HopPlan(bytes=0) if not fed and s >= FAULT and dst == 3 else HopPlan()
+        if s >= FAULT and dst == 3:
+            return HopPlan(bytes=0) if fed == "idle" else HopPlan(loss=0.01, rtt_us=6000.0)
+        return HopPlan()
     spec = SynthJob(nodes=4, seconds=60, hop=hop,
-                    rx_peak=lambda s, k: 0.01 if s >= FAULT and k == 3 else 0.5)
+                    rx_peak=lambda s, k: 0.01 if s >= FAULT and k == 3 else 0.5,
+                    reads=lambda s, k: 2_000_000 if fed == "reads" and k == 3 else 0)
+    # node3's ring neighbour is node0 (k -> k-1): in its rack, or in the other one
+    tor_of = {node(0): "tor1", node(1): "tor0", node(2): "tor0", node(3): "tor1"}.get \
+        if fed == "rack" else TWO_TORS
+    engine = JobEngine(spec.job, tor_of=tor_of)
+    replay(engine, build(spec), spec.t0_s, spec.end_s)
+    snap = engine.snapshot(spec.end_s)
+    rates = port_rates(snap, tor_of, bad_cells(snap))
+    assert (("in", "node3") in rates.narrowed) is (fed in ("reads", "rack"))
+    assert ("in", "node3") not in rates.kept
+
+
+def test_a_port_is_judged_over_the_seconds_of_the_fault_after_its_first():
+    """Node3's port narrows at FAULT, to 0.4 of its usual peak, but the second the
+    fault began in still passed its usual peak (the shaper came mid-second): neither
+    that second nor the healthy ones before it count, and node3's reads in the
+    fault's later seconds say its port is narrowed (with the onset second, the median
+    of the two, 0.7 of its usual, would say neither)."""
+    def hop(s, src, dst):
+        return HopPlan(loss=0.05, rtt_us=6000.0) if s >= FAULT and dst == 3 else HopPlan()
+
+    def rx_peak(s, k):
+        return 0.2 if s > FAULT and k == 3 else 0.5
+    spec = SynthJob(nodes=4, seconds=FAULT + 3, hop=hop, rx_peak=rx_peak,
+                    reads=lambda s, k: 2_000_000 if k == 3 else 0)
     engine = JobEngine(spec.job, tor_of=TWO_TORS)
     replay(engine, build(spec), spec.t0_s, spec.end_s)
-    assert ("node3" in narrowed_nodes(engine.snapshot(spec.end_s), {"node3"})) is fed
+    snap = engine.snapshot(spec.end_s)
+    assert snap.window.start_s <= spec.t0_s + FAULT      # the window holds the onset
+    rates = port_rates(snap, TWO_TORS, bad_cells(snap))
+    assert ("in", "node3") in rates.narrowed and ("in", "node3") not in rates.kept
 
 
 def test_a_queue_a_checkpoint_shares_is_named_on_its_uplink_without_waiting():

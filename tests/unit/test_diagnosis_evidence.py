@@ -76,6 +76,9 @@ class SynthJob:
     #: (second since the start, node index) -> its busiest 100 us bin received (of line
     #: rate; 0: no NIC windows, as the records of `records()` have none)
     rx_peak: Callable[[int, int], float] = lambda s, k: 0.0
+    #: (second since the start, node index) -> bytes it read from STORAGE in that second
+    #: (its flow to the store: a peer outside the job; 0: no such flow)
+    reads: Callable[[int, int], int] = lambda s, k: 0
     job: str = "198.18.0.1:29500"
     t0_s: int = T0
     first_node: int = 0               # the job's rank k runs on node(first_node + k)
@@ -124,6 +127,11 @@ def build(spec: SynthJob) -> JobEvidence:
                 retrans_segs=c.retrans_segs, bytes_out=c.bytes_acked + c.retrans_bytes,
                 rx_peak_util=spec.rx_peak(s, src))
             ev.last_seen_ns[spec.node(src)] = second * SECOND
+            if spec.reads(s, src):
+                ev.cells.setdefault(CellKey(spec.node(src), spec.addr(src), STORAGE, str(src)),
+                                    {})[second] = CellSecond(
+                    bytes_acked=20_000, bytes_received=spec.reads(s, src), rtt_p50_us=300.0,
+                    rtt_p90_us=450.0, rtt_samples=10)
     i, t = 0, 0.0
     while True:
         plan = spec.step(i, t)

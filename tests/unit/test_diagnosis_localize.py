@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from diagnosis.detect_network import PortRates
 from diagnosis.evidence import CellKey, CellTotals
 from diagnosis.localize import (BadCell, Place, _plausible_side, candidates, locate, path,
                                 told_apart)
@@ -167,14 +168,34 @@ def test_a_hop_its_host_delays_does_not_win_a_queue_the_place_cannot_hold():
 
 def test_a_queue_into_a_narrowed_node_is_at_its_port():
     """0 -> 3 lossy and delayed fits node3's port and tor0's uplink alike; where node3's
-    NIC received far less than its usual peak, its port paces all it receives and
-    holds the queue. A narrowed sender (node0) says nothing about it."""
+    port paces all node3 receives, it holds the queue. A narrowed sender's port
+    (node0's, its `out` no switch queue) says nothing about it."""
     bad, clean = split(ring(4), lossy={(0, 3)}, delayed={(0, 3)})
-    found, _ = locate(bad, clean, TWO_TORS, narrowed=frozenset({"node3"}))
+    found, _ = locate(bad, clean, TWO_TORS, rates=PortRates(frozenset({("in", "node3")})))
     assert found[0].place == Place("node", "node3") and found[0].alternatives == []
-    found, _ = locate(bad, clean, TWO_TORS, narrowed=frozenset({"node0"}))
+    found, _ = locate(bad, clean, TWO_TORS, rates=PortRates(frozenset({("in", "node0")})))
     assert found[0].place == Place("tor", "tor0")
     assert Place("node", "node3") in found[0].alternatives
+
+
+@pytest.mark.parametrize("kept, named, alternatives", [
+    # node3 receives its reads at line rate through its port and tor1's downlink:
+    # neither is a narrowed link, and one hop at line rate cannot overfill them
+    ({("in", "node3"), ("down", "tor1")}, Place("tor", "tor0"), []),
+    # nothing shown about tor1's downlink: it stays in series with tor0's uplink
+    ({("in", "node3")}, Place("tor", "tor0"), [Place("tor", "tor1")]),
+    # nothing known: node3's port and tor1's downlink tie with the uplink
+    (set(), Place("tor", "tor0"), [Place("node", "node3"), Place("tor", "tor1")])],
+    ids=["both-kept", "port-kept", "unknown"])
+def test_a_queue_behind_elements_at_full_rate_is_upstream(kept, named, alternatives):
+    """0 -> 3 lossy and delayed crosses tor0's uplink, tor1's downlink and node3's
+    port. An element through which node3 (or its rack) receives at its usual peak
+    passes traffic at full rate: a queue there needs senders converging on it, which
+    the ring's one hop into node3 is not, so it does not tie with the uplink."""
+    bad, clean = split(ring(4), lossy={(0, 3)}, delayed={(0, 3)})
+    found, _ = locate(bad, clean, TWO_TORS, rates=PortRates(kept=frozenset(kept)))
+    assert found[0].place == named
+    assert sorted(found[0].alternatives, key=str) == sorted(alternatives, key=str)
 
 
 def test_a_store_every_node_loses_to_is_the_peer():
