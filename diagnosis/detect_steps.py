@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from dataclasses import replace
 
 from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.finding import Evidence
-from diagnosis.snapshot import Snapshot, throttled_in
+from diagnosis.snapshot import RankRecent, Snapshot, cpu_compute, throttled_in
 
 
 def _steps_span(snap: Snapshot) -> tuple[int, int]:
@@ -85,7 +86,8 @@ def _throttled_rank(snap: Snapshot, base_step: float):
     (a limit that throttles every rank alike slows the job, it does not make one
     rank its straggler). None when no rank is, or the cgroups cannot be read."""
     t = snap.thresholds
-    known = [r for r in snap.ranks.values() if r.throttled is not None]
+    views = {r.rank: _throttle_view(snap, r, base_step) for r in snap.ranks.values()}
+    known = [r for r, _ in views.values() if r.throttled is not None]
     if len(known) < 2:
         return None
     top = max(known, key=lambda r: r.throttled)
@@ -96,7 +98,31 @@ def _throttled_rank(snap: Snapshot, base_step: float):
             (throttled_in(s) or 0.0) < floor or (s.seconds or 0.0) - base_step < floor
             for s in last):
         return None
-    return top, others
+    return top, others, views[top.rank][1]
+
+
+def _throttle_view(snap: Snapshot, rank: RankRecent, base_step: float) -> tuple[RankRecent,
+                                                                                 bool]:
+    """The rank as its cgroup's throttling reads, and whether its last step is the one
+    it is in: the step in progress (gloo_progress: its time and throttled time so far)
+    takes the place of its oldest recent step once it has run straggler_min_share of
+    a baseline step longer than one. Long past its start, what a quota spills from
+    the step before (at most a CFS period) is a small share of it; a step ended says
+    so only when it ends, and a rank its quota starves is slow inside the
+    collectives, so it is not the step in progress recent_ranks takes (computing,
+    late to the next collective): without this a starved rank was named a step
+    late. Unchanged where the step in progress is not that far yet."""
+    p = snap.evidence.open_step(rank.rank)
+    floor = snap.thresholds.straggler_min_share * base_step
+    if p is None or p.throttled_seconds is None or p.seconds < base_step + floor or \
+            p.time_ns + int(p.seconds * 1e9) > snap.window.end_ns:
+        return rank, False
+    ended = rank.steps[:-1] if rank.in_progress else rank.steps
+    steps = ended[-(len(rank.steps) - 1):] + [p.as_step()]
+    return replace(rank, steps=steps, seconds=statistics.median(s.seconds for s in steps),
+                   throttled=statistics.median(throttled_in(s) or 0.0 for s in steps),
+                   in_progress=False,
+                   step_cpu=[cpu_compute(snap.evidence, s) for s in steps]), True
 
 
 def _starved(held, t) -> bool:
@@ -108,19 +134,26 @@ def _starved(held, t) -> bool:
     limit). A quota that comes and goes (the lab's jitter runs: a quota on every
     other step, a smaller one each time) throttles the neighbouring steps as well,
     which then vary rather than run at its pace: it is neither standing nor
-    throttles through nearly all of each."""
-    rank = held[0]
-    # the step in progress does not count: the share of a step its cgroup was throttled
-    # through, and its limit at the end, are known when it ends
+    throttles through nearly all of each. A step in progress counts by its share so
+    far (_throttle_view); whether a limit holds to a step's end is known when it
+    ends."""
+    rank, _, step_open = held
+    # the step in progress of a rank computing late does not count: the share of a
+    # step its cgroup was throttled through, and its limit at the end, are known when
+    # it ends (or, for _throttle_view's, far into it)
     last = (rank.steps[:-1] if rank.in_progress else rank.steps)[-t.straggler_steps:]
     if len(last) < t.straggler_steps:
         return False
+
+    def starved_through(s) -> bool:
+        return bool(s.seconds) and (throttled_in(s) or 0.0) >= t.starved_share * s.seconds
+    ended = last[:-1] if step_open else last
     # standing: the same quota from the start to the end of each step (a quota set
     # anew at every step boundary shows a change inside one step or the next)
-    limits = {(s.cpu_limit, s.cpu_limit_held) for s in last}
-    (limit, kept), *more = limits
-    return (not more and kept and limit is not None) or all(
-        s.seconds and (throttled_in(s) or 0.0) >= t.starved_share * s.seconds for s in last)
+    limits = {(s.cpu_limit, s.cpu_limit_held) for s in ended}
+    standing = len(limits) == 1 and all(kept and limit is not None for limit, kept in limits) \
+        and (not step_open or starved_through(last[-1]))
+    return standing or all(starved_through(s) for s in last)
 
 
 def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
@@ -143,7 +176,7 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
     held = _throttled_rank(snap, base_step)
     starved = not is_late and held is not None and _starved(held, t)
     if starved:
-        top, rest = held[0], [r for r in snap.ranks.values() if r is not held[0]]
+        top, rest = held[0], [r for r in snap.ranks.values() if r.rank != held[0].rank]
         others = statistics.median(r.cpu_compute for r in rest)
         late = max(0.0, top.cpu_compute - others)
     elif not is_late:
@@ -162,7 +195,8 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
     added = snap.step_added_s
     # what the rank's own slowness accounts for: its lateness, or the time its limit
     # kept it off the CPU (the longer of the two where both show)
-    own = max(late, held[0].throttled if held and held[0] is top else 0.0)
+    throttled = held[0].throttled if held and held[0].rank == top.rank else None
+    own = max(late, throttled or 0.0)
     explained = 1.0 if added and not snap.lossy else (min(1.0, own / added) if added else 0.0)
     victims = [{"rank": r.rank, "node": r.node,
                 "waited_s": round(max(0.0, r.sync - (b.sync_s if b else 0.0)), 3)}
@@ -193,11 +227,11 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
                  round(top.cpu_compute, 4), "s", lo, hi, [top.node]),
         Evidence("gloo_step", "median compute per step of the other ranks",
                  round(others, 4), "s", lo, hi, sorted(r.node for r in rest))]
-    if held is not None and held[0] is top:
-        facts.update(throttled_s=top.throttled, limit_cpus=limit)
+    if throttled is not None:
+        facts.update(throttled_s=throttled, limit_cpus=limit)
         evidence += [
             Evidence("gloo_step", f"CPU throttled per step of rank {top.rank} (its cgroup's "
-                     "CFS quota; cpu.stat)", round(top.throttled, 4), "s", lo, hi, [top.node]),
+                     "CFS quota; cpu.stat)", round(throttled, 4), "s", lo, hi, [top.node]),
             Evidence("gloo_step", "median CPU throttled per step of the other ranks",
                      round(held[1], 4), "s", lo, hi, sorted(r.node for r in rest))]
         if limit is not None:

@@ -36,16 +36,19 @@ def slice_until(ev: JobEvidence, t_s: int) -> JobEvidence:
 def progress_at(p: Progress, t_ns: int) -> Progress:
     """What a report of a step in progress said at t_ns: the store keeps each step's
     last report only, so an earlier one is that report cut at t_ns: its time so far,
-    its sync and throttled time no longer than that, and inside a collective while
-    its sync so far had not yet reached the report's (a step opens with its gradient
-    AllReduce; the compute after it is the rest)."""
+    its sync time no longer than that, and inside a collective while its sync so far
+    had not yet reached the report's (a step opens with its gradient AllReduce; the
+    compute after it is the rest); its throttled time at the report's share of the
+    time so far (the report's whole throttled time, capped at the time so far, would
+    make a step throttled through half of it look throttled through all of its
+    first half)."""
     seconds = (t_ns - p.time_ns) / SECOND
     if seconds >= p.seconds:
         return p
     return p._replace(seconds=seconds, sync_seconds=min(p.sync_seconds, seconds),
                       waiting=p.waiting or seconds < p.sync_seconds,
                       throttled_seconds=None if p.throttled_seconds is None
-                      else min(p.throttled_seconds, seconds))
+                      else p.throttled_seconds * seconds / p.seconds)
 
 
 def replay(engine: JobEngine, ev: JobEvidence, start_s: int, end_s: int) -> list[Finding]:

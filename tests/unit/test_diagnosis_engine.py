@@ -691,6 +691,25 @@ def test_a_rank_its_cpu_limit_starves_is_a_straggler_though_not_late(progress):
 
 
 @pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
+def test_a_starved_rank_is_named_during_its_second_starved_step(progress):
+    """Throttled through 2.85 s of each 3.0 s step from FAULT on: where the agents report
+    the step in progress, the second starved step counts once it has run longer than
+    a baseline step and straggler_min_share (its throttled share so far 0.95), a
+    second before it ends; without the reports, when it ends. The summary gives the
+    rank's throttled time per step as its steps and the one so far show it."""
+    def step(i, t):
+        if t < FAULT:
+            return StepPlan(throttled_of={r: 0.0 for r in "012"})
+        return StepPlan(seconds=3.0, sync=2.0, throttled_of={"2": 2.85},
+                        cpu_limit_of={"2": 0.1})
+    _, findings = run(SynthJob(seconds=70, progress=progress, step=step))
+    (f,) = [f for f in serious(findings) if f.cause == "straggler_compute"]
+    assert f.where == "node2" and "starved by its CPU limit (0.10 CPUs)" in f.summary
+    assert f.first_seen_ns == at(FAULT + (5 if progress else 6))
+    assert [v["rank"] for v in f.victims] == ["0", "1"]
+
+
+@pytest.mark.parametrize("progress", [False, True], ids=["steps", "progress"])
 def test_a_limit_that_leaves_part_of_a_step_free_starves_no_rank(progress):
     """Throttled through 1.9 s of a 2.0 s step, then 1.3 s of the next (its quota was
     lifted during it): not starved in each of its last steps, so not named."""
