@@ -20,6 +20,7 @@ import json
 import sys
 
 from diagnosis.evidence import SECOND
+from fabricscope.errors import UserError
 from fabricscope.records import Record
 from fabricscope.schema import measurements
 from fabricscope.services import InfluxServer
@@ -107,10 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dumps", nargs="+", help="JSON files written by a matrix run with "
                         "FABRICSCOPE_MATRIX_DUMP set")
     args = parser.parse_args(argv)
-    right, latency = 0, []
+    right, latency, failed = 0, [], []
     with InfluxServer() as influx:
         for path in args.dumps:
-            out = replay_dump(path, influx)
+            try:
+                out = replay_dump(path, influx)
+            except UserError as exc:          # one dump the store could not replay
+                failed.append(path)
+                print(f"{path}: not replayed: {exc.one_line()}")
+                continue
             judged = out["judged"]
             right += judged.ok
             latency += judged.latency_s
@@ -121,10 +127,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  live:   {out['live']}")
             print(f"  replay: {out['replay']}")
     latency.sort()
-    print(f"\nreplay: {right}/{len(args.dumps)} right; onset -> first_seen median "
-          f"{latency[len(latency) // 2] if latency else None} s, max "
-          f"{latency[-1] if latency else None} s")
-    return 0
+    print(f"\nreplay: {right}/{len(args.dumps) - len(failed)} right; onset -> first_seen "
+          f"median {latency[len(latency) // 2] if latency else None} s, max "
+          f"{latency[-1] if latency else None} s" +
+          (f"; {len(failed)} not replayed: {' '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
