@@ -60,12 +60,13 @@ def _delay_stands_out(snap: Snapshot, c: CellTotals) -> bool:
 @dataclass(frozen=True)
 class PortRates:
     """Fabric elements (localize.path's (kind, name): a node's port toward it `in`, a
-    ToR's downlink `down`) judged by the NIC peaks of the nodes they feed.
-    `narrowed`: every node it feeds received at most narrowed_share of its usual peak
-    (the element paces all that crosses it); `kept`: some node it feeds received
-    more (the element passes traffic at full rate, so a queue there needs senders
-    converging on it, not a narrowed link). Elements with no witness traffic are in
-    neither."""
+    ToR's downlink `down`) judged by the NIC peaks of the nodes they feed
+    (port_rates). `narrowed`: the node behind a port, or two nodes or more behind a
+    downlink and no other, received at most narrowed_share of its usual peak (the
+    element paces all that crosses it); `kept`: a node behind it received at least
+    kept_share of its usual peak in every second judged (the element passes
+    traffic at full rate, so a queue there needs senders converging on it, not a
+    narrowed link). Elements with no witness traffic are in neither."""
 
     narrowed: frozenset = frozenset()
     kept: frozenset = frozenset()
@@ -74,9 +75,10 @@ class PortRates:
 def port_rates(snap: Snapshot, tor_of, bad: list[BadCell]) -> PortRates:
     """The elements in front of the nodes the lossy hops of `bad` enter: each node's
     port and its ToR's downlink, judged by the node's busiest 100 us bin received in
-    each second (nic_window rx), its median against the node's usual (its
-    baseline's), over the seconds in which those hops resent (the fault's seconds:
-    the window's earlier ones, before a port was narrowed, would say it was not).
+    each second (nic_window rx), against the node's usual (its baseline's median),
+    over the seconds in which those hops showed the fault (_faulty_second), the
+    first of a run left out: the window's earlier seconds, and the one a shaper came
+    in, passed the port's usual peak.
 
     Only seconds in which the node received a cell's worth of data that crossed no
     other rack's uplink count (witness traffic): its reads from peers outside the job
@@ -89,21 +91,21 @@ def port_rates(snap: Snapshot, tor_of, bad: list[BadCell]) -> PortRates:
     ev, t = snap.evidence, snap.thresholds
     seconds = range(snap.window.start_s, snap.window.end_s)
     usual = snap.usual_rx_peak
-    resent: dict[str, set] = {}      # node -> the seconds the fault showed on a hop into it
+    showed: dict[str, set] = {}      # node -> the seconds the fault showed on a hop into it
     for b in bad:
         if b.lossy and b.dst is not None:
             table = ev.cells.get(b.cell.key, {})
             usual_rtt = snap.usual_rtt_us.get(b.cell.key, snap.rtt_floor_us)
-            resent.setdefault(b.dst, set()).update(
+            showed.setdefault(b.dst, set()).update(
                 s for s in range(seconds.start - ONSET_LOOKBACK_S, seconds.stop)
                 if s in table and _faulty_second(table[s], usual_rtt, t))
     # not the first second of a run (a hop's flows report about once a second, so a
     # second may go missing in between): the fault began within it, and its busiest
     # bin may have come before (a port shaped mid-second passed that second's peak)
-    lossy_into = {n: {s for s in got if s in seconds and
+    fault_seconds = {n: {s for s in got if s in seconds and
                       any(s - k in got for k in range(1, ONSET_LOOKBACK_S + 1))}
-                  for n, got in resent.items()}
-    nodes = set(lossy_into)
+                  for n, got in showed.items()}
+    nodes = set(fault_seconds)
     fed_from_outside: dict[str, set] = {}
     fed_in_rack: dict[str, set] = {}
     job_nodes = set(ev.node_of_rank.values())
@@ -138,11 +140,11 @@ def port_rates(snap: Snapshot, tor_of, bad: list[BadCell]) -> PortRates:
     narrowed, kept = set(), set()
     for node in judged & nodes:
         verdict = rate(node, (fed_from_outside.get(node, set()) |
-                              fed_in_rack.get(node, set())) & lossy_into[node])
+                              fed_in_rack.get(node, set())) & fault_seconds[node])
         if verdict is not None:
             (kept if verdict == "kept" else narrowed).add(("in", node))
     for rack in racks:
-        faulty = set().union(*(lossy_into[n] for n in nodes if tor_of(n) == rack))
+        faulty = set().union(*(fault_seconds[n] for n in nodes if tor_of(n) == rack))
         verdicts = [v for v in (rate(n, fed_from_outside.get(n, set()) & faulty)
                                 for n in sorted(judged) if tor_of(n) == rack) if v]
         if "kept" in verdicts:
