@@ -26,7 +26,7 @@ from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.evidence import CellTotals
 from diagnosis.finding import Evidence
 from diagnosis.localize import BadCell, Located, locate, told_apart
-from diagnosis.snapshot import Snapshot
+from diagnosis.snapshot import Snapshot, resends_as_lossy
 
 MIN_RTO_S = 0.2           # Linux's minimum retransmission timeout (TCP_RTO_MIN)
 #: a second of a fault follows another within this many seconds (port_rates)
@@ -158,12 +158,11 @@ def port_rates(snap: Snapshot, tor_of, bad: list[BadCell]) -> PortRates:
 
 def _faulty_second(c, usual_rtt_us: float | None, t) -> bool:
     """One second of a lossy hop in which the fault showed: it resent as a lossy cell
-    does (snapshot.classify_cells), or resent anything while its RTT stood
+    does (snapshot.resends_as_lossy), or resent anything while its RTT stood
     rtt_excess_us above its usual (a queue that overflows now and then resends a few
     segments a second; a healthy ring's hops resend a few now and then too, at their
     usual RTT)."""
-    sent = c.bytes_acked + c.retrans_bytes
-    if c.retrans_segs >= t.loss_min_segs and sent and c.retrans_bytes / sent >= t.loss_ratio:
+    if resends_as_lossy(c, t):
         return True
     return bool(c.retrans_segs) and usual_rtt_us is not None and \
         c.rtt_p50_us is not None and c.rtt_p50_us >= usual_rtt_us + t.rtt_excess_us
@@ -362,9 +361,7 @@ def _bad_span_ns(snap: Snapshot, located: Located) -> tuple[int, int]:
             sec = ev.cells.get(b.cell.key, {}).get(s)
             if sec is None:
                 continue
-            sent = sec.bytes_acked + sec.retrans_bytes
-            lossy = sec.retrans_segs >= per_second and sent and \
-                sec.retrans_bytes / sent >= t.loss_ratio
+            lossy = resends_as_lossy(sec, t, per_second)
             queued = floor is not None and sec.bytes_acked and sec.rtt_p50_us is not None \
                 and sec.rtt_p50_us >= max(floor * t.rtt_inflation, floor + t.rtt_excess_us)
             if (b.lossy and lossy) or (b.delayed and not b.lossy and queued):

@@ -252,6 +252,15 @@ def _data_load(ev: JobEvidence, rank: str, steps: Iterable[Step]) -> float | Non
     return None
 
 
+def resends_as_lossy(c, t: Thresholds, min_segs: int | None = None) -> bool:
+    """A hop's window or second (CellTotals, CellSecond) resent as a lossy one does: at
+    least min_segs segments (loss_min_segs unless given), and loss_ratio of the
+    payload it sent."""
+    sent = c.bytes_acked + c.retrans_bytes
+    return c.retrans_segs >= (t.loss_min_segs if min_segs is None else min_segs) and \
+        sent > 0 and c.retrans_bytes / sent >= t.loss_ratio
+
+
 def classify_cells(cells: list[CellTotals], floor_of, t: Thresholds):
     """(data cells, lossy cells, delayed cells, timed cells) of one window;
     floor_of(cell) is the RTT floor the cell is judged against (None: not known, or
@@ -259,7 +268,7 @@ def classify_cells(cells: list[CellTotals], floor_of, t: Thresholds):
     cells with RTT samples and a floor; only of them is "delayed or not" known."""
     data = [c for c in cells if c.bytes_acked >= t.cell_min_bytes]
     lossy = [c for c in cells if c.bytes_acked + c.retrans_bytes >= t.cell_min_bytes
-             and c.retrans_segs >= t.loss_min_segs and c.loss_ratio >= t.loss_ratio]
+             and resends_as_lossy(c, t)]
     delayed, timed = [], []
     for c in data:
         floor = floor_of(c)
