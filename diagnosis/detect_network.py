@@ -128,9 +128,14 @@ def port_rates(snap: Snapshot, tor_of, bad: list[BadCell]) -> PortRates:
         """"narrowed" where the node received at most narrowed_share of its usual peak
         over the seconds `fed` (their median), "kept" where at least kept_share of it
         in every one of them, two at least (a port narrowed within the window has
-        passed its usual peak in the seconds before); else None."""
+        passed its usual peak in the seconds before); else None. A second with no
+        peak is one whose nic_window has not reached the store yet (the node's second
+        is read once its tcp_node is in; the probes ship apart), not an idle port: the
+        node received a cell's worth in it. Read as zero, it named node3's port where
+        live reads of tor0's shaped uplink came before its peaks."""
         table = ev.nodes.get(node, {})
-        shares = [table[s].rx_peak_util / usual[node] for s in fed if s in table]
+        shares = [table[s].rx_peak_util / usual[node] for s in fed
+                  if s in table and table[s].rx_peak_util > 0]
         if not shares:
             return None
         if statistics.median(shares) <= t.narrowed_share:

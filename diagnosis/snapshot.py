@@ -237,19 +237,32 @@ PHASE_LOOKBACK_STEPS = 16
 
 
 def _data_load(ev: JobEvidence, rank: str, steps: Iterable[Step]) -> float | None:
-    """The shortest data_load time of the first PHASE_STEPS of these steps (the latest
-    first) that had one: the agent reports a read's pieces only from one that is large
-    enough or follows another closely, so a slow store's read may go unreported in
-    some steps; a step without one says nothing about how long its read took (None
-    when none has one)."""
+    """The shorter data_load time of the latest PHASE_STEPS reads: of the first of
+    these steps (the latest first) that had one, and of the read of the step the rank
+    is in (gloo_progress) where that takes the value up. The agent reports a read's
+    pieces only from one that is large enough or follows another closely, so a slow
+    store's read may go unreported in some steps; a step without one says nothing
+    about how long its read took (None when too few have one). A read in progress
+    is reported piece by piece as it streams: what has come of it is a lower bound
+    of its length, so the shortest of it and the latest complete reads is a lower
+    bound of the latest reads' shortest, taken only where it exceeds what the complete
+    steps give (a read just begun would lower it). It names a slow store while its
+    second slow read still streams, a step sooner."""
     spans = []
     for step in steps:
         seconds = phase_seconds(ev, rank, step, "data_load")
         if seconds > 0:
             spans.append(seconds)
             if len(spans) == PHASE_STEPS:
-                return min(spans)
-    return None
+                break
+    done = min(spans) if len(spans) == PHASE_STEPS else None
+    p = ev.open_step(rank)
+    if p is None or len(spans) < PHASE_STEPS - 1:
+        return done
+    so_far = phase_seconds(ev, rank, p.as_step(), "data_load")
+    if so_far <= 0:
+        return done
+    return max(done or 0.0, min([so_far, *spans[:PHASE_STEPS - 1]]))
 
 
 def resends_as_lossy(c, t: Thresholds, min_segs: int | None = None) -> bool:

@@ -205,6 +205,23 @@ def test_a_port_is_judged_only_by_data_that_crossed_no_other_racks_uplink(fed):
     assert ("in", "node3") not in rates.kept
 
 
+def test_a_second_whose_nic_peak_has_not_come_is_not_judged():
+    """Node3 receives its reads while the hop into it resends, but its nic_window of
+    the fault's seconds has not reached the store (its tcp_node has): those seconds
+    say nothing of its port, neither narrowed nor kept."""
+    def hop(s, src, dst):
+        return HopPlan(loss=0.05, rtt_us=6000.0) if s >= FAULT and dst == 3 else HopPlan()
+    spec = SynthJob(nodes=4, seconds=FAULT + 4, hop=hop,
+                    rx_peak=lambda s, k: 0.0 if s >= FAULT and k == 3 else 0.5,
+                    reads=lambda s, k: 2_000_000 if k == 3 else 0)
+    engine = JobEngine(spec.job, tor_of=TWO_TORS)
+    replay(engine, build(spec), spec.t0_s, spec.end_s)
+    snap = engine.snapshot(spec.end_s)
+    rates = port_rates(snap, TWO_TORS, bad_cells(snap))
+    assert ("in", "node3") not in rates.narrowed | rates.kept
+    assert ("down", "tor1") not in rates.narrowed | rates.kept
+
+
 def test_a_port_is_judged_over_the_seconds_of_the_fault_after_its_first():
     """Node3's port narrows at FAULT, to 0.4 of its usual peak, but the second the
     fault began in still passed its usual peak (the shaper came mid-second): neither
@@ -767,6 +784,36 @@ def test_growing_data_loads_with_steady_grad_sync_are_an_input_stall_at_the_stor
     rate = {e.what: e.value for e in f.evidence}["read rate from the storage"]
     assert rate == round((1 << 20) / 0.8 / 1e6, 2)
     assert f.advice[0].knob == "DataLoader num_workers / prefetch_factor"
+
+
+def streamed(ev: JobEvidence, piece_s: float) -> JobEvidence:
+    """The job's reads as the agent reports a slow one: in pieces of piece_s, each a
+    transfer of its own (gloo_phase data_load per piece)."""
+    for phases in ev.phases.values():
+        for key, p in [(k, p) for k, p in phases.items() if p.phase == "data_load"]:
+            del phases[key]
+            pieces = max(1, round(p.seconds / piece_s))
+            for j in range(pieces):
+                at_ns = p.time_ns + int(j * p.seconds / pieces * SECOND)
+                phases[(at_ns, "data_load")] = p._replace(
+                    time_ns=at_ns, seconds=p.seconds / pieces, bytes=p.bytes // pieces)
+    return ev
+
+
+def test_a_slow_store_is_named_while_the_second_slow_read_still_streams():
+    """The store slows at FAULT: each step's read takes 2.0 s instead of 0.05 s, reported
+    piece by piece as it streams. The first slow step ends at FAULT + 2.6; what has
+    come of the second's read already makes the shorter of the two latest reads
+    twice the baseline's, so the store is named before that step ends."""
+    def step(i, t):
+        return StepPlan() if t < FAULT else StepPlan(seconds=2.6, sync=0.3, data_load=2.0)
+    spec = SynthJob(seconds=60, step=step, progress=True)
+    engine = JobEngine(spec.job)
+    findings = replay(engine, streamed(build(spec), 0.25), spec.t0_s, spec.end_s)
+    (f,) = serious(findings)
+    assert (f.cause, f.where) == ("input_stall", f"peer {STORAGE}")
+    second_slow_step_ends = FAULT + 2 * 2.6
+    assert at(FAULT + 2.6) < f.first_seen_ns < at(second_slow_step_ends)
 
 
 def test_a_rank_computing_longer_while_nobody_waits_longer_is_no_straggler():
