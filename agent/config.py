@@ -77,7 +77,9 @@ class AgentConfig:
         "resolution (100 us NIC bins, exact event timestamps) at any interval. BPF "
         "ring buffers are sized to hold one interval. The agent polls more often where "
         "the NIC probe's rings (a region per CPU) would otherwise exceed 128 MiB (many "
-        "CPUs and interfaces), and says so in its log"))
+        "CPUs and interfaces), and says so in its log. Polls run 20 ms after each "
+        "multiple of the interval on the wall clock (fabricscope/cadence.py), so that "
+        "a second's records of every probe and node leave together, just after it"))
     nice: int = field(default=10, metadata=doc(
         "CPU priority (nice, 0..19) the agent drops to once its probes are attached, so "
         "that training threads get the CPU first (a rank delayed by the agent delays every "

@@ -13,9 +13,16 @@ import logging
 import time
 from typing import Callable, Iterable, Protocol
 
+from fabricscope.cadence import until_next
 from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.pipeline")
+
+#: polls run this long after each multiple of the poll interval on the wall clock
+#: (fabricscope/cadence.py): the NIC probe's window of the second before has closed,
+#: with the packets stamped just before the boundary in the kernel's rings, and the
+#: tcp probe's window cut here spans the same second
+POLL_OFFSET_S = 0.02
 
 
 class Output(Protocol):
@@ -105,7 +112,7 @@ async def poll_stage(probes, node: str, interval_s: float, out: asyncio.Queue, m
         if stopping:
             break
         try:
-            await asyncio.wait_for(stop.wait(), interval_s)
+            await asyncio.wait_for(stop.wait(), until_next(interval_s, POLL_OFFSET_S))
         except asyncio.TimeoutError:
             pass
     if after_poll is not None:

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.fleet import SECOND, Fleet
-from bench.harness import Benchmark
+from bench.harness import Benchmark, percentile
 from bench.loadgen import PacedStream, grpc_message
 from fabricscope.services import InfluxServer
 from fabricscope.wire import make_batch
@@ -124,18 +124,12 @@ class Round:
 
     @property
     def ack_p99_s(self) -> float:
-        return percentile(self.latencies_s, 99)
+        p99 = percentile(self.latencies_s, 99)
+        return float("nan") if p99 is None else p99
 
     @property
     def kept_up(self) -> bool:
         return self.late_s < KEPT_UP_S and self.ack_p99_s < KEPT_UP_S
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
 def expected_latency_s(rows: list[dict], fleet: Fleet) -> float | None:

@@ -17,14 +17,9 @@ import random
 import statistics
 import sys
 
+from bench.harness import percentile
 from bench.scenarios import NAMES, draw, run_scenario, running_bench
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
+from fabricscope.errors import UserError
 
 
 def run_matrix(repeats: int, seed: int = 1, names: list[str] = NAMES, replicas: int = 2,
@@ -128,7 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(NAMES))
     if unknown:
         p.error(f"--only: no scenario {', '.join(unknown)} (there are {', '.join(NAMES)})")
-    print(text(summarize(run_matrix(args.repeats, seed=args.seed, names=names))))
+    try:
+        outcomes = run_matrix(args.repeats, seed=args.seed, names=names)
+    except UserError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:       # SIGINT, or SIGTERM (the lab turns it into this)
+        print("bench.diagnosis_matrix: interrupted; the lab and its servers are down, "
+              "and no summary is printed for the runs cut short", file=sys.stderr)
+        return 130
+    print(text(summarize(outcomes)))
     return 0
 
 

@@ -125,6 +125,15 @@ def paired_ratios(base: list[float], subj: list[float]) -> list[float]:
     return out
 
 
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile by nearest rank over the sorted values (one of them, never
+    an interpolation); None for no values."""
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
+
+
 def quartiles(values: list[float]) -> tuple[float, float]:
     if len(values) < 2:
         v = values[0] if values else float("nan")

@@ -69,7 +69,9 @@ class CollectorConfig:
         "owns back from InfluxDB (InfluxQL on influx_url; 2.x needs its v1 compatibility "
         "API and a DBRP mapping for the bucket), writes findings and exports them"))
     diagnosis_interval_s: float = field(default=1.0, metadata=doc(
-        "seconds between two evaluations of every owned job"))
+        "seconds between two evaluations of every owned job; they run 0.5 s after each "
+        "multiple of it on the wall clock, once the agents' batches of the second "
+        "before have landed (fabricscope/cadence.py)"))
     replica_id: str = field(default="", metadata=doc(
         "this replica's name among the collectors sharing the jobs (heartbeats, "
         "ownership); empty: host name and gRPC port"))

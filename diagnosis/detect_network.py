@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.evidence import CellTotals
 from diagnosis.finding import Evidence
-from diagnosis.localize import BadCell, Located, locate, told_apart
+from diagnosis.localize import BadCell, Located, PortRates, locate, told_apart
 from diagnosis.snapshot import Snapshot, resends_as_lossy
 
 MIN_RTO_S = 0.2           # Linux's minimum retransmission timeout (TCP_RTO_MIN)
@@ -55,21 +55,6 @@ def _delay_stands_out(snap: Snapshot, c: CellTotals) -> bool:
     it says whether its loss came with a queue."""
     usual = snap.usual_rtt_us.get(c.key)
     return usual is None or (c.rtt_p50_us or 0.0) >= usual + snap.thresholds.rtt_excess_us
-
-
-@dataclass(frozen=True)
-class PortRates:
-    """Fabric elements (localize.path's (kind, name): a node's port toward it `in`, a
-    ToR's downlink `down`) judged by the NIC peaks of the nodes they feed
-    (port_rates). `narrowed`: the node behind a port, or two nodes or more behind a
-    downlink and no other, received at most narrowed_share of its usual peak (the
-    element paces all that crosses it); `kept`: a node behind it received at least
-    kept_share of its usual peak in every second judged (the element passes
-    traffic at full rate, so a queue there needs senders converging on it, not a
-    narrowed link). Elements with no witness traffic are in neither."""
-
-    narrowed: frozenset = frozenset()
-    kept: frozenset = frozenset()
 
 
 def port_rates(snap: Snapshot, tor_of, bad: list[BadCell]) -> PortRates:

@@ -73,6 +73,18 @@ USUAL_SECONDS = 3
 TRACE_PATH = os.environ.get("FABRICSCOPE_DIAGNOSIS_TRACE", "")
 
 
+def _baseline_medians(tables: dict, b: Baseline, value) -> dict:
+    """For each key of tables (key -> second -> record), the median of value(record)
+    over the baseline's seconds where it is not None, at least USUAL_SECONDS of them."""
+    lo, hi = b.start_ns // SECOND, b.end_ns // SECOND
+    usual = {}
+    for key, table in tables.items():
+        values = [v for s, x in table.items() if lo <= s < hi and (v := value(x)) is not None]
+        if len(values) >= USUAL_SECONDS:
+            usual[key] = statistics.median(values)
+    return usual
+
+
 @dataclass
 class Gauges:
     """The job's numbers for /metrics (the alerts' trends)."""
@@ -197,28 +209,17 @@ class JobEngine:
 
     def _usual_rtts(self, b: Baseline) -> dict:
         """Each hop's median RTT over the seconds of the job's baseline in which it
-        carried data (at least USUAL_SECONDS of them): what its flows' RTT is
-        while the job runs healthy, its hosts' own pace and the load's included."""
-        t, lo, hi = self.thresholds, b.start_ns // SECOND, b.end_ns // SECOND
-        usual = {}
-        for key, table in self.ev.cells.items():
-            rtts = [c.rtt_p50_us for s, c in table.items() if lo <= s < hi
-                    and c.rtt_p50_us is not None and c.bytes_acked >= t.cell_min_bytes]
-            if len(rtts) >= USUAL_SECONDS:
-                usual[key] = statistics.median(rtts)
-        return usual
+        carried data: what its flows' RTT is while the job runs healthy, its hosts'
+        own pace and the load's included."""
+        t = self.thresholds
+        return _baseline_medians(self.ev.cells, b, lambda c: c.rtt_p50_us
+                                 if c.bytes_acked >= t.cell_min_bytes else None)
 
     def _usual_rx_peaks(self, b: Baseline) -> dict:
-        """Each node's median over the baseline's seconds (at least USUAL_SECONDS
-        with traffic) of its busiest 100 us bin received in the second: the peak its
-        port passes while the job runs healthy (detect_network.port_rates)."""
-        lo, hi = b.start_ns // SECOND, b.end_ns // SECOND
-        usual = {}
-        for node, table in self.ev.nodes.items():
-            peaks = [x.rx_peak_util for s, x in table.items() if lo <= s < hi and x.rx_peak_util]
-            if len(peaks) >= USUAL_SECONDS:
-                usual[node] = statistics.median(peaks)
-        return usual
+        """Each node's median over the baseline's seconds with traffic of its busiest
+        100 us bin received in the second: the peak its port passes while the job
+        runs healthy (detect_network.port_rates)."""
+        return _baseline_medians(self.ev.nodes, b, lambda x: x.rx_peak_util or None)
 
     def _learn_floors(self, cells: list[CellTotals], job_nodes: set[str]) -> None:
         """The lowest median RTT a data hop between the job's nodes showed."""

@@ -30,6 +30,7 @@ from diagnosis.graph import GRAPH_EVERY_NS, graph_records
 from diagnosis.metrics import DiagnosisMetrics
 from diagnosis.source import Members, Starts, StoreSource
 from diagnosis.store import Store, StoreError, quote
+from fabricscope.cadence import until_next
 from fabricscope.records import Record
 
 log = logging.getLogger("collector.diagnosis")
@@ -42,6 +43,13 @@ READ_BACK_S = 10             # records up to this late (an agent that lagged) ar
 CATCH_UP_S = 10              # a catch-up tick this often, rereading READ_BACK_S + CATCH_UP_S
 JOBS_EVERY_S = 5             # the jobs and their ranks are looked up this often
 TAKEOVER_S = 600             # a new owner reads this much history once
+#: ticks run this long after each multiple of the interval on the wall clock
+#: (fabricscope/cadence.py): the agents poll just after each second begins
+#: (agent/pipeline.py POLL_OFFSET_S), their batches leave within flush_interval_s
+#: (0.2 s by default) and land in the store tens of ms later, so a tick reads the
+#: second before whole. At a free phase a tick waited half an interval on average
+#: for data that was already in, and read a window's last second half in
+TICK_OFFSET_S = 0.5
 
 
 def _still_evaluated_ns(engine: JobEngine) -> int:
@@ -146,7 +154,6 @@ class LiveDiagnosis:
 
     async def _run(self) -> None:
         while True:
-            started = time.monotonic()
             try:
                 await asyncio.to_thread(self.tick)
                 self._warned.clear()
@@ -157,7 +164,7 @@ class LiveDiagnosis:
                 if self._failed("engine"):
                     log.exception("diagnosis tick failed (counted in "
                                   "fabricscope_diagnosis_errors_total{kind=\"engine\"})")
-            await asyncio.sleep(max(0.05, self.interval_s - (time.monotonic() - started)))
+            await asyncio.sleep(until_next(self.interval_s, TICK_OFFSET_S))
 
     def _failed(self, kind: str) -> bool:
         """Count a failed tick; True when this kind is to be logged (once until a tick

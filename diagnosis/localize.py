@@ -103,6 +103,21 @@ class Located:
     hops: Hops = Hops()
 
 
+@dataclass(frozen=True)
+class PortRates:
+    """Fabric elements (path's (kind, name): a node's port toward it `in`, a ToR's
+    downlink `down`) judged by the NIC peaks of the nodes they feed
+    (detect_network.port_rates). `narrowed`: the node behind a port, or two nodes or
+    more behind a downlink and no other, received at most narrowed_share of its
+    usual peak (the element paces all that crosses it); `kept`: a node behind it
+    received at least kept_share of its usual peak in every second judged (the
+    element passes traffic at full rate, so a queue there needs senders converging
+    on it, not a narrowed link). Elements with no witness traffic are in neither."""
+
+    narrowed: frozenset = frozenset()
+    kept: frozenset = frozenset()
+
+
 def path(src: str, dst: str | None, tor_of, peer: str = "") -> set[tuple[str, str]]:
     """Elements a transfer src -> dst crosses: (kind, name) with kind out/up/down/in;
     to a peer outside the job (dst None: storage, the collector), src's port, its
@@ -151,7 +166,7 @@ def candidates(bad: list[BadCell], tor_of) -> list[Place]:
 
 def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int = 3,
            prefer: frozenset = frozenset(), recent: list[BadCell] = (),
-           rates=None) -> tuple[list[Located], list[BadCell]]:
+           rates: PortRates = PortRates()) -> tuple[list[Located], list[BadCell]]:
     """The places that explain the bad cells, greedily (at most max_places), and the
     cells none of them explains. The caller names causes only when the places
     explain enough of the bad cells (thresholds.place_explains). `prefer`: places
@@ -161,11 +176,10 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
     that explain this window's loss equally (the flow that tells a node's port from
     its ToR's uplink, another node's or a checkpoint's through the uplink, crosses
     it only now and then), and are explained by no place of their own. `rates`
-    (detect_network.PortRates): the elements in front of nodes that pace what
+    (PortRates): the elements in front of nodes that pace what
     crosses them (`narrowed`: a queue there is where its lossy hops meet it) and
     those that pass traffic at full rate (`kept`: no narrowed link to queue at)."""
-    narrowed = rates.narrowed if rates is not None else frozenset()
-    kept = rates.kept if rates is not None else frozenset()
+    narrowed, kept = rates.narrowed, rates.kept
     remaining = list(bad)
     found: list[Located] = []
     clean_paths = [(c, path(c.key.node, c.peer_node, tor_of, c.key.peer)) for c in clean]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from diagnosis.detect_network import PortRates
+from diagnosis.localize import PortRates
 from diagnosis.evidence import CellKey, CellTotals
 from diagnosis.localize import (BadCell, Place, _plausible_side, candidates, locate, path,
                                 told_apart)

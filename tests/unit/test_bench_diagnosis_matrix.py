@@ -1,0 +1,23 @@
+"""`python -m bench.diagnosis_matrix` ends with one line, not a traceback, when it is
+interrupted (SIGINT, or SIGTERM, which the lab turns into KeyboardInterrupt) or its
+lab cannot start."""
+
+from __future__ import annotations
+
+import pytest
+
+import bench.diagnosis_matrix as matrix
+from fabricscope.errors import UserError
+
+
+@pytest.mark.parametrize("raised, code, said", [
+    (KeyboardInterrupt(), 130, "interrupted"),
+    (UserError("the lab needs root", "run it as root"), 2, "the lab needs root")],
+    ids=["interrupted", "user-error"])
+def test_the_bench_ends_with_one_line(monkeypatch, capsys, raised, code, said):
+    def run_matrix(*args, **kwargs):
+        raise raised
+    monkeypatch.setattr(matrix, "run_matrix", run_matrix)
+    assert matrix.main(["--repeats", "1", "--only", "healthy"]) == code
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1 and "Traceback" not in err
