@@ -37,9 +37,15 @@ retransmit inside a collective's window, or the collective windows around a
 transfer, happened before the record was made, so the next poll has drained
 them; the tcp probes hold a record until its owner is known); a training process's
 transfer waits on, up to WINDOW_WAIT_S, until that process's collective windows
-up to its end have arrived (counted as transfers_awaited); everything else passes
-straight through. Windows, steps and retransmits are remembered for HORIZON_S per
-process.
+up to its end have arrived (counted as transfers_awaited). A transfer on a flow
+already settled apart from the ring (SETTLED_BYTES outside the windows, which
+outweigh those inside by more than its own, so no window can make it a ring
+flow), with none of the flow's transfers still waiting before it, goes on with
+its own poll (counted as transfers_settled): a slow read streams in pieces on
+one persistent connection, and its pieces would otherwise wait for the step's
+next collective to return, a step after they came. Everything else passes
+straight through. Windows, steps and retransmits are remembered for HORIZON_S
+per process.
 """
 
 from __future__ import annotations
@@ -58,6 +64,11 @@ TAIL_S = 0.02         # default tail_s: the agent passes config tcp_transfer_tai
 TAIL_BYTES = 64 << 10     # a piece this small after a transfer continues its phase
 MAX_FLOW_PHASES = 4096    # flows per process whose last phase is remembered (oldest go)
 MAX_NCCL_COMMS = 65536    # communicators remembered from NCCL logs (oldest dropped)
+#: bytes a flow must have moved outside the collective windows before its transfers
+#: go on without waiting for the windows of their time (_settled_apart): far more
+#: than a ring connection's setup exchange, so that a ring flow's first small
+#: transfers, voted before their windows came, cannot settle it apart
+SETTLED_BYTES = 1 << 20
 _HELD = frozenset({"gloo_collective", "gloo_step", "tcp_transfer"})
 _WINDOWED = frozenset({"gloo_collective", "gloo_step"})     # joined by their window alone
 
@@ -170,6 +181,8 @@ class TrainingJoin:
         self.window_wait_s = max(hold_s, WINDOW_WAIT_S)
         self._votes: dict[int, str] = {}     # id(held transfer) -> pid it voted "inside" for
         self._unvoted: dict[str, dict[int, Record]] = {}   # pid -> held transfers, no vote yet
+        #: (pid, flow) -> its transfers held or awaiting windows
+        self._waiting_on_flow: defaultdict[tuple, int] = defaultdict(int)
         self._procs: dict[str, _Process] = defaultdict(_Process)
         self._pid_of: dict[tuple[str, str], str] = {}                  # (job, rank) -> pid
         self._steps: dict[tuple[str, str], list[tuple[int, int, int]]] = defaultdict(list)
@@ -179,7 +192,7 @@ class TrainingJoin:
             OrderedDict()
         self.counters = {"nccl_calls_completed_from_logs": 0, "transfers_unlisted": 0,
                          "transfers_folded": 0, "transfers_control": 0, "transfers_written": 0,
-                         "transfers_awaited": 0,
+                         "transfers_awaited": 0, "transfers_settled": 0,
                          "phases_inferred": 0,
                          "collectives_joined": 0, "steps_joined": 0}
 
@@ -212,7 +225,12 @@ class TrainingJoin:
             elif r.measurement == "nccl_call" and "rank" not in r.fields:
                 self._complete_nccl_call(r)
             elif r.measurement == "tcp_transfer":
+                if self._settled_apart(r):
+                    self.counters["transfers_settled"] += 1
+                    out += self._release(r)
+                    continue
                 self._unvoted.setdefault(r.tags.get("pid", ""), {})[id(r)] = r
+                self._waiting_on_flow[_waiting_key(r)] += 1
                 fresh.append(r)
             if r.measurement in _HELD:
                 self._held.append((now_s, self._polls, r))
@@ -271,6 +289,22 @@ class TrainingJoin:
         while self._held:
             out += self._release(self._held.popleft()[2])
         return out
+
+    def _settled_apart(self, r: Record) -> bool:
+        """A training process's transfer whose flow no window can make a ring flow
+        (its bytes outside the windows exceed those inside with this transfer's
+        counted in), with no earlier transfer of the flow still held: its vote and
+        its phase come out the same with the windows of its time as without, and
+        its flow's order is kept (a checkpoint's tail piece takes the phase of the
+        transfer before it)."""
+        if not _training(r) or self._waiting_on_flow.get(_waiting_key(r)):
+            return False
+        proc = self._procs.get(r.tags["pid"])
+        if proc is None:
+            return False
+        inside, outside, _ = proc.votes.get(_flow(r), (0, 0, 0))
+        weight = max(1, int(r.fields["bytes_in"]) + int(r.fields["bytes_out"]))
+        return outside >= SETTLED_BYTES and inside + weight <= outside
 
     def _awaits_windows(self, r: Record, arrived_s: float, now_s: float) -> bool:
         """A training process's transfer is judged (ring flow or phase) only once that
@@ -373,6 +407,11 @@ class TrainingJoin:
 
     def _release(self, r: Record) -> list[Record]:
         if r.measurement == "tcp_transfer":
+            key = _waiting_key(r)
+            if self._waiting_on_flow.get(key):
+                self._waiting_on_flow[key] -= 1
+                if not self._waiting_on_flow[key]:
+                    del self._waiting_on_flow[key]
             return self._transfer(r)
         pid = str(r.fields.get("pid", "")) if r.measurement == "gloo_collective" else \
             self._pid_of.get((r.tags.get("job", ""), r.tags.get("rank", "-")), "")
@@ -442,6 +481,10 @@ class TrainingJoin:
             return -1
         _, end, index = steps[i - 1]      # the latest step started by t (steps do not overlap)
         return index if end < 0 or t < end else index + 1
+
+
+def _waiting_key(r: Record) -> tuple[str, tuple[str, str, str, str]]:
+    return r.tags.get("pid", ""), _flow(r)
 
 
 def _flow(r: Record) -> tuple[str, str, str, str]:

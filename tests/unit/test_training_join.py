@@ -276,3 +276,53 @@ def test_with_the_tail_rule_off_every_piece_is_classified_by_its_own_bytes():
     out = join.feed([first, tail], now_s=100.0) + join.flush()
     assert [p.tags["phase"] for p in sorted(by(out, "gloo_phase"), key=lambda r: r.time_ns)] \
         == ["checkpoint", "data_load"]
+
+
+def test_a_read_on_a_flow_settled_apart_goes_on_with_its_own_poll():
+    """Two 1 MiB reads outside the collective windows settle the data server's flow
+    apart from the ring; a slow read's next piece then goes out with the poll that
+    drained it, as a data_load phase, without waiting for the windows of its time
+    (a ring transfer of the same poll still waits)."""
+    join = TrainingJoin(True)
+    join.feed([collective(0, 0.010), transfer(20, 0.002, 1 << 20, 16),
+               transfer(40, 0.002, 1 << 20, 16), collective(50, 0.010)], now_s=100.0)
+    join.feed([], now_s=101.0)
+    assert join.stats()["phases_inferred"] == 2
+    ring = transfer(1200, 0.004, 2 << 20, 2 << 20, daddr="198.18.0.3")
+    out = join.feed([transfer(1100, 0.001, 80_000, 0), ring], now_s=102.0)
+    (phase,) = by(out, "gloo_phase")
+    assert phase.time_ns == T0 + 1100 * MS and phase.tags["phase"] == "data_load"
+    assert by(out, "tcp_transfer")[0].time_ns == T0 + 1100 * MS
+    assert join.stats()["transfers_settled"] == 1
+
+
+def test_a_flow_with_a_transfer_still_waiting_keeps_its_order():
+    """While one of its transfers waits for the windows of its time, the flow's next
+    transfer waits behind it, settled or not, and they go on in their order (a
+    checkpoint's tail piece takes the phase of the transfer before it)."""
+    join = TrainingJoin(True)
+    out = join.feed([collective(0, 0.010), transfer(20, 0.002, 1 << 20, 16),
+                     transfer(40, 0.002, 1 << 20, 16), transfer(70, 0.002, 1 << 20, 16),
+                     collective(50, 0.010)], now_s=100.0)
+    out += join.feed([], now_s=101.0)     # 20 and 40 go on; 70 waits for its windows
+    assert [p.time_ns for p in by(out, "gloo_phase")] == [T0 + 20 * MS, T0 + 40 * MS]
+    out += join.feed([transfer(1100, 0.001, 80_000, 0)], now_s=102.0)
+    assert len(by(out, "gloo_phase")) == 2 and join.stats()["transfers_settled"] == 0
+    out += join.feed([collective(1200, 0.010)], now_s=103.0)
+    assert [p.time_ns for p in by(out, "gloo_phase")][2:] == [T0 + 70 * MS, T0 + 1100 * MS]
+
+
+def test_a_ring_flow_is_never_settled_apart():
+    """A flow whose transfers lie inside the windows is folded, each transfer waiting
+    for the windows of its time, however many came before."""
+    ring = "198.18.0.3"
+    join = TrainingJoin(True)
+    out = join.feed([collective(0, 0.010), transfer(1, 0.004, 2 << 20, 2 << 20, daddr=ring),
+                     collective(20, 0.010), transfer(21, 0.004, 2 << 20, 2 << 20, daddr=ring)],
+                    now_s=100.0)
+    out += join.feed([], now_s=101.0)
+    out += join.feed([transfer(41, 0.004, 2 << 20, 2 << 20, daddr=ring)], now_s=102.0)
+    assert join.stats()["transfers_settled"] == 0
+    out += join.feed([collective(40, 0.010)], now_s=103.0)
+    out += join.feed([], now_s=104.0)
+    assert by(out, "gloo_phase") == [] and join.stats()["transfers_folded"] == 3
