@@ -26,7 +26,7 @@ from diagnosis.candidate import Candidate, RuledOut
 from diagnosis.evidence import CellTotals
 from diagnosis.finding import Evidence
 from diagnosis.localize import BadCell, Located, PortRates, locate, told_apart
-from diagnosis.snapshot import Snapshot, resends_as_lossy
+from diagnosis.snapshot import Snapshot, resends_as_lossy, rtt_inflated
 
 MIN_RTO_S = 0.2           # Linux's minimum retransmission timeout (TCP_RTO_MIN)
 #: a second of a fault follows another within this many seconds (port_rates)
@@ -88,8 +88,8 @@ def port_rates(snap: Snapshot, tor_of, bad: list[BadCell]) -> PortRates:
     # second may go missing in between): the fault began within it, and its busiest
     # bin may have come before (a port shaped mid-second passed that second's peak)
     fault_seconds = {n: {s for s in got if s in seconds and
-                      any(s - k in got for k in range(1, ONSET_LOOKBACK_S + 1))}
-                  for n, got in showed.items()}
+                         any(s - k in got for k in range(1, ONSET_LOOKBACK_S + 1))}
+                     for n, got in showed.items()}
     nodes = set(fault_seconds)
     fed_from_outside: dict[str, set] = {}
     fed_in_rack: dict[str, set] = {}
@@ -353,7 +353,7 @@ def _bad_span_ns(snap: Snapshot, located: Located) -> tuple[int, int]:
                 continue
             lossy = resends_as_lossy(sec, t, per_second)
             queued = floor is not None and sec.bytes_acked and sec.rtt_p50_us is not None \
-                and sec.rtt_p50_us >= max(floor * t.rtt_inflation, floor + t.rtt_excess_us)
+                and rtt_inflated(sec.rtt_p50_us, floor, t)
             if (b.lossy and lossy) or (b.delayed and not b.lossy and queued):
                 bad.append(s)
                 break

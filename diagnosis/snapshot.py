@@ -14,7 +14,8 @@ import statistics
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from diagnosis.evidence import SECOND, CellTotals, JobEvidence, NodeTotals, Step, Window
+from diagnosis.evidence import (SECOND, CellTotals, JobEvidence, NodeTotals, Progress, Step,
+                                Window)
 from diagnosis.thresholds import Thresholds
 
 
@@ -149,14 +150,18 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
     there; waiting for every step's last piece (the next step's read) named a slow
     store a step later."""
     out = {}
-    waiting = {rank for rank in ev.steps if ev.in_collective(rank)}
+    # each rank's step in progress, looked up once: whether it waits in a collective,
+    # whether it is late, and its read so far all come from it
+    open_steps = {rank: ev.open_step(rank) for rank in ev.steps}
+    waiting = {rank for rank, p in open_steps.items() if p is not None and p.waiting}
     others = len(ev.steps) - 1
     for rank, table in ev.steps.items():
         times = ev.step_times(rank)
         done = list(itertools.islice(_latest_first(table, times, until_ns), count))[::-1]
         if len(done) < count:
             continue
-        done, in_progress = _with_open_step(ev, rank, done, until_ns) \
+        now = open_steps[rank]
+        done, in_progress = _with_open_step(now, done, until_ns) \
             if 2 * len(waiting - {rank}) > others else (done, False)
         out[rank] = RankRecent(
             rank, done[-1].node, done,
@@ -164,14 +169,14 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
             _median([s.sync_seconds for s in done]),
             _median([max(0.0, s.seconds - s.sync_seconds) for s in done]),
             _data_load(ev, rank, itertools.islice(_latest_first(table, times, until_ns),
-                                                  PHASE_LOOKBACK_STEPS)),
+                                                  PHASE_LOOKBACK_STEPS), now),
             _throttled(done), in_progress, [cpu_compute(ev, s) for s in done])
     return out
 
 
-def _with_open_step(ev: JobEvidence, rank: str, done: list[Step],
+def _with_open_step(p: Progress | None, done: list[Step],
                     until_ns: int) -> tuple[list[Step], bool]:
-    """The rank's recent steps, the newest being the step it is in (gloo_progress)
+    """The rank's recent steps, the newest being the step it is in (p: gloo_progress)
     where it is computing, outside the collectives, and has computed longer so far
     than its recent median: a rank late to the next collective is late before its
     step ends, and the peers that wait for it wait meanwhile. The caller asks only
@@ -186,7 +191,6 @@ def _with_open_step(ev: JobEvidence, rank: str, done: list[Step],
     throttled through is no bound at all until the step ends (a quota's throttling
     spills into the start of the next step): neither is taken.
     Returns the steps and whether the newest is the one in progress."""
-    p = ev.open_step(rank)
     if p is None or p.waiting or p.time_ns + int(p.seconds * SECOND) > until_ns:
         return done, False
     step = p.as_step()
@@ -236,10 +240,11 @@ PHASE_STEPS = 2
 PHASE_LOOKBACK_STEPS = 16
 
 
-def _data_load(ev: JobEvidence, rank: str, steps: Iterable[Step]) -> float | None:
+def _data_load(ev: JobEvidence, rank: str, steps: Iterable[Step],
+               p: Progress | None) -> float | None:
     """The shorter data_load time of the latest PHASE_STEPS reads: of the first of
     these steps (the latest first) that had one, and of the read of the step the rank
-    is in (gloo_progress) where that takes the value up. The agent reports a read's
+    is in (p: gloo_progress) where that takes the value up. The agent reports a read's
     pieces only from one that is large enough or follows another closely, so a slow
     store's read may go unreported in some steps; a step without one says nothing
     about how long its read took (None when too few have one). A read in progress
@@ -256,7 +261,6 @@ def _data_load(ev: JobEvidence, rank: str, steps: Iterable[Step]) -> float | Non
             if len(spans) == PHASE_STEPS:
                 break
     done = min(spans) if len(spans) == PHASE_STEPS else None
-    p = ev.open_step(rank)
     if p is None or len(spans) < PHASE_STEPS - 1:
         return done
     so_far = phase_seconds(ev, rank, p.as_step(), "data_load")
@@ -274,6 +278,12 @@ def resends_as_lossy(c, t: Thresholds, min_segs: int | None = None) -> bool:
         sent > 0 and c.retrans_bytes / sent >= t.loss_ratio
 
 
+def rtt_inflated(rtt_us: float, floor_us: float, t: Thresholds) -> bool:
+    """A median RTT that stands rtt_inflation times, and rtt_excess_us, above the
+    floor: a queue's, not the hosts' own pace."""
+    return rtt_us >= max(floor_us * t.rtt_inflation, floor_us + t.rtt_excess_us)
+
+
 def classify_cells(cells: list[CellTotals], floor_of, t: Thresholds):
     """(data cells, lossy cells, delayed cells, timed cells) of one window;
     floor_of(cell) is the RTT floor the cell is judged against (None: not known, or
@@ -288,7 +298,7 @@ def classify_cells(cells: list[CellTotals], floor_of, t: Thresholds):
         if floor is None or c.rtt_p50_us is None:
             continue
         timed.append(c)
-        if c.rtt_p50_us >= max(floor * t.rtt_inflation, floor + t.rtt_excess_us):
+        if rtt_inflated(c.rtt_p50_us, floor, t):
             delayed.append(c)
     return data, lossy, delayed, timed
 
