@@ -17,7 +17,9 @@ MEASUREMENTS = [
         name="nic_window",
         doc="Traffic of one interface and direction over one aggregation window "
             "(config nic_window_s), resolved in bins of nic_bin_us. Written for every "
-            "window, zero when idle. Time: the window's start.",
+            "window, zero when idle. Time: the window's start: a multiple of nic_window_s "
+            "on the wall clock, to a bin (the bins run on the kernel's monotonic clock; "
+            "the windows are shifted to start with the agent's TCP windows' second).",
         source="agent probe nic (bpf/nic.bpf.c)",
         tags=dict(_IFACE),
         fields={

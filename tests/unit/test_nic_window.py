@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.probes.nic.ring import Bins
-from agent.probes.nic.window import Burst, BurstDetector, BurstSelector, WindowAssembler, p99
+from agent.probes.nic.window import (Burst, BurstDetector, BurstSelector, WindowAssembler, p99,
+                                     window_shift)
 
 BIN_NS = 100_000
 HOT = 6250.0              # 50 % of 1 Gbit/s in 100 us
@@ -153,6 +154,26 @@ def test_flush_reports_the_partial_window():
     wa.feed(bins([(101, 7)]), 0, upto=104, hot_bytes=HOT)
     w = wa.flush(upto=104)
     assert (w.start_ns, w.covered_bins, w.bytes) == (100 * BIN_NS, 4, 7)
+
+
+def test_shifted_windows_start_where_the_shift_says():
+    wa = WindowAssembler(BIN_NS, per_window=10, start_bin=96, shift=3)   # from bin 97
+    out = wa.feed(bins([(97, 1), (106, 2), (107, 3), (125, 4)]), 0, upto=130, hot_bytes=HOT)
+    assert [(w.start_ns // BIN_NS, w.covered_bins, w.bytes) for w in out] == \
+        [(97, 10, 3), (107, 10, 3), (117, 10, 4)]
+
+
+@pytest.mark.parametrize("offset_ns", [0, 1, 99_999, 100_000, 1_764_900_000_123_456_789])
+def test_the_shift_starts_each_window_within_a_bin_after_a_wall_clock_second(offset_ns):
+    """The agents cut their TCP windows just after each wall-clock second; a NIC window
+    must start with the second (not up to a bin before it: it would be stamped with
+    the second before)."""
+    second, per_window = 1_000_000_000, 10_000
+    shift = window_shift(offset_ns, BIN_NS, per_window)
+    wa = WindowAssembler(BIN_NS, per_window, start_bin=5_000_000, shift=shift)
+    out = wa.feed(bins([]), 0, upto=5_030_000, hot_bytes=HOT)
+    starts = [w.start_ns + offset_ns for w in out[1:]]    # the first is partial
+    assert len(starts) == 2 and all(0 <= t % second < BIN_NS for t in starts)
 
 
 @pytest.mark.parametrize("cut", [1, 3, 10, 25])

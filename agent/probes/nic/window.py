@@ -191,12 +191,24 @@ class WindowStats:
     lost_bins: int
 
 
-class WindowAssembler:
-    """Cuts the bin stream of one ring into windows of `per_window` bins."""
+def window_shift(wall_offset_ns: int, bin_ns: int, per_window: int) -> int:
+    """The shift (in bins) that starts the windows where the wall clock (monotonic +
+    wall_offset_ns) passes a multiple of the window, to a bin: the agents cut their
+    TCP windows at their poll just after each wall-clock second (agent/pipeline.py),
+    and a NIC window at a phase of its own in the second ended after that poll, so
+    its second reached the store a poll later than the node's TCP windows of the
+    same second (the engine's first read of a second found no NIC peak in it)."""
+    return (wall_offset_ns // bin_ns) % per_window
 
-    def __init__(self, bin_ns: int, per_window: int, start_bin: int):
-        self.bin_ns, self.per_window = bin_ns, per_window
-        self._window = (start_bin + 1) // per_window
+
+class WindowAssembler:
+    """Cuts the bin stream of one ring into windows of `per_window` bins, each starting
+    at a bin whose index plus `shift` is a multiple of per_window (the probe shifts
+    them onto the wall clock's seconds: window_shift)."""
+
+    def __init__(self, bin_ns: int, per_window: int, start_bin: int, shift: int = 0):
+        self.bin_ns, self.per_window, self.shift = bin_ns, per_window, shift
+        self._window = (start_bin + 1 + shift) // per_window
         self._covered_from = start_bin + 1        # first bin the probe counts
         self._reset()
 
@@ -208,10 +220,10 @@ class WindowAssembler:
         """Add the bins of a drain (all < upto); returns the windows that ended before upto."""
         self._lost += lost
         out: list[WindowStats] = []
-        windows = bins.index // self.per_window
+        windows = (bins.index + self.shift) // self.per_window
         lo = 0
         while True:
-            end_bin = (self._window + 1) * self.per_window
+            end_bin = (self._window + 1) * self.per_window - self.shift
             hi = int(np.searchsorted(windows, self._window, side="right"))
             self._add(bins.select(slice(lo, hi)), hot_bytes)
             lo = hi
@@ -236,7 +248,7 @@ class WindowAssembler:
         self._sizes.append(bins.bytes)
 
     def _close(self, end_bin: int) -> WindowStats:
-        start_bin = self._window * self.per_window
+        start_bin = self._window * self.per_window - self.shift
         covered = end_bin - max(start_bin, self._covered_from)
         sizes = np.concatenate(self._sizes) if self._sizes else np.zeros(0, np.int64)
         stats = WindowStats(start_bin * self.bin_ns, covered, self._bytes, self._packets,
