@@ -99,11 +99,11 @@ class StoreSource:
              steps_from: "int | Starts | None" = None, heartbeat_from_ns: int | None = None,
              heartbeats: bool = True, into: JobEvidence | None = None,
              phases_from: "int | Starts | None" = None) -> JobEvidence:
-        """The job's evidence of [t0, t1) (steps from steps_from, phases from
-        phases_from, default the steps'; each a time in ns or per-rank Starts).
-        Each node's latest window is looked up from heartbeat_from_ns
-        (default: two minutes back) unless `heartbeats` is False: then the windows
-        read say it (a live tick that knows the older ones).
+        """The job's evidence of [t0, t1), its cells and nodes in whole seconds (steps
+        from steps_from, phases from phases_from, default the steps'; each a time in
+        ns or per-rank Starts). Each node's latest window is looked up from
+        heartbeat_from_ns (default: two minutes back) unless `heartbeats` is False:
+        then the windows read say it (a live tick that knows the older ones).
 
         `into`: evidence to read into, as JobEvidence.merge would take a fresh read
         (what is read again replaces what was there where it differs, and only
@@ -114,7 +114,11 @@ class StoreSource:
         ev.node_of_rank.update(members.node_of_rank)
         if not members.nodes:
             return ev
-        cells = [_span(t0_ns, t1_ns)]
+        # cells and nodes from the start of t0's second: a node's tables stamp their
+        # windows at phases of their own within a second (its NIC windows run on the
+        # kernel's monotonic clock), and a read from inside a second summed the rows
+        # after that point as the whole second, replacing what an earlier read held
+        cells = [_span(t0_ns - t0_ns % SECOND, t1_ns)]
         nodes = regex_of(members.nodes)
         self._cells(ev, members.job, cells)
         self._nodes(ev, nodes, cells)
@@ -167,17 +171,17 @@ class StoreSource:
                 wheres, "node"):
             qdisc[tags["node"]] = _per_second(
                 values, _picker(columns, ("drops", "backlog_bytes")), _combine_qdisc)
+        empty: dict = {}
         for node in set(tcp) | {n for n, _ in nic} | set(qdisc):
-            own = [tcp.get(node, {}), nic.get((node, "tx"), {}), nic.get((node, "rx"), {}),
-                   qdisc.get(node, {})]
+            t, tx, rx, q = (tcp.get(node, empty), nic.get((node, "tx"), empty),
+                            nic.get((node, "rx"), empty), qdisc.get(node, empty))
             seconds: dict[int, tuple] = {}
-            for second in set().union(*own):
-                t, tx, rx, q = (part.get(second) for part in own)
-                util_tx, hot_tx, bursts_tx = tx or _NIC_ZERO
-                util_rx, hot_rx, bursts_rx = rx or _NIC_ZERO
-                seconds[second] = (*(t or _TCP_ZERO), max(0.0, float(util_tx)),
+            for second in t.keys() | tx.keys() | rx.keys() | q.keys():
+                util_tx, hot_tx, bursts_tx = tx.get(second, _NIC_ZERO)
+                util_rx, hot_rx, bursts_rx = rx.get(second, _NIC_ZERO)
+                seconds[second] = (*t.get(second, _TCP_ZERO), max(0.0, float(util_tx)),
                                    max(0.0, float(util_rx)), hot_tx + hot_rx,
-                                   bursts_tx + bursts_rx, *(q or _QDISC_ZERO))
+                                   bursts_tx + bursts_rx, *q.get(second, _QDISC_ZERO))
             update_changed(ev.nodes.setdefault(node, {}), seconds, NodeSecond)
 
     def _steps(self, ev: JobEvidence, members: Members, wheres: list[str]) -> None:
@@ -221,12 +225,17 @@ class StoreSource:
             rank, node = tags.get("rank") or "-", tags.get("node") or ""
             pick = _picker(columns, ("time", "seconds", "sync_seconds", "waiting",
                                      "throttled_seconds"))
+            held = ev.progress.get(rank, {})
             for v in values:
                 time_ns, seconds, sync, waiting, throttled = pick(v)
-                if seconds is not None and sync is not None:
-                    ev.take_progress(Progress(rank, node, time_ns, float(seconds), float(sync),
-                                              bool(waiting), None if throttled is None
-                                              else float(throttled)))
+                if seconds is None or sync is None:
+                    continue
+                fields = (float(seconds), float(sync), bool(waiting),
+                          None if throttled is None else float(throttled))
+                old = held.get(time_ns)
+                if old is not None and old[3:] == fields and old.node == node:
+                    continue              # read again as it was: most of a tick's reports
+                ev.take_progress(Progress(rank, node, time_ns, *fields))
 
     def _phases(self, ev: JobEvidence, job: str, wheres: list[str]) -> None:
         # a rank's kinds come as series of their own; its new keys go to its kept

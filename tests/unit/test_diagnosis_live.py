@@ -241,6 +241,37 @@ def test_starts_read_each_group_from_its_own_time_and_the_rest_from_the_first():
         assert start == min(many.own_ns[n] for n in names)
 
 
+def test_a_read_that_begins_inside_a_second_takes_the_whole_second(store):
+    """A node's NIC windows run on the kernel's monotonic clock, stamped at a phase of
+    their own within the wall-clock second; its TCP windows at the second's start. A
+    tick whose reread would begin between the two reads the whole second, and never
+    replaces a node's second with the part of its rows after that point."""
+    from fabricscope.records import Record
+    (job, _) = two_jobs(["only", "other"])
+    records = to_records(build(SynthJob(seconds=30, job=job)))
+    tcp = {(r.tags["node"], r.time_ns // SECOND): r.fields["segs_out"]
+           for r in records if r.measurement == "tcp_node"}
+    records += [Record("nic_window", second * SECOND + 900_000_000,
+                       {"node": node, "interface": "eth0", "direction": "rx"},
+                       {"peak_util": 0.4, "hot_bins": 2, "bursts": 1})
+                for node, second in tcp]
+    first = T0 + 12
+    store.write([r for r in records if r.time_ns < (first - 1) * SECOND])
+    clock = Clock(first)
+    live = LiveDiagnosis(store, DiagnosisMetrics(CollectorRegistry()), "only", clock=clock)
+    for second in range(first, T0 + 26):
+        # a tick 0.3 s into each second finds the seconds before it in the store
+        store.write([r for r in records if (second - 2) * SECOND <= r.time_ns
+                     < (second - 1) * SECOND])
+        clock.ns = second * SECOND + 300_000_000
+        live.tick()
+    nodes = live.engines[job].ev.nodes
+    read = [(node, s) for node, table in nodes.items() for s in table]
+    assert len(read) > 20
+    assert [(node, s) for node, s in read if nodes[node][s].segs_out != tcp[(node, s)]] == []
+    assert all(nodes[node][s].rx_peak_util == 0.4 for node, s in read)
+
+
 def test_a_flow_record_that_comes_after_its_nodes_next_second_is_read_by_the_next_tick(
         store):
     """A node's seconds do not reach the store whole (a new flow's records wait for
