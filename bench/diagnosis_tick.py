@@ -88,7 +88,7 @@ class _Meter:
 
 
 def measure(nodes: int, ticks: int, log=print) -> list[TickCost]:
-    from diagnosis.live import LiveDiagnosis
+    from diagnosis.live import TICK_OFFSET_S, LiveDiagnosis
     from diagnosis.metrics import DiagnosisMetrics
     from diagnosis.store import Store
     from fabricscope.services import InfluxServer
@@ -105,15 +105,16 @@ def measure(nodes: int, ticks: int, log=print) -> list[TickCost]:
             write_lines(influx, "fabricscope", [x for s in seconds for i in range(nodes)
                                                 for x in fleet.lines(i, s)])
         ship(range(first, live_from))
-        clock = [live_from * SECOND + 300_000_000]
+        offset = int(TICK_OFFSET_S * SECOND)        # where the live engine ticks
+        clock = [live_from * SECOND + offset]
         live = LiveDiagnosis(Store(influx.url), DiagnosisMetrics(CollectorRegistry()), "bench",
                              clock=lambda: clock[0])
         meter = _Meter()
         meter.wrap(live)
         out = []
         for k in range(ticks + 1):
-            # the tick at second S + 0.3 s finds the seconds before S in the store
-            clock[0] = (live_from + k) * SECOND + 300_000_000
+            # the tick at second S + TICK_OFFSET_S finds the seconds before S in the store
+            clock[0] = (live_from + k) * SECOND + offset
             if k:
                 ship(range(live_from + k - 1, live_from + k))
             meter.reset()

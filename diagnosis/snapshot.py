@@ -14,8 +14,8 @@ import statistics
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from diagnosis.evidence import (SECOND, CellTotals, JobEvidence, NodeTotals, Progress, Step,
-                                Window)
+from diagnosis.evidence import (SECOND, CellTotals, JobEvidence, NodeTotals, Phase, PhaseIndex,
+                                Progress, Step, Window)
 from diagnosis.thresholds import Thresholds
 
 
@@ -114,12 +114,46 @@ def phase_seconds(ev: JobEvidence, rank: str, step: Step, kind: str) -> float:
     start to the last one's end. A slow store streams a read in pieces (each a
     transfer of its own, the pauses between them longer than the agent's transfer
     gap); the read lasts from its first byte to its last, pauses included."""
+    return _spanned(ev.phases_between(rank, kind, step.time_ns, step.end_ns))
+
+
+def _spanned(phases: list[Phase]) -> float:
+    """phase_seconds of these phases."""
+    if len(phases) == 1:           # most steps: one read, one checkpoint
+        start = phases[0].time_ns / SECOND
+        return start + phases[0].seconds - start
     spans: dict[str, list[float]] = {}
-    for p in ev.phases_between(rank, kind, step.time_ns, step.end_ns):
+    for p in phases:
         start, end = p.time_ns / SECOND, p.time_ns / SECOND + p.seconds
         lo_hi = spans.setdefault(p.peer, [start, end])
         lo_hi[0], lo_hi[1] = min(lo_hi[0], start), max(lo_hi[1], end)
     return sum(hi - lo for lo, hi in spans.values())
+
+
+class _StepPhases:
+    """phase_seconds for the steps of one rank in one evaluation: each kind's order
+    looked up once, each step's value computed once (a rank's recent steps are asked
+    for their compute and for their reads)."""
+
+    def __init__(self, ev: JobEvidence, rank: str):
+        self.ev, self.rank = ev, rank
+        self.index: dict[str, PhaseIndex] = {}
+        self.memo: dict[tuple, float] = {}
+
+    def seconds(self, step: Step, kind: str) -> float:
+        key = (step.time_ns, step.seconds, step.sync_seconds, kind)    # its span
+        value = self.memo.get(key)
+        if value is None:
+            index = self.index.get(kind)
+            if index is None:
+                index = self.index[kind] = self.ev.phases_of(self.rank, kind)
+            value = self.memo[key] = _spanned(index.between(step.time_ns, step.end_ns))
+        return value
+
+    def cpu_compute(self, step: Step) -> float:
+        """cpu_compute(ev, step) of this rank's step."""
+        io = sum([self.seconds(step, kind) for kind in STORAGE_PHASES])
+        return max(0.0, (step.seconds or 0.0) - step.sync_seconds - io)
 
 
 #: the phases in which a rank waits on the store, not the CPU: its dataset reads and
@@ -135,8 +169,7 @@ def cpu_compute(ev: JobEvidence, step: Step) -> float:
     or two while reading: that is the input's time (input_stall), not the rank's.
     A read is reported piece by piece as it streams, so most of a read in progress is
     already here."""
-    io = sum(phase_seconds(ev, step.rank, step, kind) for kind in STORAGE_PHASES)
-    return max(0.0, (step.seconds or 0.0) - step.sync_seconds - io)
+    return _StepPhases(ev, step.rank).cpu_compute(step)
 
 
 def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRecent]:
@@ -162,15 +195,16 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
             continue
         now = open_steps[rank]
         done, in_progress = _with_open_step(now, done, until_ns) \
-            if 2 * len(waiting - {rank}) > others else (done, False)
+            if 2 * (len(waiting) - (rank in waiting)) > others else (done, False)
+        phases = _StepPhases(ev, rank)
         out[rank] = RankRecent(
             rank, done[-1].node, done,
             _median([s.seconds for s in done]),
             _median([s.sync_seconds for s in done]),
             _median([max(0.0, s.seconds - s.sync_seconds) for s in done]),
-            _data_load(ev, rank, itertools.islice(_latest_first(table, times, until_ns),
-                                                  PHASE_LOOKBACK_STEPS), now),
-            _throttled(done), in_progress, [cpu_compute(ev, s) for s in done])
+            _data_load(phases, itertools.islice(_latest_first(table, times, until_ns),
+                                                PHASE_LOOKBACK_STEPS), now),
+            _throttled(done), in_progress, [phases.cpu_compute(s) for s in done])
     return out
 
 
@@ -218,7 +252,7 @@ def throttled_in(step: Step) -> float | None:
 
 def _throttled(steps: list[Step]) -> float | None:
     known = [x for x in map(throttled_in, steps) if x is not None]
-    return statistics.median(known) if known else None
+    return _median(known) if known else None
 
 
 def _latest_first(table: dict, times: list[int], until_ns: int) -> Iterator[Step]:
@@ -240,7 +274,7 @@ PHASE_STEPS = 2
 PHASE_LOOKBACK_STEPS = 16
 
 
-def _data_load(ev: JobEvidence, rank: str, steps: Iterable[Step],
+def _data_load(phases: _StepPhases, steps: Iterable[Step],
                p: Progress | None) -> float | None:
     """The shorter data_load time of the latest PHASE_STEPS reads: of the first of
     these steps (the latest first) that had one, and of the read of the step the rank
@@ -255,7 +289,7 @@ def _data_load(ev: JobEvidence, rank: str, steps: Iterable[Step],
     second slow read still streams, a step sooner."""
     spans = []
     for step in steps:
-        seconds = phase_seconds(ev, rank, step, "data_load")
+        seconds = phases.seconds(step, "data_load")
         if seconds > 0:
             spans.append(seconds)
             if len(spans) == PHASE_STEPS:
@@ -263,7 +297,7 @@ def _data_load(ev: JobEvidence, rank: str, steps: Iterable[Step],
     done = min(spans) if len(spans) == PHASE_STEPS else None
     if p is None or len(spans) < PHASE_STEPS - 1:
         return done
-    so_far = phase_seconds(ev, rank, p.as_step(), "data_load")
+    so_far = phases.seconds(p.as_step(), "data_load")
     if so_far <= 0:
         return done
     return max(done or 0.0, min([so_far, *spans[:PHASE_STEPS - 1]]))
