@@ -43,8 +43,9 @@ JOB_ACTIVE_S = 60            # a job with steps this recently is analysed
 #: clock's seconds, agent/probes/nic/window.py window_shift), so most of a second is
 #: in at its first read and the rest by the second: in the live matrix, of the rows a
 #: tick found new or changed, 95 % of the cells' and 96 % of the nodes' came at the
-#: first read, all others at the second (docs/SCALING.md). What comes later still (an
-#: agent that lagged) is read by the catch-up ticks
+#: first read, the others at the second, and none of the cells' at a third while there
+#: was one (docs/SCALING.md). What comes later (an agent that lagged) is read by the
+#: catch-up ticks
 LATE_S = 1.5
 READ_BACK_S = 10             # records up to this late (an agent that lagged) are read too, by
 CATCH_UP_S = 10              # a catch-up tick this often, rereading READ_BACK_S + CATCH_UP_S
