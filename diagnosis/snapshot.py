@@ -120,6 +120,7 @@ def phase_seconds(ev: JobEvidence, rank: str, step: Step, kind: str) -> float:
 def _spanned(phases: list[Phase]) -> float:
     """phase_seconds of these phases."""
     if len(phases) == 1:           # most steps: one read, one checkpoint
+        # end - start as the spans below compute it (not .seconds): the same to the bit
         start = phases[0].time_ns / SECOND
         return start + phases[0].seconds - start
     spans: dict[str, list[float]] = {}

@@ -13,6 +13,7 @@ from diagnosis.evidence import SECOND
 from diagnosis.live import HEARTBEAT_TTL_S, LiveDiagnosis, owner
 from diagnosis.metrics import FINDING_ACTIVE, DiagnosisMetrics
 from diagnosis.store import Store
+from fabricscope.records import Record
 from fabricscope.services import InfluxServer, VictoriaMetricsServer
 from tests.unit.test_diagnosis_evidence import (T0, HopPlan, StepPlan, SynthJob, build,
                                                 to_records)
@@ -246,7 +247,6 @@ def test_a_read_that_begins_inside_a_second_takes_the_whole_second(store):
     their own within the wall-clock second; its TCP windows at the second's start. A
     tick whose reread would begin between the two reads the whole second, and never
     replaces a node's second with the part of its rows after that point."""
-    from fabricscope.records import Record
     (job, _) = two_jobs(["only", "other"])
     records = to_records(build(SynthJob(seconds=30, job=job)))
     tcp = {(r.tags["node"], r.time_ns // SECOND): r.fields["segs_out"]

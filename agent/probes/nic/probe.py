@@ -44,7 +44,7 @@ from agent.probes.base import Probe, ProbeUnavailable
 from agent.probes.nic.flows import KEY_DTYPE, VAL_DTYPE, FlowDelta, FlowTable
 from agent.probes.nic.ring import BIN_DTYPE, RingSet, mapped_reader
 from agent.probes.nic.window import (Burst, BurstDetector, BurstSelector, WindowAssembler,
-                                     WindowStats, window_shift)
+                                     WindowGrid, WindowStats, window_shift)
 from fabricscope.errors import UserError
 from fabricscope.records import Record
 
@@ -74,7 +74,7 @@ class NicProbe(Probe):
         self._ring_map = None                          # the mmap of fs_nic_ring
         self._ring_packets = None                      # () -> skbs counted per ring
         self._pending: list[Record] = []
-        self._shift = 0                                # window_shift, set at attach
+        self._grid = WindowGrid(1)                     # where windows start: set at attach
         # `lost` (bins the ring overwrote before a drain) is fabricscope_agent_events_lost_total
         self._counts = {"lost": 0, "slots_read": 0, "flow_entries_read": 0, "windows": 0,
                         "idle_drains": 0, "bursts": 0, "bursts_unlisted": 0, "flows_evicted": 0,
@@ -176,13 +176,14 @@ class NicProbe(Probe):
         self._ring_packets = packets
 
         rings = RingSet(n_rings, s.ring_slots, s.bin_ns, read, start, packets)
-        self._shift = window_shift(self.ctx.clock.offset_ns, s.bin_ns, s.bins_per_window)
-        self._windows = [WindowAssembler(s.bin_ns, s.bins_per_window, start, self._shift)
+        self._grid = WindowGrid(s.bins_per_window, window_shift(self.ctx.clock.offset_ns,
+                                                                s.bin_ns, s.bins_per_window))
+        self._windows = [WindowAssembler(s.bin_ns, s.bins_per_window, start, self._grid.shift)
                          for _ in rings.rings]
         self._bursts = [BurstDetector() for _ in rings.rings]
         self._selectors = [BurstSelector(s.bursts_per_window) for _ in rings.rings]
         self._speeds = [s.speeds.speed_bps(link.name) for link in self._ifaces]
-        self._window_index = (start + 1 + self._shift) // s.bins_per_window
+        self._window_index = self._grid.index(start + 1)
         flows = self._bpf[b"fs_nic_flows"]
         self._flows = FlowTable(self._cpus, 2 * s.window_ns,
                                 lambda raw: flows.__delitem__(flows.Key.from_buffer_copy(raw)))
@@ -235,11 +236,10 @@ class NicProbe(Probe):
             self._counts["bursts"] += len(bursts)
             self._counts["windows"] += len(windows)
         self._upto = upto
-        window = (upto + self._shift) // self.s.bins_per_window
+        window = self._grid.index(upto)
         if window > self._window_index or final:
             # the per-window reads, once per window end (the rings' windows end together)
-            start_ns = (window - (0 if final else 1)) * self.s.window_ns - \
-                self._shift * self.s.bin_ns
+            start_ns = self._grid.start_bin(window - (0 if final else 1)) * self.s.bin_ns
             self._window_index = window
             self._per_window(wall(start_ns), time.monotonic_ns())
 

@@ -201,14 +201,29 @@ def window_shift(wall_offset_ns: int, bin_ns: int, per_window: int) -> int:
     return (wall_offset_ns // bin_ns) % per_window
 
 
+@dataclass(frozen=True)
+class WindowGrid:
+    """Where windows of `per_window` bins start: at each bin whose index plus `shift` is
+    a multiple of per_window (the probe shifts them onto the wall clock's seconds:
+    window_shift). The rings' assemblers and the probe's per-window reads cut alike."""
+
+    per_window: int
+    shift: int = 0
+
+    def index(self, bin_index):
+        """The window a bin (an int, or an array of them) falls in."""
+        return (bin_index + self.shift) // self.per_window
+
+    def start_bin(self, window: int) -> int:
+        return window * self.per_window - self.shift
+
+
 class WindowAssembler:
-    """Cuts the bin stream of one ring into windows of `per_window` bins, each starting
-    at a bin whose index plus `shift` is a multiple of per_window (the probe shifts
-    them onto the wall clock's seconds: window_shift)."""
+    """Cuts the bin stream of one ring into the windows of WindowGrid(per_window, shift)."""
 
     def __init__(self, bin_ns: int, per_window: int, start_bin: int, shift: int = 0):
-        self.bin_ns, self.per_window, self.shift = bin_ns, per_window, shift
-        self._window = (start_bin + 1 + shift) // per_window
+        self.bin_ns, self.grid = bin_ns, WindowGrid(per_window, shift)
+        self._window = self.grid.index(start_bin + 1)
         self._covered_from = start_bin + 1        # first bin the probe counts
         self._reset()
 
@@ -220,10 +235,10 @@ class WindowAssembler:
         """Add the bins of a drain (all < upto); returns the windows that ended before upto."""
         self._lost += lost
         out: list[WindowStats] = []
-        windows = (bins.index + self.shift) // self.per_window
+        windows = self.grid.index(bins.index)
         lo = 0
         while True:
-            end_bin = (self._window + 1) * self.per_window - self.shift
+            end_bin = self.grid.start_bin(self._window + 1)
             hi = int(np.searchsorted(windows, self._window, side="right"))
             self._add(bins.select(slice(lo, hi)), hot_bytes)
             lo = hi
@@ -248,7 +263,7 @@ class WindowAssembler:
         self._sizes.append(bins.bytes)
 
     def _close(self, end_bin: int) -> WindowStats:
-        start_bin = self._window * self.per_window - self.shift
+        start_bin = self.grid.start_bin(self._window)
         covered = end_bin - max(start_bin, self._covered_from)
         sizes = np.concatenate(self._sizes) if self._sizes else np.zeros(0, np.int64)
         stats = WindowStats(start_bin * self.bin_ns, covered, self._bytes, self._packets,
