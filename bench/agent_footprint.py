@@ -95,7 +95,7 @@ class _Sides:
 @contextlib.contextmanager
 def environment(args):
     from lab.stack import running_stack
-    from lab.testing import running_lab
+    from lab.running import running_lab
     steps = getattr(args, "steps", None) or 10
     with running_lab(f"bfp{uuid.uuid4().hex[:4]}", 3) as lab:
         with running_stack(lab) as stack:

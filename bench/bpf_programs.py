@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("bench.bpf_programs: needs root (reads BPF program statistics); "
                          "run it as root")
     from lab.stack import await_agents_ready, running_stack, start_agent
-    from lab.testing import running_lab
+    from lab.running import running_lab
     from lab.training import start_training
     try:
         with running_lab(f"bbp{uuid.uuid4().hex[:4]}", 3) as lab, \

@@ -159,7 +159,7 @@ def split_cpus() -> tuple[set[int], set[int]]:
 def environment(args, pinned: bool = False, subject: str | None = None,
                 agent_nodes: list[int] | None = None):
     from lab.stack import running_stack
-    from lab.testing import running_lab
+    from lab.running import running_lab
     from lab.training import start_training
     block = getattr(args, "steps", None) or DEFAULT_BLOCK
     train_cpus, rest_cpus = split_cpus() if pinned else (None, None)

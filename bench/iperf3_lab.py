@@ -92,7 +92,7 @@ class _Sides:
 @contextlib.contextmanager
 def environment(args):
     from lab.stack import running_stack
-    from lab.testing import running_lab
+    from lab.running import running_lab
     seconds = getattr(args, "steps", None) or 3
     with running_lab(f"bip{uuid.uuid4().hex[:4]}", 2, shape_links=False) as lab, \
             running_stack(lab, agents=False) as stack, iperf3_server(lab.nodes[1].netns, PORT):

@@ -59,7 +59,7 @@ class _Sides:
 @contextlib.contextmanager
 def environment(_args):
     from lab.stack import running_stack
-    from lab.testing import running_lab
+    from lab.running import running_lab
     with running_lab(f"bst{uuid.uuid4().hex[:4]}", 2) as lab:
         with running_stack(lab, agents=False, collector=False) as stack:
             yield _Sides(stack)

@@ -113,7 +113,7 @@ def _collector_metrics_port(stack) -> int:
 @contextlib.contextmanager
 def environment(args):
     from lab.stack import running_stack
-    from lab.testing import running_lab
+    from lab.running import running_lab
     steps = getattr(args, "steps", None) or 20
     with running_lab(f"bwb{uuid.uuid4().hex[:4]}", 3) as lab:
         with running_stack(lab, agents=False) as stack:

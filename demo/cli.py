@@ -64,7 +64,7 @@ def run(args) -> int:
     from fabricscope.records import Record
     from lab.dataserver import running_dataserver
     from lab.faults import loss
-    from lab.testing import running_lab
+    from lab.running import running_lab
     from lab.training import start_training
 
     say(f"building lab {args.name!r}: {args.nodes} nodes on one bridge")

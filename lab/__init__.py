@@ -63,7 +63,7 @@ Python API (stable; other components import it)
             .wait(timeout=None) -> returncode (0: every rank succeeded); .error (one
             line, when a rank failed); .terminate(); .poll(); .records; .log_paths;
             `with start_training(...) as run:` ends every rank on exit.
-    from lab.testing import running_lab
+    from lab.running import running_lab
         with running_lab(name=None, nodes=2, link_rate=None, shape_links=True,
                          wire_frames=False, tors=1) as lab: ...   (name=None: a fresh unique name)
             up() then always down(), also on exceptions, KeyboardInterrupt, SIGTERM.

@@ -151,7 +151,7 @@ class Live:
 def live():
     from diagnosis.store import Store
     from lab.stack import running_stack
-    from lab.testing import running_lab
+    from lab.running import running_lab
     from lab.training import start_training
     from surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
     from surface.testing import alerting_pipeline

@@ -24,7 +24,7 @@ NBYTES = 2_000_000
 
 @pytest.fixture(scope="module")
 def lab():
-    from lab.testing import running_lab
+    from lab.running import running_lab
     with running_lab(f"bc{uuid.uuid4().hex[:6]}", 2) as lab:
         yield lab
 

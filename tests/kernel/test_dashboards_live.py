@@ -191,7 +191,7 @@ def run():
     from lab import faults
     from lab.dataserver import running_dataserver
     from lab.stack import running_stack
-    from lab.testing import running_lab
+    from lab.running import running_lab
     from lab.training import start_training
 
     with running_lab(nodes=3, link_rate="1gbit") as lab, \

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.root
 
 @pytest.fixture
 def stack():
-    from lab.testing import running_lab
+    from lab.running import running_lab
     with running_lab(f"e2e{uuid.uuid4().hex[:4]}", 3) as lab:
         with running_stack(lab) as st:
             yield st

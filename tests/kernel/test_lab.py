@@ -19,7 +19,7 @@ import pytest
 
 from fabricscope import markers
 from lab import exec_argv, naming, nft, nsops
-from lab.testing import running_lab, unique_name
+from lab.running import running_lab, unique_name
 
 pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parents[2]

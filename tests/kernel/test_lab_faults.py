@@ -18,7 +18,7 @@ import pytest
 
 from fabricscope.topology import load_topology
 from lab import cgroups, exec_argv, naming, nft
-from lab.testing import running_lab, unique_name
+from lab.running import running_lab, unique_name
 from tests.kernel.test_lab import PY, ROOT, SOURCE, await_true, host_state, transfer
 
 pytestmark = pytest.mark.root

@@ -45,7 +45,7 @@ COUNTERS = ("TcpRetransSegs", "TcpOutSegs", "TcpExtTCPFastRetrans",
 
 @pytest.fixture(scope="module")
 def lab():
-    from lab.testing import running_lab
+    from lab.running import running_lab
     with running_lab(f"tf{uuid.uuid4().hex[:6]}", 3) as lab:
         yield lab
 

@@ -68,7 +68,7 @@ def _run(tmp: Path, loss_pct: float = 0.0, data: bool = True) -> Run:
     from tests.kernel.jsonl_agent import jsonl_agent, records
     from lab import faults
     from lab.dataserver import running_dataserver
-    from lab.testing import running_lab
+    from lab.running import running_lab
     from lab.training import start_training
 
     with running_lab(nodes=3) as lab, running_dataserver(lab, None) as server:

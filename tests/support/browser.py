@@ -1,5 +1,5 @@
 """Debian's Chromium, headless, driven over the DevTools protocol: what the report's
-tests open a report with.
+tests open a report with (test support; not part of the product).
 
     with Browser() as b:
         page = b.open("file:///tmp/report.html", ready="document.body.dataset.rendered")
@@ -9,8 +9,11 @@ tests open a report with.
         b.screenshot("/tmp/report.png")          # the whole page, not just the viewport
 
 The browser runs on 127.0.0.1 with a fresh profile in a temporary folder, no
-network helpers (background networking, component updates, sync), and is
-stopped by pid on exit, also when the block raises.
+network helpers (background networking, component updates, sync), in a process
+group of its own. On exit, also when the block raises, the whole group is
+stopped and awaited before the profile is removed: Chromium's renderer and
+utility processes outlive its main process for a moment and keep writing to the
+profile, so removing it right after the main process ended raced with them.
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ class Browser:
             self._proc = subprocess.Popen(
                 [CHROMIUM, *FLAGS, f"--user-data-dir={profile}",
                  f"--window-size={self.width},{self.height}", "about:blank"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                start_new_session=True)
         try:
             port = self._await(lambda: _active_port(profile), "Chromium's DevTools port")
             target = self._await(lambda: _page_target(port), "Chromium's first page")
@@ -80,6 +84,7 @@ class Browser:
             self._ws = None
         if self._proc is not None:
             terminate(self._proc)
+            _stop_group(self._proc.pid, self.timeout_s)
             self._proc = None
         if self._profile is not None:
             self._profile.cleanup()
@@ -184,3 +189,23 @@ def _page_target(port: int) -> str | None:
         return None
     pages = [t for t in json.loads(body) if t.get("type") == "page"]
     return pages[0]["webSocketDebuggerUrl"] if pages else None
+
+
+def _stop_group(pgid: int, timeout_s: float) -> None:
+    """Stop what is left of the process group Chromium leads (its children) and wait
+    until none of it is left: SIGTERM, SIGKILL at the deadline. A group that still
+    answers 5 s after SIGKILL holds only zombies (a PID 1 that reaps none), which
+    write nothing."""
+    import signal
+    deadline = time.monotonic() + timeout_s
+    sig = signal.SIGTERM
+    while True:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return                      # the group is empty: nothing writes the profile
+        if time.monotonic() > deadline + 5:
+            return
+        if time.monotonic() > deadline:
+            sig = signal.SIGKILL
+        time.sleep(0.05)

@@ -1,6 +1,6 @@
-"""Test helper: a lab that is always torn down.
+"""A lab for the length of a block: the demo, the benches and the tests use it.
 
-    from lab.testing import running_lab
+    from lab.running import running_lab
     with running_lab(nodes=3) as lab:          # or running_lab("name", 3)
         ...
 

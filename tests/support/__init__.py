@@ -1,0 +1,1 @@
+"""Test support: stand-ins and drivers the tests share (never shipped in the product)."""
