@@ -32,7 +32,9 @@ class AgentConfig:
     probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES),
                               metadata=doc("probes and sources to run (tcp_flows includes "
                                            "tcp_retransmit: enable one of the two; nccl_log "
-                                           "needs nccl_log_paths; synthetic is a load "
+                                           "needs nccl_log_paths, nccl_inspector "
+                                           "nccl_inspector_dir, nccl_ras nccl_ras_address; "
+                                           "synthetic is a load "
                                            "generator for tests)",
                                            default_doc=list(DEFAULT_PROBES)))
     addresses: list[str] = field(default_factory=list, metadata=doc(
@@ -48,6 +50,22 @@ class AgentConfig:
     nccl_log_paths: list[str] = field(default_factory=list, metadata=doc(
         "NCCL_DEBUG=INFO output the nccl_log source follows: files, glob patterns (new "
         "matches are picked up) or - for stdin; empty: the source has nothing to read"))
+    # --- NCCL's own evidence: profiler plugin rings, Inspector dumps, RAS ---
+    ncclprof_dir: str = field(default="/dev/shm", metadata=doc(
+        "directory where fabricscope's NCCL profiler plugin writes its rings (the training "
+        "pods' FABRICSCOPE_NCCLPROF_DIR; probe ncclprof, docs/nccl-profiler.md)"))
+    nccl_inspector_dir: str = field(default="", metadata=doc(
+        "NCCL Inspector's JSON dump directory (the training job's NCCL_INSPECTOR_DUMP_DIR) "
+        "the nccl_inspector source follows; empty: the source has nothing to read"))
+    nccl_ras_address: str = field(default="", metadata=doc(
+        "host:port of NCCL's RAS service (NCCL_RAS_ADDR, port 28028) the nccl_ras source "
+        "queries for the job's rank health; empty: off"))
+    nccl_ras_interval_s: float = field(default=10.0, metadata=doc(
+        "seconds between nccl_ras status queries (each asks every rank of the job; RAS "
+        "may take up to 10 s to answer)"))
+    nccl_ras_job: str = field(default="", metadata=doc(
+        "job tag of the nccl_ras records; empty: the job of a local rank RAS lists (its "
+        "environment), else ras:<address>"))
     # --- probe gloo (agent/probes/gloo/probe.py) ---
     gloo_paths: list[str] = field(default_factory=list, metadata=doc(
         "libtorch_cpu.so files (gloo is linked into it) the gloo probe attaches to at start, "
@@ -62,7 +80,8 @@ class AgentConfig:
     gloo_buffer_hooks: bool = field(default=False, metadata=doc(
         "also hook gloo's UnboundBuffer::send/recv: per collective the payload sent and "
         "posted and the send calls (sent_bytes, recv_bytes, sends), S from the transfers "
-        "where the options cannot be read, wire_efficiency and the traffic_model series. "
+        "where the options cannot be read, wire_efficiency, and the payload as the "
+        "traffic_model series (without them: the ring model's bytes). "
         "Off by default: each hook is a uprobe trap in a rank's thread, about 30 per step "
         "and rank in a DDP job, and in the lab they were the largest cost the agents put "
         "on the step time (docs/PERFORMANCE.md: ddp-overhead about 1.07 with them, 1.05 "
@@ -182,6 +201,34 @@ class AgentConfig:
         "qdisc or classifier in between, cheaper per packet), clsact (cls_bpf filters, any "
         "kernel with clsact), auto: tcx, else clsact (logged)",
         choices=list(TC_ATTACH_MODES)))
+    # --- Kubernetes pods and jobs (agent/kube/) ---
+    kube_pods: str = field(default="auto", metadata=doc(
+        "where the node's pod list comes from, so that records carry namespace, pod and the "
+        "training job of the pod's labels: apiserver (GET /api/v1/pods of this node; RBAC "
+        "pods list), kubelet (GET /pods; RBAC nodes/proxy), off, or auto: apiserver inside "
+        "a pod (KUBERNETES_SERVICE_HOST set), else off. Relisted in a thread of its own; "
+        "while unreachable records flow without those tags (one log line, failures counted "
+        "in probe_events_total{probe=\"kube\"})", choices=["auto", "apiserver", "kubelet", "off"]))
+    kube_url: str = field(default="", metadata=doc(
+        "base URL of the pod list's source; empty: https://$KUBERNETES_SERVICE_HOST:"
+        "$KUBERNETES_SERVICE_PORT (apiserver) or https://127.0.0.1:10250 (kubelet, with "
+        "hostNetwork). The node's pods are those whose spec.nodeName is config `node`"))
+    kube_token_file: str = field(
+        default="/var/run/secrets/kubernetes.io/serviceaccount/token", metadata=doc(
+            "bearer token presented to the API server or kubelet (read at each relist: "
+            "projected tokens rotate)"))
+    kube_ca_file: str = field(
+        default="/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", metadata=doc(
+            "PEM CA that signed the API server's (or kubelet's) serving certificate"))
+    kube_insecure_tls: bool = field(default=False, metadata=doc(
+        "do not verify the serving certificate (a kubelet whose certificate is self-signed)"))
+    kube_relist_s: float = field(default=10.0, metadata=doc(
+        "seconds between relists of the pod list (sooner, at most once a second, when a "
+        "process's pod is missing from it; backoff from 1 s to 60 s while unreachable)"))
+    kube_job_labels: list[str] = field(default_factory=list, metadata=doc(
+        "pod label keys naming the training job, tried before the built-in ones "
+        "(training.kubeflow.org/job-name, jobset.sigs.k8s.io/jobset-name, volcano.sh/job-name, "
+        "leaderworkerset.sigs.k8s.io/name, batch.kubernetes.io/job-name, job-name)"))
     # --- probe nic (agent/probes/nic/probe.py) ---
     interfaces: list[str] = field(default_factory=list, metadata=doc(
         "interfaces the nic probe watches (TC ingress and egress); empty: every "
@@ -200,9 +247,9 @@ class AgentConfig:
         "bursts_listed). Bounds the records a busy link makes (a DDP job: hundreds of bursts "
         "per second); 0 lists none"))
     link_speed_bps: list[str] = field(default_factory=list, metadata=doc(
-        "link speeds for utilization: IF=RATE entries (e.g. eth0=25gbit) override what the "
-        "kernel reports; a bare RATE is the default where the kernel reports none "
-        "(built-in default 10gbit)"))
+        "line rates for utilization and bursts: IF=RATE entries (e.g. eth0=25gbit) override "
+        "what the kernel reports; a bare RATE applies where the kernel reports none or the "
+        "link is virtual (veth, bridge, tun: no line rate); none: utilization is left out"))
     nic_max_flows: int = field(default=8192, metadata=doc(
         "flows the nic probe tracks at once (per-CPU LRU hash; the least recently seen are "
         "evicted and counted)"))
@@ -241,6 +288,12 @@ class AgentConfig:
                             else "no probe enabled",
                             f"choose from {', '.join(sorted(REGISTRY))}")
         self.check_tcp()
+        if self.kube_pods not in ("auto", "apiserver", "kubelet", "off"):
+            raise UserError(f"kube_pods {self.kube_pods!r} is not a pod list source",
+                            "give auto, apiserver, kubelet or off")
+        if not self.kube_relist_s > 0:
+            raise UserError(f"kube_relist_s {self.kube_relist_s:g} is not positive",
+                            "give e.g. --kube-relist-s 10")
         from agent.addresses import parse_addresses
         parse_addresses(self.addresses)
 

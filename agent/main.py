@@ -37,8 +37,10 @@ def build_context(cfg) -> tuple[dict[str, type], ProbeContext]:
         addrs = addresses.node_addresses(cfg.addresses)
     else:
         addrs = addresses.parse_addresses(cfg.addresses)
+    from agent.kube.setup import build_resolver
     from agent.procmaps import MapsCache
-    return classes, ProbeContext(cfg.node, addrs, Clock(), cfg, maps_cache=MapsCache())
+    return classes, ProbeContext(cfg.node, addrs, Clock(), cfg, maps_cache=MapsCache(),
+                                 pods=build_resolver(cfg))
 
 
 def attach_all(classes: dict[str, type], ctx: ProbeContext, metrics) -> list[Probe]:
@@ -89,6 +91,11 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
     if cfg.collector:   # before the probes: an unusable spool or credential fails fast
         from agent.shipper import build_shipper
         shipper = build_shipper(cfg, metrics)
+    if ctx.pods is not None:    # its first list before the probes name any process
+        ctx.pods.cache.on_relist.append(
+            lambda: metrics.probe_stats.update("kube", ctx.pods.stats()))
+        ctx.pods.cache.start()
+        await asyncio.to_thread(ctx.pods.cache.first_done.wait, 5.0)
     probes = await asyncio.to_thread(attach_all, classes, ctx, metrics)
     lower_priority(cfg.nice, cfg.cpu_policy)
     _load_record_schema()
@@ -118,6 +125,8 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
                            after_poll=lambda: detach_all(probes), join=join)
     finally:
         detach_all(probes)      # no-op after a normal stop; frees BPF on errors
+        if ctx.pods is not None:
+            ctx.pods.cache.stop()
         readiness.mark_not_ready("stopped")
     log.info("agent %s stopped; %s", cfg.node, final_counts(metrics.probe_stats))
     return 0

@@ -52,12 +52,14 @@ class NodeSecond(NamedTuple):
     retrans_segs: int = 0
     timeouts: int = 0
     bytes_out: int = 0
-    tx_peak_util: float = 0.0
+    tx_peak_util: float = 0.0      # of the line rate; 0 where the link has none (virtual)
     rx_peak_util: float = 0.0
     hot_bins: int = 0
     bursts: int = 0
     qdisc_drops: int = 0
     qdisc_backlog_bytes: int = 0
+    tx_peak_bps: float = 0.0       # the busiest 100 us bin, as a rate: known on every link
+    rx_peak_bps: float = 0.0
 
 
 class Step(NamedTuple):
@@ -377,6 +379,7 @@ class NodeTotals:
     bursts: int = 0
     qdisc_drops: int = 0
     qdisc_backlog_bytes: int = 0
+    rx_peak_bps: float = 0.0
     seconds: int = 0
 
     @property
@@ -433,6 +436,7 @@ class Window:
                 t.bytes_out += s.bytes_out
                 t.tx_peak_util = max(t.tx_peak_util, s.tx_peak_util)
                 t.rx_peak_util = max(t.rx_peak_util, s.rx_peak_util)
+                t.rx_peak_bps = max(t.rx_peak_bps, s.rx_peak_bps)
                 t.hot_bins += s.hot_bins
                 t.bursts += s.bursts
                 t.qdisc_drops += s.qdisc_drops

@@ -161,11 +161,10 @@ class StoreSource:
                 ev.last_seen_ns[node] = max(ev.last_seen_ns.get(node, 0), values[-1][0])
             tcp[node] = _per_second(values, _picker(columns, _TCP_NODE), _combine_sums)
         for tags, columns, values in self._series(
-                f"SELECT peak_util, hot_bins, bursts FROM nic_window WHERE node =~ {nodes}",
+                f"SELECT {', '.join(_NIC)} FROM nic_window WHERE node =~ {nodes}",
                 wheres, "node, direction"):
             nic[(tags["node"], "tx" if tags.get("direction") == "tx" else "rx")] = \
-                _per_second(values, _picker(columns, ("peak_util", "hot_bins", "bursts")),
-                            _combine_nic)
+                _per_second(values, _picker(columns, _NIC), _combine_nic)
         for tags, columns, values in self._series(
                 f"SELECT drops, backlog_bytes FROM nic_qdisc WHERE node =~ {nodes}",
                 wheres, "node"):
@@ -177,11 +176,12 @@ class StoreSource:
                             nic.get((node, "rx"), empty), qdisc.get(node, empty))
             seconds: dict[int, tuple] = {}
             for second in t.keys() | tx.keys() | rx.keys() | q.keys():
-                util_tx, hot_tx, bursts_tx = tx.get(second, _NIC_ZERO)
-                util_rx, hot_rx, bursts_rx = rx.get(second, _NIC_ZERO)
+                util_tx, hot_tx, bursts_tx, bps_tx = tx.get(second, _NIC_ZERO)
+                util_rx, hot_rx, bursts_rx, bps_rx = rx.get(second, _NIC_ZERO)
                 seconds[second] = (*t.get(second, _TCP_ZERO), max(0.0, float(util_tx)),
                                    max(0.0, float(util_rx)), hot_tx + hot_rx,
-                                   bursts_tx + bursts_rx, *q.get(second, _QDISC_ZERO))
+                                   bursts_tx + bursts_rx, *q.get(second, _QDISC_ZERO),
+                                   max(0.0, float(bps_tx)), max(0.0, float(bps_rx)))
             update_changed(ev.nodes.setdefault(node, {}), seconds, NodeSecond)
 
     def _steps(self, ev: JobEvidence, members: Members, wheres: list[str]) -> None:
@@ -283,7 +283,9 @@ class StoreSource:
 # checks them against GROUP BY time(1s)). A tick reads tens of thousands of rows,
 # so the common row (one per series and second, no nulls) takes the shortest path.
 _TCP_NODE = ("segs_out", "retrans_segs", "timeouts", "bytes_out")
-_TCP_ZERO, _NIC_ZERO, _QDISC_ZERO = (0, 0, 0, 0), (0.0, 0, 0), (0, 0)
+_TCP_ZERO, _NIC_ZERO, _QDISC_ZERO = (0, 0, 0, 0), (0.0, 0, 0, 0.0), (0, 0)
+#: nic_window's fields the engine reads: peak_util only where the link has a line rate
+_NIC = ("peak_util", "hot_bins", "bursts", "peak_bps")
 
 
 def _per_second(values: list[list], pick, combine) -> dict[int, tuple]:
@@ -337,8 +339,8 @@ def _combine_sums(rows: list[tuple]) -> tuple:
 
 
 def _combine_nic(rows: list[tuple]) -> tuple:
-    util, hot, bursts = zip(*rows)
-    return _max(util) or 0.0, _total(hot), _total(bursts)
+    util, hot, bursts, bps = zip(*rows)
+    return _max(util) or 0.0, _total(hot), _total(bursts), _max(bps) or 0.0
 
 
 def _combine_qdisc(rows: list[tuple]) -> tuple:

@@ -32,6 +32,12 @@ synchronised burst of gradient exchange, once per step. Three numbers describe i
 B and D need bursts of at least a few bins (the bins at a burst's edges are only
 partly filled): pick bin_s below a third of the shortest burst.
 
+Where the collective windows themselves are known (the agent's gloo probe), D is
+their union over the span (duty_from_windows: comm time / T, whatever the bytes),
+and B is not the series' (a payload spread evenly over a window is that window's
+average, far below the wire's rate during it): the agent takes it from the NIC's
+busiest bins inside the windows (agent/probes/nic/history.py).
+
 Pure functions over numpy arrays; the agent (gloo probe, from collective windows)
 and the collector (from stored bandwidth series) both use them.
 """
@@ -313,6 +319,20 @@ def duty_cycle(series: np.ndarray) -> float:
     if level <= 0:
         return 0.0
     return float(np.count_nonzero(x >= level) / len(x))
+
+
+def duty_from_windows(windows: Iterable[tuple[float, float]], t0: float, t1: float) -> float:
+    """D from (start, end) windows: the time [t0, t1) has one or more in flight, over
+    t1 - t0 (overlapping windows, e.g. two threads' collectives, count once)."""
+    if t1 <= t0:
+        return 0.0
+    busy, reach = 0.0, t0
+    for start, end in sorted(windows):
+        start, end = max(start, reach), min(end, t1)
+        if end > start:
+            busy += end - start
+            reach = end
+    return busy / (t1 - t0)
 
 
 def fit(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,

@@ -175,6 +175,9 @@ def start_agent(stack: Stack, node, extra_args: list[str] = (),
         "--spool-dir", str(stack.workdir / f"spool-node{node.index}"),
         *(["--collector", collector or stack.collector_addr]
           if (collector or stack.collector_addr) else []),
+        # a lab shaped to a link rate has one (a veth has none of its own)
+        *(["--link-speed-bps", f"{node.ifname}={stack.lab.link_rate_bps}"]
+          if stack.lab.link_rate_bps and stack.lab.link_shaped else []),
         *extra_args])
     proc = start_proc(f"agent-node{node.index}", argv, stack.workdir)
     stack.agents[node.index] = proc

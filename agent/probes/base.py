@@ -42,6 +42,8 @@ class ProbeContext:
     config: object                 # agent.config.AgentConfig
     cflags: list[str] = field(default_factory=list)   # extra BCC cflags (kernel headers etc.)
     maps_cache: object = None      # agent.procmaps.MapsCache shared by the uprobe probes
+    pods: object = None            # agent.kube.resolver.PodResolver; None outside Kubernetes
+    nic_bins: object = None        # agent.probes.nic.history.BinHistory, set by the nic probe
 
 
 #: the poll interval the BPF ring buffers' default sizes were chosen for

@@ -10,9 +10,16 @@ collective on the calling (ProcessGroupGloo worker) thread and returns when done
 from fabricscope.schema import Field, Measurement
 
 _SOURCE = "agent probe gloo (bpf/gloo.bpf.c, uprobes on libtorch_cpu.so)"
+_POD_TAGS = {
+    "namespace": "Kubernetes namespace of the process's pod",
+    "pod": "Kubernetes pod the process runs in",
+}
 _JOB_TAGS = {
-    "job": "job id (FABRICSCOPE_JOB, else MASTER_ADDR:MASTER_PORT, else pid), as train_step",
-    "rank": "training rank (RANK env; '-' when unset), as train_step",
+    "job": "job id (FABRICSCOPE_JOB, else the Kubernetes job controller's pod label, else "
+           "MASTER_ADDR:MASTER_PORT, else pid), as train_step",
+    "rank": "training rank (RANK env, else the pod's index in its job; '-' when unknown), "
+            "as train_step",
+    **_POD_TAGS,
 }
 
 MEASUREMENTS = [
@@ -21,6 +28,7 @@ MEASUREMENTS = [
         doc="One gloo collective executed by one thread of a training process, from entry "
             "to return of gloo::<op>() (time = entry).",
         source=_SOURCE,
+        optional_tags=frozenset(_POD_TAGS),
         tags={**_JOB_TAGS,
               "op": "AllReduce, Broadcast, AllGather, AllGatherv, Reduce, Gather, Scatter, "
                     "AlltoAll, AlltoAllv or Barrier"},
@@ -61,6 +69,7 @@ MEASUREMENTS = [
             "(no markers needed; see agent/probes/gloo/steps.py): the AllReduce calls "
             "that together carry the gradient bytes once (time = first AllReduce entry).",
         source=_SOURCE,
+        optional_tags=frozenset(_POD_TAGS),
         tags=dict(_JOB_TAGS),
         fields={
             "step": Field(int, "", "index among the steps this agent inferred (0 = first seen)"),
@@ -106,6 +115,7 @@ MEASUREMENTS = [
             "collective, and the diagnosis names it before that step ends. Every value is "
             "so far, a lower bound of the step's own.",
         source=_SOURCE,
+        optional_tags=frozenset(_POD_TAGS),
         tags=dict(_JOB_TAGS),
         fields={
             "step": Field(int, "", "the index the step will have (gloo_step step)"),
@@ -131,6 +141,7 @@ MEASUREMENTS = [
             "data_load (a transfer that mostly received: dataset reads) and checkpoint (one "
             "that mostly sent), one record per transfer.",
         source=_SOURCE + "; data_load and checkpoint: agent/training_join.py over tcp_transfer",
+        optional_tags=frozenset(_POD_TAGS),
         tags={**_JOB_TAGS, "phase": "param_broadcast, grad_sync, compute, data_load or "
                                     "checkpoint"},
         fields={
@@ -150,20 +161,38 @@ MEASUREMENTS = [
     ),
     Measurement(
         name="traffic_model",
-        doc="The job's traffic as a square wave (fabricscope/trafficmodel.py), fitted to a "
-            "bandwidth series: here the bytes a process sent in its collectives, in 1 ms "
-            "bins, over the last window (time = end of the window). Only with "
-            "gloo_buffer_hooks (the sent bytes come from those hooks).",
-        source=_SOURCE,
-        tags={**_JOB_TAGS, "series": "what the bandwidth series is (gloo_sent)"},
+        doc="The job's traffic as a square wave (fabricscope/trafficmodel.py), per training "
+            "process every gloo_model_interval_s over its last gloo_model_window_s (time = "
+            "end of the window); written by default, no buffer hooks needed. T from the "
+            "autocorrelation and onsets of the process's collective bytes in 1 ms bins, D "
+            "from its collective windows, B from the nic probe's busiest received bins "
+            "inside those windows.",
+        source=_SOURCE + "; B: agent probe nic (agent/probes/nic/history.py)",
+        optional_tags=frozenset(_POD_TAGS),
+        tags={**_JOB_TAGS,
+              "series": "what T is fitted to: gloo_sent (payload sent, with gloo_buffer_hooks), "
+                        "gloo_ring (the ring model's bytes per rank from the message sizes) "
+                        "or gloo_windows (time in collectives: no size known)"},
         fields={
             "period_s": Field(float, "s", "sync period T: the mean time between burst "
                               "onsets (one per step) over the window, the mean step time; "
                               "absent when the autocorrelation finds no period"),
             "acf_peak": Field(float, "", "autocorrelation at T (0..1): regularity"),
-            "burst_bytes_per_s": Field(float, "B/s", "burst bandwidth B"),
-            "duty_cycle": Field(float, "", "D = time in bursts / time (comm time / T)"),
-            "mean_bytes_per_s": Field(float, "B/s", "mean over the window"),
+            "burst_bytes_per_s": Field(float, "B/s",
+                                       "burst bandwidth B: the median over the collective "
+                                       "windows of each one's busiest received nic_bin_us bin "
+                                       "(bytes / bin length), on burst_interface; absent "
+                                       "where no nic probe runs or its bins miss the windows"),
+            "burst_interface": Field(str, "", "the interface B was read on: the one that "
+                                     "received the most bytes inside the windows"),
+            "burst_windows": Field(int, "", "collective windows (merged where they overlap) "
+                                   "with traffic that B is the median over"),
+            "burst_util": Field(float, "fraction", "B / the interface's line rate; absent "
+                                "where it has none (nic_window link_speed_source)"),
+            "duty_cycle": Field(float, "", "D: time with a collective in flight / time "
+                                "(comm time / T)"),
+            "mean_bytes_per_s": Field(float, "B/s", "mean of the series over the window "
+                                      "(absent for gloo_windows)"),
             "window_s": Field(float, "s", "length of the series"),
             "network_bound": Field(bool, "", "D > 0.5: communication dominates the step"),
         },

@@ -5,6 +5,13 @@ egress, which runs before the root qdisc: on a shaped or congested interface tx
 shows the load offered to the qdisc, the peer's rx shows the wire. Bytes are
 skb->len (the L2 frame; a GSO/GRO skb counts whole, as the interface counters
 do); packets are wire segments (gso_segs).
+
+Line rate: configured (link_speed_bps), or the kernel's speed of a link with
+hardware under it (agent/probes/nic/settings.py). A virtual link (veth, bridge,
+tun, dummy) has none unless configured: its records carry `link_speed_source`
+unknown and leave out every field relative to a line rate (link_speed_bps,
+peak_util, hot_bins, hot_s, bursts, bursts_listed; no nic_burst records), rather
+than quote a share of a guess. The rates in bit/s are always there.
 """
 
 from fabricscope.schema import Field, Measurement
@@ -30,27 +37,39 @@ MEASUREMENTS = [
             "p99_bps": Field(float, "bit/s",
                              "99th percentile of the bin rates (idle bins count as 0; "
                              "nearest rank)"),
-            "peak_util": Field(float, "fraction", "peak_bps / link_speed_bps"),
-            "hot_bins": Field(int, "bins", "bins at or above nic_burst_threshold utilization"),
-            "hot_s": Field(float, "s", "total length of the hot bins"),
+            "peak_util": Field(float, "fraction", "peak_bps / link_speed_bps; absent without "
+                               "a line rate"),
+            "hot_bins": Field(int, "bins", "bins at or above nic_burst_threshold utilization; "
+                              "absent without a line rate"),
+            "hot_s": Field(float, "s", "total length of the hot bins; absent without a line "
+                           "rate"),
             "link_speed_bps": Field(int, "bit/s",
-                                    "link speed used for utilization (config link_speed_bps, "
-                                    "else sysfs speed, else 10 Gbit/s)"),
+                                    "the line rate utilization is relative to; absent when "
+                                    "unknown (link_speed_source)"),
+            "link_speed_source": Field(str, "",
+                                       "where the line rate comes from: config (link_speed_bps "
+                                       "IF=RATE), kernel (sysfs speed of a link with hardware "
+                                       "under it), config_default (link_speed_bps bare RATE) "
+                                       "or unknown (a virtual link: veth, bridge, tun, "
+                                       "dummy)"),
             "bin_us": Field(int, "us", "bin length"),
             "lost_bins": Field(int, "bins",
                                "bins the ring overwrote before a drain read them (their "
                                "traffic is missing from this window); 0 normally"),
             "bursts": Field(int, "bursts", "bursts that started in the window (each a "
-                                           "nic_burst record when listed)"),
+                                           "nic_burst record when listed); absent without a "
+                                           "line rate"),
             "bursts_listed": Field(int, "bursts",
                                    "of which written as nic_burst records: the largest "
-                                   "nic_bursts_per_window by bytes"),
+                                   "nic_bursts_per_window by bytes; absent without a "
+                                   "line rate"),
         },
     ),
     Measurement(
         name="nic_burst",
         doc="One microburst: a run of consecutive hot bins (utilization >= "
-            "nic_burst_threshold), extended by the partly filled bin on each side. "
+            "nic_burst_threshold of the line rate), extended by the partly filled bin on "
+            "each side; only on links with a line rate. "
             "Time: the first packet of the burst (bpf_ktime_get_ns of its first bin's "
             "first packet). At most nic_bursts_per_window per interface, direction and "
             "window (the largest by bytes); nic_window counts all of them.",

@@ -2,7 +2,8 @@
 
 Every flow record names the flow from this node's side (saddr/sport local) and,
 when the agent knows it, the process that owns the socket (the optional owner
-tags: pid, comm, cgroup, container, rank, local_rank, world_size, job): the
+tags: pid, comm, cgroup, container, rank, local_rank, world_size, job, namespace,
+pod): the
 process the kernel saw connect the flow (connect() runs in it), else the one a
 /proc scan finds holding the socket (the accepting side; flows opened before the
 agent started).
@@ -26,7 +27,10 @@ OWNER_TAGS = {
     "rank": "training rank (RANK in the process's environment)",
     "local_rank": "LOCAL_RANK in the process's environment",
     "world_size": "WORLD_SIZE in the process's environment",
-    "job": "training job: FABRICSCOPE_JOB, else MASTER_ADDR:MASTER_PORT",
+    "job": "training job: FABRICSCOPE_JOB, else the Kubernetes job controller's pod "
+           "label (agent/kube/training.py), else MASTER_ADDR:MASTER_PORT",
+    "namespace": "Kubernetes namespace of the process's pod (its cgroup names the pod)",
+    "pod": "Kubernetes pod the process runs in",
 }
 _OWNERS = frozenset(OWNER_TAGS)
 _KIND = {"kind": "fast (in Recovery, or several segments from the retransmit queue in "

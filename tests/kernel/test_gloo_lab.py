@@ -54,7 +54,7 @@ def collect(tmp: Path, steps: int = STEPS, extra_agent_args: tuple = (),
             cpu_pct: float | None = None) -> Run:
     """Lab up, agent on node 0, DDP for `steps` steps, agent stopped, lab down; with
     cpu_pct, node 0's ranks get that share of a CPU from the start (lab fault cpu)."""
-    from lab.testing import running_lab
+    from lab.running import running_lab
     from lab.training import mlp_shape, param_bytes, start_training
     from tests.kernel.jsonl_agent import jsonl_agent, records
 
@@ -265,14 +265,16 @@ def test_traffic_model_records(run):
           f"steps {inside[0].fields['step']}..{inside[-1].fields['step']}, markers' mean "
           f"{mean_step * 1e3:.2f} ms ({last.fields['period_s'] / mean_step - 1:+.2%})")
     assert last.fields["period_s"] == pytest.approx(mean_step, rel=0.10)
-    assert last.fields["burst_bytes_per_s"] > 0
+    # B comes from the NIC's 100 us peaks inside the collectives: this agent runs no nic
+    # probe, so B is left out rather than quoted from an average
+    assert "burst_bytes_per_s" not in last.fields
 
 
 def test_without_the_buffer_hooks_collectives_and_steps_remain(tmp_path):
     """The default (a run of its own): no UnboundBuffer uprobes, so the
     collectives' sizes come from their options only; steps, phases and step bytes are
-    unchanged, and the payload fields and the traffic model, which need the hooks, are
-    left out instead of written as zeros."""
+    unchanged, the payload fields are left out instead of written as zeros, and the
+    traffic model is fitted to the ring's bytes by the message sizes (series gloo_ring)."""
     steps_run = 12
     run = collect(tmp_path, steps=steps_run)
     allreduces = run.of("gloo_collective", op="AllReduce")
@@ -284,7 +286,9 @@ def test_without_the_buffer_hooks_collectives_and_steps_remain(tmp_path):
     assert all(r.fields["bytes"] == run.param_bytes for r in steps)
     payload = {"sent_bytes", "recv_bytes", "sends", "wire_efficiency"}
     assert not [r for r in run.of("gloo_collective") + steps if payload & set(r.fields)]
-    assert run.of("gloo_phase", phase="grad_sync") and not run.of("traffic_model")
+    assert run.of("gloo_phase", phase="grad_sync")
+    models = run.of("traffic_model")
+    assert models and {m.tags["series"] for m in models} == {"gloo_ring"}
     for r in run.records:
         schema.validate(r)
 

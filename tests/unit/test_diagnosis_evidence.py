@@ -125,7 +125,7 @@ def build(spec: SynthJob) -> JobEvidence:
             ev.nodes.setdefault(spec.node(src), {})[second] = NodeSecond(
                 segs_out=c.bytes_acked // SEGMENT + c.retrans_segs + 500,
                 retrans_segs=c.retrans_segs, bytes_out=c.bytes_acked + c.retrans_bytes,
-                rx_peak_util=spec.rx_peak(s, src))
+                rx_peak_util=spec.rx_peak(s, src), rx_peak_bps=spec.rx_peak(s, src) * 1e9)
             ev.last_seen_ns[spec.node(src)] = second * SECOND
             if spec.reads(s, src):
                 ev.cells.setdefault(CellKey(spec.node(src), spec.addr(src), STORAGE, str(src)),

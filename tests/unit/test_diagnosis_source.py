@@ -127,7 +127,8 @@ def test_per_second_tables_equal_influxql_group_by_time(stored):
                                       {"node": "nodeG", "direction": direction,
                                        "interface": f"eth{k}"},
                                       {"peak_util": rng.random(), "hot_bins": rng.randint(0, 9),
-                                       "bursts": rng.randint(0, 3)}))
+                                       "bursts": rng.randint(0, 3),
+                                       "peak_bps": rng.random() * 1e9}))
         records.append(Record("nic_qdisc", second * SECOND, {"node": "nodeG", "qdisc": "tbf"},
                               {"drops": rng.randint(0, 5), "backlog_bytes": rng.randint(0, 9)}))
     store.write(records)
@@ -154,7 +155,8 @@ def test_per_second_tables_equal_influxql_group_by_time(stored):
             assert getattr(cell, name) == (flows[second][name] or 0), (second, name)
         for name in ("rtt_p50_us", "rtt_p90_us"):
             assert getattr(cell, name) == pytest.approx(flows[second][name]), (second, name)
-    nics = {d: grouped("max(peak_util) AS peak, sum(hot_bins) AS hot, sum(bursts) AS bursts",
+    nics = {d: grouped("max(peak_util) AS peak, sum(hot_bins) AS hot, sum(bursts) AS bursts, "
+                       "max(peak_bps) AS bps",
                        "nic_window", f"node = 'nodeG' AND direction = '{d}'")
             for d in ("rx", "tx")}
     qdisc = grouped("sum(drops) AS drops, max(backlog_bytes) AS backlog", "nic_qdisc",
@@ -164,6 +166,7 @@ def test_per_second_tables_equal_influxql_group_by_time(stored):
         assert node.segs_out == tcp[second]["segs_out"]
         assert node.tx_peak_util == pytest.approx(nics["tx"][second]["peak"])
         assert node.rx_peak_util == pytest.approx(nics["rx"][second]["peak"])
+        assert node.rx_peak_bps == pytest.approx(nics["rx"][second]["bps"])
         assert node.hot_bins == nics["rx"][second]["hot"] + nics["tx"][second]["hot"]
         assert node.bursts == nics["rx"][second]["bursts"] + nics["tx"][second]["bursts"]
         assert (node.qdisc_drops, node.qdisc_backlog_bytes) == \

@@ -6,11 +6,13 @@ import dataclasses
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agent.probes.gloo.layout import Collective
 from agent.probes.gloo.procs import ProcessTable, describe
 from agent.probes.gloo.records import ProcessState, collective_record
+from agent.probes.nic.history import BinHistory
 from agent.procmaps import parse_environ
 from fabricscope import schema
 from fabricscope.lineschema import canonical_line
@@ -110,7 +112,7 @@ def test_process_state_emits_steps_phases_and_a_model():
     assert full[0].fields["busbw_gbs"] == pytest.approx(8_396_800 / 0.021 / 1e9 * 4 / 3)
     phases = {r.tags["phase"] for r in records if r.measurement == "gloo_phase"}
     assert phases == {"param_broadcast", "grad_sync", "compute"}
-    model = state.model_record(int(t * MS), to_wall)
+    model = next(r for r in records if r.measurement == "traffic_model")   # at exit
     valid(model)
     assert model.tags["series"] == "gloo_sent"
     assert model.fields["period_s"] == pytest.approx(0.050, rel=0.01)
@@ -126,7 +128,20 @@ def test_model_needs_enough_recent_traffic():
     for i in range(3, 8):
         state.on_collective(allreduce(i * 50, i * 50 + 20), to_wall)
     assert state.model_record(400 * MS, to_wall) is not None
-    assert state.model_record(5000 * MS, to_wall) is None          # all older than 1 s
+    assert state.model_record(5000 * MS, to_wall) is None          # nothing new since
+
+
+def test_a_job_whose_steps_outlast_the_window_is_modelled_over_its_last_collectives():
+    """Steps of 0.8 s against a 1 s window: never more than two collectives in it, so
+    the model is fitted to the last MIN_MODEL_WINDOWS of them, however slow they are."""
+    from agent.probes.gloo.records import MIN_MODEL_WINDOWS
+    state = ProcessState(INFO, model_window_s=1)
+    for i in range(10):
+        state.on_collective(allreduce(i * 800, i * 800 + 20), to_wall)
+        state.on_collective(allreduce(i * 800 + 30, i * 800 + 60), to_wall)
+    model = state.model_record(10 * 800 * MS, to_wall)
+    assert model is not None and len(state.windows) == MIN_MODEL_WINDOWS
+    assert model.fields["window_s"] == pytest.approx(1.66, abs=0.01)    # steps 7-9
 
 
 def test_a_process_that_exits_between_two_models_keeps_its_last_one():
@@ -166,7 +181,7 @@ def test_the_rescan_learns_every_process_mapping_libtorch_while_it_lives():
 def test_without_the_buffer_hooks_the_payload_is_left_out_not_zero():
     """gloo_buffer_hooks off: sent and posted payload are unknown, so the records carry
     no sent_bytes, recv_bytes, sends or wire_efficiency (a 0 would read as 'nothing
-    sent'), and there is no traffic model (its series is the sent payload)."""
+    sent); the traffic model is still written, its series the ring model's bytes."""
     state = ProcessState(INFO, model_window_s=60, payload_known=False)
     records = []
     for i in range(12):
@@ -180,7 +195,8 @@ def test_without_the_buffer_hooks_the_payload_is_left_out_not_zero():
         assert not {"sent_bytes", "recv_bytes", "sends", "wire_efficiency"} & set(r.fields), r
         assert canonical_line(r)
     assert all(r.fields["bytes"] > 0 for r in colls)
-    assert state.model_record(12 * 40 * 10**6, to_wall) is None
+    model = state.model_record(12 * 40 * 10**6, to_wall)
+    assert model is not None and model.tags["series"] == "gloo_ring"
     with_payload = collective_record(allreduce(0, 20), INFO, to_wall)
     assert {"sent_bytes", "recv_bytes", "sends"} <= set(with_payload.fields)
 
@@ -217,3 +233,76 @@ def test_the_step_in_progress_is_a_gloo_progress_record_at_the_steps_start():
     assert r.fields["sync_seconds"] == pytest.approx(0.021)
     assert r.fields["compute_seconds"] == pytest.approx(0.019)
     assert r.fields["waiting"] is False and "throttled_seconds" not in r.fields
+
+
+def _bins_of(windows_ms, ring_bytes: int, load_bytes: int) -> BinHistory:
+    """Received 100 us bins: `ring_bytes` in every bin of each collective window (its
+    first a third full), and a data load at `load_bytes` per bin between them."""
+    h = BinHistory(100_000)
+    index, nbytes = [], []
+    for start, end in windows_ms:
+        first, last = int(start * 10), int(end * 10)
+        for b in range(first, last + 1):
+            index.append(b)
+            nbytes.append(ring_bytes // 3 if b == first else ring_bytes)
+        for b in range(last + 50, last + 60):
+            index.append(b)
+            nbytes.append(load_bytes)
+    h.add("eth0", np.array(index), np.array(nbytes), None)
+    h.drained(0, max(index) + 1)
+    return h
+
+
+def test_without_the_buffer_hooks_the_model_has_t_from_the_ring_bytes_d_from_the_windows():
+    """The default: no UnboundBuffer hooks, yet T, D and B (from the NIC's bins inside
+    the windows, not the data load's faster ones outside) are all there."""
+    state = ProcessState(INFO, model_window_s=60, payload_known=False)
+    windows = [(100 + 50 * i, 120 + 50 * i) for i in range(30)]
+    for start, end in windows:
+        state.on_collective(dataclasses.replace(allreduce(start, end), sent_bytes=0), to_wall)
+    nic = _bins_of(windows, ring_bytes=12_500, load_bytes=37_500)     # 1 and 3 Gbit/s
+    model = state.model_record(windows[-1][1] * MS, to_wall, nic)
+    valid(model)
+    f = model.fields
+    assert model.tags["series"] == "gloo_ring"
+    assert f["period_s"] == pytest.approx(0.050, rel=0.01)
+    assert f["duty_cycle"] == pytest.approx(0.020 / 0.05, abs=0.02)
+    assert f["burst_bytes_per_s"] == pytest.approx(12_500 / 1e-4)     # 1 Gbit/s, not 3
+    assert (f["burst_interface"], f["burst_windows"]) == ("eth0", 30)
+    assert "burst_util" not in f                                      # no line rate
+    assert f["mean_bytes_per_s"] > 0
+
+
+def test_b_is_a_share_of_the_line_rate_where_the_link_has_one():
+    state = ProcessState(INFO, model_window_s=60)
+    windows = [(100 + 50 * i, 120 + 50 * i) for i in range(10)]
+    for start, end in windows:
+        state.on_collective(allreduce(start, end), to_wall)
+    nic = _bins_of(windows, ring_bytes=12_500, load_bytes=0)
+    nic.add("eth0", np.zeros(0, np.int64), np.zeros(0, np.int64), 10**10)
+    model = state.model_record(windows[-1][1] * MS, to_wall, nic)
+    assert model.fields["burst_util"] == pytest.approx(0.1)
+    valid(model)
+
+
+def test_without_a_nic_probe_the_model_has_no_b_rather_than_an_average():
+    state = ProcessState(INFO, model_window_s=60)
+    for i in range(10):
+        state.on_collective(allreduce(100 + 50 * i, 120 + 50 * i), to_wall)
+    model = state.model_record(700 * MS, to_wall)
+    assert not {"burst_bytes_per_s", "burst_interface", "burst_util"} & set(model.fields)
+    assert model.fields["period_s"] == pytest.approx(0.050, rel=0.01)
+
+
+def test_collectives_of_unknown_size_still_give_t_and_d_from_their_windows():
+    state = ProcessState(INFO, model_window_s=60, payload_known=False)
+    for i in range(20):
+        c = dataclasses.replace(allreduce(100 + 50 * i, 120 + 50 * i), bytes=None,
+                                bytes_source="unknown", sent_bytes=0)
+        state.on_collective(c, to_wall)
+    model = state.model_record(1100 * MS, to_wall)
+    valid(model)
+    assert model.tags["series"] == "gloo_windows"
+    assert model.fields["period_s"] == pytest.approx(0.050, rel=0.01)
+    assert model.fields["duty_cycle"] == pytest.approx(0.4, abs=0.02)
+    assert "mean_bytes_per_s" not in model.fields

@@ -12,7 +12,7 @@ from agent.probes.nic import drops as nic_drops
 from agent.probes.nic import qdisc as nic_qdisc
 from agent.probes.nic.flows import KEY_DTYPE, VAL_DTYPE, FlowTable
 from agent.probes.nic.ring import BIN_DTYPE
-from agent.probes.nic.settings import DEFAULT_SPEED_BPS, LinkSpeeds, from_config, ring_slots
+from agent.probes.nic.settings import LinkSpeeds, from_config, ring_slots
 from fabricscope import config as fsconfig
 from fabricscope.errors import UserError
 
@@ -228,7 +228,7 @@ def test_bad_settings_are_one_line_user_errors(argv, words):
 
 
 def test_link_speed_precedence(tmp_path):
-    (tmp_path / "eth0").mkdir()
+    (tmp_path / "eth0" / "device").mkdir(parents=True)     # hardware under it
     (tmp_path / "eth0" / "speed").write_text("25000\n")
     (tmp_path / "veth1").mkdir()
     (tmp_path / "veth1" / "speed").write_text("-1\n")
@@ -237,5 +237,5 @@ def test_link_speed_precedence(tmp_path):
     assert speeds.speed_bps("eth0") == 25 * 10**9          # kernel
     assert speeds.speed_bps("eth1") == 10**8               # override
     assert speeds.speed_bps("veth1") == 40 * 10**9         # kernel unknown: bare default
-    assert LinkSpeeds(sysfs=tmp_path).speed_bps("nope") == DEFAULT_SPEED_BPS
+    assert LinkSpeeds(sysfs=tmp_path).speed_bps("nope") is None   # no guess
     assert LinkSpeeds.parse(["eth0=1.5gbit"]).overrides == {"eth0": 1_500_000_000}

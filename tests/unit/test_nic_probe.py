@@ -9,6 +9,7 @@ from agent.config import AgentConfig
 from agent.probes import REGISTRY, load_class
 from agent.probes.base import Clock, ProbeContext
 from agent.probes.nic.probe import DROP_SLOTS, IFINDEX_SLOTS, KERNEL_STATS, NicProbe
+from agent.probes.nic.settings import LineRate, SpeedSource
 from agent.probes.nic.window import Burst, WindowStats
 from fabricscope.errors import UserError
 from fabricscope.records import Record
@@ -19,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 C_SOURCE = inline_includes(ROOT / "bpf" / "nic.bpf.c")   # with bpf/fs_common.h
 HEADER = (ROOT / "bpf" / "nic.h").read_text()
 LOADER = (ROOT / "agent" / "probes" / "nic" / "probe.py").read_text()
+
+
+GBIT = LineRate(1_000_000_000, SpeedSource.KERNEL)
 
 
 def probe(**cfg) -> NicProbe:
@@ -51,7 +55,7 @@ def test_window_record_values():
     p = probe()
     w = WindowStats(start_ns=5 * 10**9, covered_bins=10_000, bytes=125_000_000, packets=1000,
                     peak_bytes=12_500, p99_bytes=6_250.0, hot_bins=3, lost_bins=0)
-    r = p._window_record(w, {"interface": "eth0", "direction": "rx"}, 1_000_000_000,
+    r = p._window_record(w, {"interface": "eth0", "direction": "rx"}, GBIT,
                          p.ctx.clock.to_wall, 40, 16)
     assert r.time_ns == 10**18 + 5 * 10**9
     assert (r.fields["bursts"], r.fields["bursts_listed"]) == (40, 16)
@@ -61,14 +65,35 @@ def test_window_record_values():
     assert f["p99_bps"] == pytest.approx(5e8)
     assert f["peak_util"] == pytest.approx(1.0)
     assert f["hot_s"] == pytest.approx(3e-4) and f["bin_us"] == 100
+    assert (f["link_speed_bps"], f["link_speed_source"]) == (10**9, "kernel")
     validate(Record(r.measurement, r.time_ns, {**r.tags, "node": "n"}, r.fields))
+
+
+def test_a_window_on_a_link_without_line_rate_says_so_and_quotes_no_share_of_it():
+    p = probe()
+    w = WindowStats(start_ns=5 * 10**9, covered_bins=10_000, bytes=125_000_000, packets=1000,
+                    peak_bytes=33_750, p99_bytes=6_250.0, hot_bins=0, lost_bins=0)
+    r = p._window_record(w, {"interface": "veth0", "direction": "rx"},
+                         LineRate(None, SpeedSource.UNKNOWN), p.ctx.clock.to_wall, 0, 0)
+    f = r.fields
+    assert f["link_speed_source"] == "unknown"
+    assert not {"link_speed_bps", "peak_util", "hot_bins", "hot_s", "bursts",
+                "bursts_listed"} & set(f)
+    assert f["peak_bps"] == pytest.approx(2.7e9)          # 33.75 kB in 100 us, always there
+    validate(Record(r.measurement, r.time_ns, {**r.tags, "node": "n"}, f))
+
+
+def test_without_line_rate_no_bin_is_hot():
+    p = probe()
+    assert p._hot_bytes(None) == float("inf")
+    assert p._hot_bytes(10**9) == pytest.approx(0.5 * 12_500)   # threshold 0.5 of 100 us
 
 
 def test_burst_record_values():
     p = probe()
     b = Burst(start_ns=7_000_123, end_ns=8_000_000, bytes=125_302, packets=31,
               peak_bytes=16_168, hot_bins=9, bins=11)
-    r = p._burst_record(b, {"interface": "eth0", "direction": "rx"}, 1_000_000_000,
+    r = p._burst_record(b, {"interface": "eth0", "direction": "rx"}, GBIT,
                         p.ctx.clock.to_wall)
     assert r.time_ns == 10**18 + 7_000_123
     assert r.fields["duration_ns"] == 999_877
@@ -88,3 +113,9 @@ def test_poll_and_detach_before_attach_are_harmless():
     p.detach()
     p.detach()
     assert p.stats()["lost"] == 0
+
+
+def test_received_bins_are_kept_for_the_traffic_model_only_when_the_gloo_probe_runs():
+    kept = probe(gloo_model_window_s=20.0).history
+    assert kept is not None and kept.keep_bins == 25 * 10_000      # its window and 5 s
+    assert probe(probes=["nic", "tcp_flows"]).history is None

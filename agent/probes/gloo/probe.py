@@ -22,9 +22,11 @@ later.
 
 What it exports (fabricscope/measurements/gloo.py): gloo_collective (one per
 collective: duration, S, algbw, busbw; with the buffer hooks sent bytes vs the ring
-model), gloo_step and gloo_phase (inferred, agent/probes/gloo/steps.py), and with
-the buffer hooks traffic_model (T, B, D of the process's collective traffic every
-`gloo_model_interval_s`). Each step also carries the time the process's CPU
+model), gloo_step and gloo_phase (inferred, agent/probes/gloo/steps.py), and
+traffic_model (T, B, D of the process's collective traffic every
+`gloo_model_interval_s`, with or without the buffer hooks: T from the collectives'
+bytes over time, D from their windows, B from the nic probe's busiest received bins
+inside them, ProbeContext.nic_bins; the hooks make the series the payload sent). Each step also carries the time the process's CPU
 cgroup was throttled during it and the cgroup's quota (fabricscope/cgroupcpu.py:
 cpu.stat read every 50 ms by a sampler thread and at every poll before the events;
 agent/probes/gloo/records.CpuSamples): the diagnosis shows a CPU limit that starves
@@ -112,7 +114,7 @@ class GlooProbe(UprobeProbe):
                             "e.g. --gloo-model-window-s 10 --gloo-model-interval-s 5")
         # 64 pages (256 KiB) per 0.2 s of poll interval: a second of ~2,500 collectives
         self.ringbuf_pages = ringbuf_pages or ringbuf_pages_for(ctx, 64)
-        self._procs = ProcessTable(proc)
+        self._procs = ProcessTable(proc, pods=getattr(ctx, "pods", None))
         self._proc = str(proc)
         #: each rank's CPU cgroup (its throttled time and quota per step), one sampler
         #: per cgroup directory however many ranks share it
@@ -124,6 +126,8 @@ class GlooProbe(UprobeProbe):
         self._states: dict[int, ProcessState] = {}
         self._denied: set[int] = set()
         self._last_model = time.monotonic()
+        self._poll_ns = 0                      # the poll's instant (_before_drain)
+        self._in_flight: dict[int, int] = {}   # pid -> its AllReduce in flight then
         self._counters.update(decode_errors=0, unattributed=0, foreign_processes=0,
                               bytes_from_transfers=0, bytes_unknown=0, late_windows=0,
                               step_resyncs=0, cgroup_unknown=0)
@@ -174,9 +178,25 @@ class GlooProbe(UprobeProbe):
 
     def _sample_cpu(self) -> None:
         while not self._cpu_stop.wait(CPU_SAMPLE_S):
-            self._before_drain()
+            self._sample_cgroups()
 
     def _before_drain(self) -> None:
+        """The poll's instant and the AllReduces in flight then, read before the ring
+        is drained: the BPF program submits a collective's event before it deletes the
+        collective from `active`, so one that is not in flight at this instant has its
+        event in the ring already, and the drain that follows sees it. The steps in
+        progress are then judged at an instant of which every returned collective is
+        known. Then one CPU sample of every cgroup, past that instant."""
+        self._poll_ns = time.monotonic_ns()
+        self._in_flight = {}
+        if self._bpf is not None:
+            for _tid, ev in self._bpf[b"active"].items():
+                if ev.op == ALLREDUCE and ev.start_ns <= self._poll_ns:
+                    self._in_flight[ev.pid] = min(ev.start_ns,
+                                                  self._in_flight.get(ev.pid, ev.start_ns))
+        self._sample_cgroups()
+
+    def _sample_cgroups(self) -> None:
         """One sample of every cgroup (the sampler thread's, and each poll's)."""
         with self._cpu_lock:
             cgroups = list(self._cpu.values())
@@ -197,38 +217,29 @@ class GlooProbe(UprobeProbe):
         super().detach()
 
     def _after_rescan(self) -> None:
-        now_ns = time.monotonic_ns()   # before the map is read: what is in flight then is
-        self._progress(now_ns, self._steps_closed_in_flight())   # in it
+        self._progress(self._poll_ns, self._steps_closed_in_flight())
         now = time.monotonic()
         if now - self._last_model >= self.model_interval_s:
             self._last_model = now
             self._models()
 
     def _steps_closed_in_flight(self) -> dict[int, int]:
-        """Each local process's AllReduce in flight now (the BPF `active` map, read
-        after the drain) closes its last step when it is the next step's first
-        (StepTracker.next_started): a step's length is known from the next one's
-        entry, and a rank that waits inside that AllReduce for a slow peer returns up
-        to a step later. A collective that returned since the drain is simply not
-        there (its event waits for the next poll). Returns pid -> the earliest start
-        of its AllReduces in flight."""
-        earliest: dict[int, int] = {}
-        for _tid, ev in self._bpf[b"active"].items():
-            if ev.op == ALLREDUCE and ev.pid in self._states:
-                earliest[ev.pid] = min(ev.start_ns, earliest.get(ev.pid, ev.start_ns))
-        if self._states:    # CPU samples past the steps' ends and past now (the steps in
-            self._before_drain()    # progress), once per cgroup
+        """Each local process's AllReduce in flight at the poll's instant (read before
+        the drain, _before_drain) closes its last step when it is the next step's first
+        (StepTracker.next_started): a step's length is known from the next one's entry,
+        and a rank that waits inside that AllReduce for a slow peer returns up to a
+        step later. Returns pid -> the earliest start of its AllReduces in flight."""
+        earliest = {pid: start for pid, start in self._in_flight.items() if pid in self._states}
         for pid, start_ns in earliest.items():
             self._pending += self._states[pid].on_next_step(start_ns, self.ctx.clock.to_wall)
         return earliest
 
     def _progress(self, now: int, in_flight: dict[int, int]) -> None:
-        """Each local process's step in progress at `now` (gloo_progress): a rank that
-        computes far longer than its peers is late to the next collective before that
-        step ends, and the ones waiting in it say so while they wait. An AllReduce that
-        returned between the drain and `now` is not seen until the next poll, so the
-        rank's compute so far can be overstated by that interval (a /proc rescan at
-        most, milliseconds)."""
+        """Each local process's step in progress at `now`, the poll's instant
+        (gloo_progress): a rank that computes far longer than its peers is late to the
+        next collective before that step ends, and the ones waiting in it say so while
+        they wait. Every collective that returned before `now` is known by then
+        (_before_drain), so what a report says so far is no more than the step's own."""
         for pid, state in self._states.items():
             self._pending += state.progress(now, in_flight.get(pid), self.ctx.clock.to_wall)
 
@@ -291,7 +302,7 @@ class GlooProbe(UprobeProbe):
                 continue
             state = self._states.pop(pid, None)
             if state is not None:
-                self._pending += state.flush(self.ctx.clock.to_wall)
+                self._pending += state.flush(self.ctx.clock.to_wall, self._nic_bins())
                 self._counters["late_windows"] += state.tracker.late
                 self._counters["step_resyncs"] += state.tracker.resyncs
             self._procs.forget(pid)
@@ -305,9 +316,13 @@ class GlooProbe(UprobeProbe):
     def _models(self) -> None:
         now = time.monotonic_ns()
         for state in self._states.values():
-            record = state.model_record(now, self.ctx.clock.to_wall)
+            record = state.model_record(now, self.ctx.clock.to_wall, self._nic_bins())
             if record is not None:
                 self._pending.append(record)
+
+    def _nic_bins(self):
+        """The nic probe's recent received bins (B of the traffic model); None without it."""
+        return getattr(self.ctx, "nic_bins", None)
 
     # --- library files -----------------------------------------------------------------
 

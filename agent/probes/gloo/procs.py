@@ -5,7 +5,10 @@ kernel serves every lab node; a node's agent keeps only processes in its own
 network namespace (compared by the inode of /proc/PID/ns/net). Job and rank come
 from the process's environment (/proc/PID/environ, readable by root) with the
 rule of fabricscope/jobs.py, which the markers source uses too, so gloo records
-and train_step records of one process carry the same tags.
+and train_step records of one process carry the same tags. In Kubernetes the
+process's pod (agent/kube/) adds namespace and pod, and its labels' training job
+comes before MASTER_ADDR:MASTER_PORT (the markers source cannot see the pod: set
+FABRICSCOPE_JOB from the label through the downward API where train_step must match).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.kube.resolver import PodIdentity, Resolution
 from agent.procmaps import parse_environ
 from fabricscope.jobs import tags_from_env
 
@@ -25,20 +29,26 @@ class ProcessInfo:
     job: str
     rank: str                  # RANK, '-' when unset
     world_size: int | None     # WORLD_SIZE, None when unset or not a number
+    namespace: str = ""        # Kubernetes: the pod's namespace and name, "" elsewhere
+    pod: str = ""
 
 
-def describe(pid: int, env: dict[str, str], local: bool) -> ProcessInfo:
-    tags = tags_from_env(env, pid)
+def describe(pid: int, env: dict[str, str], local: bool,
+             pod: PodIdentity | None = None) -> ProcessInfo:
+    tags = tags_from_env(env, pid, pod.job if pod else "", pod.index if pod else "")
     world = env.get("WORLD_SIZE", "")
     return ProcessInfo(pid=pid, local=local, job=tags["job"], rank=tags["rank"],
-                       world_size=int(world) if world.isdigit() and int(world) > 0 else None)
+                       world_size=int(world) if world.isdigit() and int(world) > 0 else None,
+                       namespace=pod.namespace if pod else "", pod=pod.pod if pod else "")
 
 
 class ProcessTable:
     """Cache of ProcessInfo per pid (a process's namespace and environment at start)."""
 
-    def __init__(self, proc: Path = Path("/proc"), own_netns: int | None = None):
+    def __init__(self, proc: Path = Path("/proc"), own_netns: int | None = None,
+                 pods=None):
         self.proc = proc
+        self.pods = pods            # agent.kube.resolver.PodResolver, None outside Kubernetes
         self.own_netns = own_netns if own_netns is not None else _netns(proc / "self")
         self._known: dict[int, ProcessInfo] = {}
 
@@ -53,13 +63,17 @@ class ProcessTable:
             return None
         local = netns == self.own_netns
         env: dict[str, str] = {}
+        resolution, pod = Resolution.UNKNOWN, None
         if local:
             try:
                 env = parse_environ((base / "environ").read_bytes())
             except OSError:
                 return None
-        info = describe(pid, env, local)
-        self._known[pid] = info
+            if self.pods is not None:
+                resolution, pod = self.pods.for_pid(self.proc, pid)
+        info = describe(pid, env, local, pod)
+        if resolution is not Resolution.PENDING:    # its pod may be listed by the next ask
+            self._known[pid] = info
         return info
 
     def alive(self, pid: int) -> bool:

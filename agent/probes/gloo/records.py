@@ -1,11 +1,18 @@
 """Records of the gloo probe: per collective, per inferred step and phase, and the
 traffic model, for one training process at a time (ProcessState). Pure: times in
 monotonic ns go through `to_wall`; the wall clock for the model window is given.
+
+The traffic model needs no buffer hooks: T comes from the autocorrelation and onsets
+of the collectives' bytes over time (the ring model's bytes from the options, or
+with gloo_buffer_hooks the payload sent), D from the collective windows, and B from
+the NIC's busiest bins inside those windows (agent/probes/nic/history.py, when the
+nic probe runs).
 """
 
 from __future__ import annotations
 
 import collections
+import enum
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -23,8 +30,26 @@ CPU_SAMPLE_S = 0.05         # the sampler's period: half of CFS's default period
 CPU_SAMPLES = 2400          # throttling samples kept per cgroup: 2 min of them
 
 
+class ModelSeries(str, enum.Enum):
+    """What the bandwidth series T is fitted to (traffic_model `series`)."""
+
+    SENT = "gloo_sent"          # payload handed to the transport (gloo_buffer_hooks)
+    RING = "gloo_ring"          # the ring model's bytes per rank, from the message sizes
+    WINDOWS = "gloo_windows"    # time in collectives: no size known
+
+
+def _model_weight(c: Collective, payload_known: bool) -> int:
+    """The bytes a collective puts in the model's series (0: none known)."""
+    if payload_known:
+        return c.sent_bytes
+    if c.model and c.bytes and c.nranks:
+        return round(busbw.ring_bytes_per_rank(c.model, c.bytes, c.nranks))
+    return 0
+
+
 def _tags(info: ProcessInfo) -> dict[str, str]:
-    return {"job": info.job, "rank": info.rank}
+    pod = {"namespace": info.namespace, "pod": info.pod} if info.pod else {}
+    return {"job": info.job, "rank": info.rank, **pod}
 
 
 def collective_record(c: Collective, info: ProcessInfo, to_wall: Callable[[int], int],
@@ -173,7 +198,7 @@ class ProcessState:
         self.payload_known = payload_known
         self.tracker = StepTracker()
         self.model_window_ns = int(model_window_s * 1e9)
-        # (start_ns, end_ns, sent_bytes) of recent collectives, for the traffic model
+        # (start_ns, end_ns, bytes: _model_weight) of recent collectives, for the model
         self.windows: collections.deque = collections.deque()
         self.nranks: int | None = info.world_size
         self.last_end_ns = 0
@@ -185,8 +210,8 @@ class ProcessState:
         out = [collective_record(c, self.info, to_wall, self.payload_known)]
         # the wave starts with the first gradient sync: the parameter broadcast before
         # it would set the burst level and hide the steps
-        if c.sent_bytes and (c.op == "AllReduce" or self.tracker.init_done):
-            self.windows.append((c.start_ns, c.end_ns, c.sent_bytes))
+        if c.op == "AllReduce" or self.tracker.init_done:
+            self.windows.append((c.start_ns, c.end_ns, _model_weight(c, self.payload_known)))
         self.last_end_ns = max(self.last_end_ns, c.end_ns)
         steps, phases = self.tracker.add(c)
         return out + self._records(steps, phases, to_wall)
@@ -208,7 +233,7 @@ class ProcessState:
         cpu = self.cpu.span(o.start_ns, now_ns) if self.cpu is not None else None
         return [progress_record(o, self.info, to_wall, cpu)]
 
-    def flush(self, to_wall: Callable[[int], int]) -> list[Record]:
+    def flush(self, to_wall: Callable[[int], int], nic_bins=None) -> list[Record]:
         """The process exited: its last steps and phases, and the traffic model of its
         last window where collectives ended since the last model (a process that exits
         between two periodic models, or lives shorter than the interval, keeps its
@@ -216,7 +241,7 @@ class ProcessState:
         steps, phases = self.tracker.flush()
         out = self._records(steps, phases, to_wall)
         if self.last_end_ns > self.modelled_to_ns:
-            model = self.model_record(self.last_end_ns, to_wall)
+            model = self.model_record(self.last_end_ns, to_wall, nic_bins)
             if model is not None:
                 out.append(model)
         return out
@@ -232,25 +257,57 @@ class ProcessState:
             return None
         return self.cpu.span(s.start_ns, s.start_ns + int(s.seconds * 1e9))
 
-    def model_record(self, now_ns: int, to_wall: Callable[[int], int]) -> Record | None:
-        """The traffic model over the last window ending now (None: too little data)."""
+    def model_record(self, now_ns: int, to_wall: Callable[[int], int],
+                     nic_bins=None) -> Record | None:
+        """The traffic model over the last window ending now, or over the last
+        MIN_MODEL_WINDOWS collectives where they span longer: a fit needs that many
+        bursts however slow the steps are, so a job whose steps outlast the window's
+        share of them is modelled too (None: fewer collectives than that so far).
+        nic_bins: the nic probe's BinHistory (B), None where no nic probe runs."""
         start = now_ns - self.model_window_ns
-        while self.windows and self.windows[0][1] < start:
+        while len(self.windows) > MIN_MODEL_WINDOWS and self.windows[0][1] < start:
             self.windows.popleft()
-        if len(self.windows) < MIN_MODEL_WINDOWS:
-            return None
+        if len(self.windows) < MIN_MODEL_WINDOWS or self.last_end_ns <= self.modelled_to_ns:
+            return None         # too few collectives, or none ended since the last model
         # the series spans the traffic seen: no leading or trailing silence of a
         # process that started or ended inside the window
-        t0 = max(start, self.windows[0][0])
+        t0 = self.windows[0][0] if self.windows[0][1] < start else \
+            max(start, self.windows[0][0])
         t1 = max(e for _, e, _ in self.windows)
         self.modelled_to_ns = max(self.modelled_to_ns, t1)
-        series = trafficmodel.series_from_windows(
-            ((s / 1e9, e / 1e9, b) for s, e, b in self.windows), t0 / 1e9, t1 / 1e9, MODEL_BIN_S)
+        kind, series = self._series(t0, t1)
         model = trafficmodel.fit(series, MODEL_BIN_S)
-        fields: dict = {"acf_peak": model.acf_peak, "burst_bytes_per_s": model.burst_bytes_per_s,
-                        "duty_cycle": model.duty_cycle, "mean_bytes_per_s": model.mean_bytes_per_s,
-                        "window_s": model.window_s, "network_bound": model.network_bound}
+        fields: dict = {"acf_peak": model.acf_peak, "window_s": model.window_s}
         if model.period_s is not None:
             fields["period_s"] = model.period_s
-        return Record("traffic_model", to_wall(now_ns), {**_tags(self.info), "series": "gloo_sent"},
+        if kind is not ModelSeries.WINDOWS:
+            fields["mean_bytes_per_s"] = model.mean_bytes_per_s
+        duty = trafficmodel.duty_from_windows(((s, e) for s, e, _ in self.windows), t0, t1)
+        fields.update(duty_cycle=duty, network_bound=duty > 0.5)
+        fields.update(_burst_fields(nic_bins, [(s, e) for s, e, _ in self.windows]))
+        return Record("traffic_model", to_wall(now_ns), {**_tags(self.info), "series": kind.value},
                       fields)
+
+    def _series(self, t0: int, t1: int):
+        """(what it is, bytes per MODEL_BIN_S bin over [t0, t1)): the collectives' bytes,
+        or where no size is known their time in flight."""
+        kind = ModelSeries.SENT if self.payload_known else ModelSeries.RING
+        windows = [(s / 1e9, e / 1e9, b) for s, e, b in self.windows]
+        if not any(b for _, _, b in windows):
+            kind = ModelSeries.WINDOWS
+            windows = [(s, e, e - s) for s, e, _ in windows]
+        return kind, trafficmodel.series_from_windows(windows, t0 / 1e9, t1 / 1e9, MODEL_BIN_S)
+
+
+def _burst_fields(nic_bins, windows: list[tuple[int, int]]) -> dict:
+    """B: the median over the collective windows of the busiest NIC bin received inside
+    each, on the interface that received the most inside them; none where no nic
+    probe runs or its bins do not cover the windows."""
+    peaks = nic_bins.peaks(windows) if nic_bins is not None else None
+    if peaks is None:
+        return {}
+    out = {"burst_bytes_per_s": peaks.peak_bytes_per_s, "burst_interface": peaks.interface,
+           "burst_windows": peaks.windows}
+    if peaks.line_rate_bps:
+        out["burst_util"] = peaks.peak_bytes_per_s * 8 / peaks.line_rate_bps
+    return out

@@ -11,6 +11,12 @@ and finds bursts (nic_window), takes flow deltas (nic_flows), qdisc counters
 (nic_qdisc) and drop reasons (nic_drops). Exports nic_window, nic_burst,
 nic_flow, nic_qdisc, skb_drop (fabricscope/measurements/nic.py).
 
+Line rate (agent/probes/nic/settings.py): configured, or the kernel's speed of a
+link with hardware under it; virtual links have none unless configured, and their
+records leave out utilization and bursts. The RX bins of the last seconds stay in a
+BinHistory (ProbeContext.nic_bins): the gloo probe's traffic model takes its burst
+bandwidth B from the busiest bins inside the collective windows.
+
 Cost: per packet one array lookup (interface), one array update (bin), a header
 parse from the skb's linear data and one LRU-hash update (flow); nothing is sent
 per packet. User space reads the bins in place and ~poll_interval/bin slots per
@@ -42,6 +48,7 @@ from agent.probes.nic import qdisc as nic_qdisc
 from agent.probes.nic import settings as settings_mod
 from agent.probes.base import Probe, ProbeUnavailable
 from agent.probes.nic.flows import KEY_DTYPE, VAL_DTYPE, FlowDelta, FlowTable
+from agent.probes.nic.history import BinHistory
 from agent.probes.nic.ring import BIN_DTYPE, RingSet, mapped_reader
 from agent.probes.nic.window import (Burst, BurstDetector, BurstSelector, WindowAssembler,
                                      WindowGrid, WindowStats, window_shift)
@@ -56,6 +63,9 @@ IFINDEX_SLOTS = 1024      # FS_NIC_IFINDEX_SLOTS
 KERNEL_STATS = ("skbs", "no_iface", "not_ip", "short", "flow_full", "ring_miss")  # FS_NIC_STAT_*
 DROP_SLOTS = 512                   # FS_NIC_DROP_SLOTS
 IFF_UP, IFF_LOOPBACK = 0x1, 0x8
+#: received bins kept beyond the traffic model's window: its collectives are read a
+#: poll or more after they end
+HISTORY_MARGIN_S = 5.0
 L2_LEN = {1: 14, 772: 14}          # ARPHRD_ETHER, ARPHRD_LOOPBACK; others: raw IP (tun, wg)
 
 
@@ -75,6 +85,8 @@ class NicProbe(Probe):
         self._ring_packets = None                      # () -> skbs counted per ring
         self._pending: list[Record] = []
         self._grid = WindowGrid(1)                     # where windows start: set at attach
+        self._rates: list[settings_mod.LineRate] = []  # by slot, read at each window end
+        self.history = _history(self.s.bin_ns, ctx.config)   # RX bins for the model's B
         # `lost` (bins the ring overwrote before a drain) is fabricscope_agent_events_lost_total
         self._counts = {"lost": 0, "slots_read": 0, "flow_entries_read": 0, "windows": 0,
                         "idle_drains": 0, "bursts": 0, "bursts_unlisted": 0, "flows_evicted": 0,
@@ -182,7 +194,7 @@ class NicProbe(Probe):
                          for _ in rings.rings]
         self._bursts = [BurstDetector() for _ in rings.rings]
         self._selectors = [BurstSelector(s.bursts_per_window) for _ in rings.rings]
-        self._speeds = [s.speeds.speed_bps(link.name) for link in self._ifaces]
+        self._read_line_rates()
         self._window_index = self._grid.index(start + 1)
         flows = self._bpf[b"fs_nic_flows"]
         self._flows = FlowTable(self._cpus, 2 * s.window_ns,
@@ -192,7 +204,12 @@ class NicProbe(Probe):
         self._ipr = IPRoute()                       # in the agent's namespace, kept open
         self._qdiscs = nic_qdisc.QdiscDeltas(nic_qdisc.read(self._ipr, list(self._names)))
         self._upto = start + 1
+        self._first_bin = start + 1
         self._rings = rings                         # last: detach drains only a full state
+        if self.history is not None and hasattr(self.ctx, "nic_bins"):
+            # the gloo probe's traffic model reads it (kept after detach: the models
+            # written at the agent's last poll are fitted after the probes detach)
+            self.ctx.nic_bins = self.history
 
     # --- poll -----------------------------------------------------------------------
 
@@ -212,8 +229,10 @@ class NicProbe(Probe):
         wall = self.ctx.clock.to_wall
         for ring, drained in zip(self._rings.rings, self._rings.drain(upto)):
             slot, direction = divmod(ring.ring_id, 2)
-            name, speed = self._ifaces[slot].name, self._speeds[slot]
-            hot = self.s.threshold * speed * self.s.bin_ns / 8e9
+            name, speed = self._ifaces[slot].name, self._rates[slot]
+            hot = self._hot_bytes(speed.bps)
+            if DIRECTIONS[direction] == "rx" and self.history is not None:
+                self.history.add(name, drained.bins.index, drained.bins.bytes, speed.bps)
             self._counts["lost"] += drained.lost
             self._counts["slots_read"] += drained.slots_read
             self._counts["idle_drains"] = self._rings.skipped
@@ -236,6 +255,8 @@ class NicProbe(Probe):
             self._counts["bursts"] += len(bursts)
             self._counts["windows"] += len(windows)
         self._upto = upto
+        if self.history is not None:
+            self.history.drained(self._first_bin, upto)
         window = self._grid.index(upto)
         if window > self._window_index or final:
             # the per-window reads, once per window end (the rings' windows end together)
@@ -254,7 +275,26 @@ class NicProbe(Probe):
             for reason, n in sorted(self._drops.update(self._drop_totals()).items()):
                 self._pending.append(Record("skb_drop", time_ns,
                                             {"reason": reason, "scope": "host"}, {"drops": n}))
-        self._speeds = [self.s.speeds.speed_bps(link.name) for link in self._ifaces]
+        self._read_line_rates()
+
+    def _read_line_rates(self) -> None:
+        """Each interface's line rate, at attach and at each window end (a link that
+        comes up or is reconfigured); logs which have none, once each."""
+        rates = [self.s.speeds.line_rate(link.name) for link in self._ifaces]
+        unknown_before = {link.name for link, r in zip(self._ifaces, self._rates)
+                          if r.bps is None}
+        for link, rate in zip(self._ifaces, rates):
+            if rate.bps is None and link.name not in unknown_before:
+                log.info("nic: %s has no line rate (a virtual link, or hardware that "
+                         "reports none): utilization and bursts are left out; give "
+                         "--link-speed-bps %s=RATE where one applies", link.name, link.name)
+        self._rates = rates
+
+    def _hot_bytes(self, speed_bps: int | None) -> float:
+        """Bytes a bin holds at the burst threshold; without a line rate no bin is hot."""
+        if speed_bps is None:
+            return float("inf")
+        return self.s.threshold * speed_bps * self.s.bin_ns / 8e9
 
     def _read_flows(self, now_mono: int) -> list[FlowDelta]:
         row = nic_bpfmap.percpu_stride(VAL_DTYPE.itemsize) * self._cpus
@@ -271,23 +311,28 @@ class NicProbe(Probe):
         raw = nic_bpfmap.read_array_range(self._bpf[b"fs_nic_drops"].map_fd, 0, DROP_SLOTS, row)
         return np.frombuffer(raw, "<u8").reshape(DROP_SLOTS, self._cpus).sum(axis=1).tolist()
 
-    def _window_record(self, w: WindowStats, tags: dict, speed: int, wall, bursts: int,
-                       listed: int) -> Record:
+    def _window_record(self, w: WindowStats, tags: dict, speed: settings_mod.LineRate, wall,
+                       bursts: int, listed: int) -> Record:
+        """Without a line rate: no speed, utilization, hot bins or bursts (all relative
+        to one); the rates in bit/s stay."""
         bin_s = self.s.bin_ns / 1e9
         peak_bps = w.peak_bytes * 8 / bin_s
         fields = {"bytes": w.bytes, "packets": w.packets,
                   "rate_bps": w.bytes * 8 / (w.covered_bins * bin_s) if w.covered_bins else 0.0,
                   "peak_bps": peak_bps, "p99_bps": w.p99_bytes * 8 / bin_s,
-                  "peak_util": peak_bps / speed, "hot_bins": w.hot_bins,
-                  "hot_s": w.hot_bins * bin_s, "link_speed_bps": speed,
-                  "bin_us": self.s.bin_ns // 1000, "lost_bins": w.lost_bins,
-                  "bursts": bursts, "bursts_listed": listed}
+                  "link_speed_source": speed.source.value,
+                  "bin_us": self.s.bin_ns // 1000, "lost_bins": w.lost_bins}
+        if speed.bps is not None:
+            fields.update(peak_util=peak_bps / speed.bps, hot_bins=w.hot_bins,
+                          hot_s=w.hot_bins * bin_s, link_speed_bps=speed.bps,
+                          bursts=bursts, bursts_listed=listed)
         return Record("nic_window", wall(w.start_ns), dict(tags), fields)
 
-    def _burst_record(self, b: Burst, tags: dict, speed: int, wall) -> Record:
+    def _burst_record(self, b: Burst, tags: dict, speed: settings_mod.LineRate, wall) -> Record:
+        """Only links with a line rate have bursts (hot bins are a share of it)."""
         peak_bps = b.peak_bytes * 8e9 / self.s.bin_ns
         fields = {"duration_ns": b.end_ns - b.start_ns, "bytes": b.bytes, "packets": b.packets,
-                  "peak_util": peak_bps / speed, "peak_bps": peak_bps,
+                  "peak_util": peak_bps / speed.bps, "peak_bps": peak_bps,
                   "hot_bins": b.hot_bins, "bins": b.bins}
         return Record("nic_burst", wall(b.start_ns), dict(tags), fields)
 
@@ -343,6 +388,15 @@ class Link:
     name: str
     arphrd: int         # ARPHRD_* link type
     flags: int          # IFF_*
+
+
+def _history(bin_ns: int, cfg) -> BinHistory | None:
+    """The received bins kept for the gloo probe's traffic model (its window and a
+    margin), only when the gloo probe runs."""
+    if "gloo" not in (getattr(cfg, "probes", None) or ()):
+        return None
+    window_s = float(getattr(cfg, "gloo_model_window_s", 10.0))
+    return BinHistory(bin_ns, keep_s=window_s + HISTORY_MARGIN_S)
 
 
 def register_interface(bpf_obj, ifindex: int, ring: int, l2_len: int,

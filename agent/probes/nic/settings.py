@@ -1,24 +1,29 @@
 """The NIC probe's settings, checked once from AgentConfig, and link speeds.
 
-Link speed (for utilization), per interface, first that applies:
+Line rate (for utilization and bursts), per interface, first that applies:
 1. config `link_speed_bps` entry `IF=RATE` for that interface;
-2. the kernel's /sys/class/net/IF/speed (Mbit/s; -1 or absent when unknown;
-   note that veth reports 10000 on kernel 6.18 although it has no line rate);
-3. a bare config entry `RATE` (the default for interfaces the kernel knows nothing of);
-4. DEFAULT_SPEED_BPS, 10 Gbit/s: a common data-centre NIC; says nothing true about a
-   given link, which is why every nic_window record carries the speed it used.
+2. the kernel's /sys/class/net/IF/speed (Mbit/s; -1 or EINVAL when unknown), trusted
+   only for a link with hardware under it: a `device` link in sysfs (a PCI, virtio or
+   other bus device bound to a driver), or a bond or VLAN (uevent DEVTYPE) whose lower
+   links all have one (bonding sums its slaves' speeds, a VLAN reports its real
+   device's). Virtual devices (veth, bridge, tun/tap, dummy, ifb, loopback) have no
+   line rate: veth and bridges report 10000 and tun 10 whatever they carry;
+3. a bare config entry `RATE` (the line rate of every link without one of its own);
+4. none: the speed is unknown. Records then leave out the speed, utilization, hot
+   bins and bursts (all relative to a line rate) rather than quote a share of a
+   guess; the peak rate (busiest bin) and `link_speed_source` = unknown remain.
 RATE is bit/s with tc-style units (100mbit, 25gbit) or a bare number.
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabricscope.errors import UserError
 
-DEFAULT_SPEED_BPS = 10_000_000_000
 BIN_US_RANGE = (10, 10_000)
 #: drains are expected every poll_interval_s; the ring holds this many intervals
 RING_MARGIN = 4
@@ -42,6 +47,26 @@ def parse_rate(text: str, where: str) -> int:
         raise UserError(f"{where}: {text!r} is not a link speed",
                         "give bit/s with a unit, e.g. 25gbit or eth0=100mbit")
     return int(value)
+
+
+class SpeedSource(str, enum.Enum):
+    """Where an interface's line rate came from (nic_window `link_speed_source`)."""
+
+    CONFIG = "config"              # link_speed_bps IF=RATE
+    KERNEL = "kernel"              # sysfs speed of a link with hardware under it
+    CONFIG_DEFAULT = "config_default"  # link_speed_bps bare RATE
+    UNKNOWN = "unknown"            # a virtual link, or hardware that reports none
+
+
+@dataclass(frozen=True)
+class LineRate:
+    bps: int | None                # None: unknown
+    source: SpeedSource
+
+
+#: uevent DEVTYPEs whose speed the kernel derives from the links under them
+STACKED_DEVTYPES = frozenset({"bond", "vlan"})
+MAX_STACK_DEPTH = 4                # bond of VLANs of ...: deeper stacks are not trusted
 
 
 @dataclass(frozen=True)
@@ -69,19 +94,55 @@ class LinkSpeeds:
         return cls(overrides, default)
 
     def kernel_bps(self, ifname: str) -> int | None:
+        """The speed sysfs reports, whether or not it means anything (see has_hardware)."""
         try:
             mbit = int((self.sysfs / ifname / "speed").read_text().strip())
-        except (OSError, ValueError):   # EINVAL when down; no file for many virtual links
+        except (OSError, ValueError):   # EINVAL when down or unknown; no file for some links
             return None
         return mbit * 1_000_000 if 0 < mbit < 0xFFFFFFFF else None
 
-    def speed_bps(self, ifname: str) -> int:
+    def has_hardware(self, ifname: str, depth: int = 0) -> bool:
+        """Is there a device under the link whose speed is a line rate: its own bus
+        device, or for a bond or VLAN, lower links that all have one."""
+        link = self.sysfs / ifname
+        if (link / "device").exists():
+            return True
+        if depth >= MAX_STACK_DEPTH or _devtype(link) not in STACKED_DEVTYPES:
+            return False
+        lowers = [p.name[len("lower_"):] for p in _listdir(link) if p.name.startswith("lower_")]
+        return bool(lowers) and all(self.has_hardware(n, depth + 1) for n in lowers)
+
+    def line_rate(self, ifname: str) -> LineRate:
         if ifname in self.overrides:
-            return self.overrides[ifname]
-        kernel = self.kernel_bps(ifname)
-        if kernel:
-            return kernel
-        return self.default_bps or DEFAULT_SPEED_BPS
+            return LineRate(self.overrides[ifname], SpeedSource.CONFIG)
+        if self.has_hardware(ifname):
+            kernel = self.kernel_bps(ifname)
+            if kernel:
+                return LineRate(kernel, SpeedSource.KERNEL)
+        if self.default_bps:
+            return LineRate(self.default_bps, SpeedSource.CONFIG_DEFAULT)
+        return LineRate(None, SpeedSource.UNKNOWN)
+
+    def speed_bps(self, ifname: str) -> int | None:
+        return self.line_rate(ifname).bps
+
+
+def _devtype(link: Path) -> str:
+    try:
+        for line in (link / "uevent").read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key == "DEVTYPE":
+                return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _listdir(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except OSError:
+        return []
 
 
 def ring_slots(bin_ns: int, poll_interval_s: float) -> int:

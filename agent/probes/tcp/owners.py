@@ -11,7 +11,9 @@ from user space, in the agent's network namespace:
    every wanted inode is found);
 3. /proc/PID/comm, /proc/PID/cgroup and, for rank and job, /proc/PID/environ
    (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/MASTER_PORT or FABRICSCOPE_JOB, the
-   rule of fabricscope/jobs.py, as the markers source and the gloo probe).
+   rule of fabricscope/jobs.py, as the markers source and the gloo probe);
+4. in Kubernetes (Owners.pods, agent/kube/), the pod the cgroup names: namespace,
+   pod and the training job of its labels.
 
 Answers are cached per flow; only unknown flows trigger a rescan, at most one per
 `rescan_s`, and a flow still unknown after `max_attempts` scans is given up
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from agent.kube.resolver import PodIdentity
 from agent.procmaps import parse_environ
 from fabricscope.jobs import tags_from_env
 
@@ -57,12 +60,15 @@ class Owner:
     local_rank: str = ""
     world_size: str = ""
     job: str = ""
+    namespace: str = ""      # Kubernetes: the pod's namespace and name
+    pod: str = ""
 
     def tags(self) -> dict[str, str]:
         """Record tags: the ones this owner has (empty values are left out)."""
         out = {"pid": str(self.pid), "comm": self.comm, "cgroup": self.cgroup,
                "container": self.container, "rank": self.rank, "local_rank": self.local_rank,
-               "world_size": self.world_size, "job": self.job}
+               "world_size": self.world_size, "job": self.job,
+               "namespace": self.namespace, "pod": self.pod}
         return {k: v for k, v in out.items() if v}
 
 
@@ -123,15 +129,17 @@ def parse_cgroup(text: str) -> tuple[str, str]:
 
 
 def describe_process(pid: int, comm: str, cgroup: tuple[str, str],
-                     env: dict[str, str]) -> Owner:
-    """cgroup: parse_cgroup's (path, container)."""
+                     env: dict[str, str], pod: PodIdentity | None = None) -> Owner:
+    """cgroup: parse_cgroup's (path, container); pod: its Kubernetes pod, if known."""
     rank = local_rank = world = job = ""
-    if "RANK" in env or "FABRICSCOPE_JOB" in env:
-        rank = env.get("RANK", "")
-        job = tags_from_env(env, pid)["job"]
+    pod_job, index = (pod.job, pod.index) if pod else ("", "")
+    if "RANK" in env or "FABRICSCOPE_JOB" in env or pod_job:
+        tags = tags_from_env(env, pid, pod_job, index)
+        rank, job = (tags["rank"] if tags["rank"] != "-" else ""), tags["job"]
         local_rank = env.get("LOCAL_RANK", "")
         world = env.get("WORLD_SIZE", "")
-    return Owner(pid, comm, cgroup[0], cgroup[1], rank, local_rank, world, job)
+    return Owner(pid, comm, cgroup[0], cgroup[1], rank, local_rank, world, job,
+                 pod.namespace if pod else "", pod.pod if pod else "")
 
 
 @dataclass
@@ -156,6 +164,8 @@ class Owners:
     #: kernel pids name processes in this /proc (None: decide once, from whether the
     #: agent's pid namespace is the host's)
     host_pids: bool | None = None
+    #: agent.kube.resolver.PodResolver in Kubernetes (namespace, pod and job tags)
+    pods: object = None
 
     def __post_init__(self) -> None:
         self._flows: dict[FlowKey, Owner | None] = {}
@@ -295,11 +305,14 @@ class Owners:
         except OSError:
             return None
         try:
-            cgroup = parse_cgroup((base / "cgroup").read_text())
+            cgroup_text = (base / "cgroup").read_text()
         except OSError:
-            cgroup = ("", "")
+            cgroup_text = ""
         try:
             env = parse_environ((base / "environ").read_bytes())
         except OSError:
             env = {}
-        return describe_process(pid, comm, cgroup, env)
+        # a pod still PENDING (started since the last relist) is tagged without it
+        pod = self.pods.identify(cgroup_text)[1] if self.pods is not None else None
+        return describe_process(pid, comm, parse_cgroup(cgroup_text) if cgroup_text
+                                else ("", ""), env, pod)

@@ -214,7 +214,7 @@ class TcpRetransmitProbe(Probe):
         self._tc: TcPrograms | None = None
         self._pending: list[Record] = []
         self._decode_errors = 0
-        self.owners = Owners()
+        self.owners = Owners(pods=getattr(ctx, "pods", None))
         self._tagger = OwnerTagger(self.owners)
         self.kinds_known = False
         self.raw_retransmit = False
