@@ -2,4 +2,6 @@
 load generator. Declared for the registry in agent/probes/__init__.py."""
 
 PROBES = {"markers": "agent.sources.markers:MarkersSource",
-          "synthetic": "agent.sources.synthetic:SyntheticSource"}   # load generator
+          "synthetic": "agent.sources.synthetic:SyntheticSource",   # load generator
+          "nccl_inspector": "agent.sources.nccl_inspector:NcclInspectorSource",
+          "nccl_ras": "agent.sources.nccl_ras:NcclRasSource"}

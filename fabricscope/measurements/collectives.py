@@ -14,7 +14,14 @@ from fabricscope.schema import Field, Measurement
 _UPROBE = "agent probe nccl (bpf/nccl.bpf.c, uprobes on libnccl.so)"
 _LOG = "agent source nccl_log (NCCL_DEBUG=INFO output)"
 _LOG_TAGS = {"host": "host name in the log line prefix (the process's view)",
-             "pid": "process id in the log line prefix"}
+             "pid": "process id in the log line prefix (`-` when the line has none)"}
+_LOG_FIELDS = {
+    "dev": Field(int, "", "CUDA device in the line prefix ([dev]; -1 when none)"),
+    "launcher": Field(str, "", "launcher whose prefix came before NCCL's: ray, torchrun "
+                               "or mpirun"),
+    "launcher_rank": Field(int, "rank", "rank the launcher's prefix names ([rank0]:, [1,0])"),
+    "launcher_ip": Field(str, "", "worker address in Ray's prefix (ip=...)"),
+}
 
 MEASUREMENTS = [
     Measurement(
@@ -101,15 +108,19 @@ MEASUREMENTS = [
             "nranks": Field(int, "ranks", "ranks in the communicator"),
             "stream": Field(str, "", "cudaStream_t (hex)"),
             "tid": Field(int, "", "thread id in the line prefix"),
+            **_LOG_FIELDS,
         },
     ),
     Measurement(
         name="nccl_log_comm",
         doc="A communicator's init as logged by NCCL (`... commId 0x... - Init START` / "
-            "`- Init COMPLETE`, and split/grow COMPLETE lines with parent, color, key).",
+            "`- Init COMPLETE`, split/grow lines with parent, color, key; `- Destroy "
+            "COMPLETE`, `- Abort COMPLETE`), and its shape (`comm 0x.. rank 3 nRanks 8 "
+            "nNodes 2 localRanks 4 localRank 3 MNNVL 0`).",
         source=_LOG,
         tags={**_LOG_TAGS,
-              "event": "init_start or init_complete",
+              "event": "init_start, init_complete, destroy_complete, abort_complete or "
+                       "shape",
               "comm": "communicator handle (hex)",
               "comm_id": "NCCL commId hash (hex; not logged for split children)"},
         optional_tags=frozenset({"comm_id"}),
@@ -123,16 +134,23 @@ MEASUREMENTS = [
             "parent": Field(str, "", "parent communicator (split/grow)"),
             "color": Field(int, "", "split color"),
             "key": Field(int, "", "split key"),
+            "nnodes": Field(int, "", "nodes the communicator spans (shape)"),
+            "local_ranks": Field(int, "ranks", "ranks on this node (shape)"),
+            "local_rank": Field(int, "rank", "this rank's index on its node (shape)"),
+            "mnnvl": Field(int, "", "multi-node NVLink in use (shape; 1 yes, 0 no)"),
+            **_LOG_FIELDS,
         },
     ),
     Measurement(
         name="nccl_topology",
-        doc="A ring or channel connection NCCL set up (`Ring 00 : p -> r -> n`, "
-            "`Channel 00/02 :    0   1`, `Channel 00/0 : 0[0] -> 1[1] via NET/IB/0/GDRDMA`).",
+        doc="A ring, tree or channel connection NCCL set up (`Ring 00 : p -> r -> n`, "
+            "`Channel 00/02 :    0   1`, `Channel 00/0 : 0[0] -> 1[1] via NET/IB/0/GDRDMA`, "
+            "`Trees [0] 1/-1/-1->0->-1` (one record per channel), `Tree 0 : -1 -> 0 -> 1/-1/-1`).",
         source=_LOG,
         tags={**_LOG_TAGS,
               "kind": "ring (this rank's neighbours), ring_order (rank 0's view of a "
-                      "whole ring) or channel (one connection)",
+                      "whole ring), channel (one connection), tree (this rank's parent and "
+                      "children), tree_up or tree_down (NCCL 2.7's two trees)",
               "transport": "channel transport: NET, P2P, SHM, ... (channel lines)",
               "direction": "send or receive for NET channel lines, else `-`"},
         optional_tags=frozenset({"transport", "direction"}),
@@ -140,7 +158,10 @@ MEASUREMENTS = [
             "channel": Field(int, "", "channel (ring) number"),
             "conn": Field(int, "", "connection index (channel lines)"),
             "src_rank": Field(int, "rank", "sending rank (channel lines)"),
-            "src_dev": Field(int, "", "sending rank's device"),
+            "src_dev": Field(int, "", "sending rank's device (NCCL >= 2.18)"),
+            "src_bus_id": Field(str, "", "sending rank's GPU PCI bus id, hex (NCCL < 2.18 "
+                                         "prints it in place of the device)"),
+            "dst_bus_id": Field(str, "", "receiving rank's GPU PCI bus id, hex (idem)"),
             "dst_rank": Field(int, "rank", "receiving rank"),
             "dst_dev": Field(int, "", "receiving rank's device"),
             "via": Field(str, "", "full transport path, e.g. NET/IB/0/GDRDMA"),
@@ -148,21 +169,66 @@ MEASUREMENTS = [
             "rank": Field(int, "rank", "this rank (ring lines)"),
             "next": Field(int, "rank", "next rank in the ring (ring lines)"),
             "order": Field(str, "", "ranks in ring order, space separated (ring_order)"),
+            "nchannels": Field(int, "", "channels (rings) in all (ring_order)"),
+            "nranks": Field(int, "ranks", "ranks in the ring (ring_order, when NCCL printed "
+                                          "it whole)"),
+            "up": Field(int, "rank", "parent in the tree, -1 at the root (tree lines)"),
+            "down": Field(str, "", "children in the tree, a/b/c, -1 for none (tree lines)"),
+            "net": Field(str, "", "network of a NET channel (IB, Socket, AWS Libfabric, ...)"),
+            "net_dev": Field(int, "", "network device index of a NET channel"),
+            "proxy_rank": Field(int, "rank", "PXN proxy rank of a NET channel (NET/IB/1(5))"),
+            "gdrdma": Field(bool, "", "NET channel uses GPUDirect RDMA"),
+            "shared": Field(bool, "", "NET channel uses shared buffers"),
+            **_LOG_FIELDS,
         },
     ),
     Measurement(
         name="nccl_net",
         doc="Network settings NCCL reported: socket threads, the interfaces or IB devices "
-            "it uses, the network plugin.",
+            "it uses (bootstrap, NET/Socket, NET/IB; `NET/IB : No device found.` is an empty "
+            "list), the network plugin.",
         source=_LOG,
         tags={**_LOG_TAGS,
-              "kind": "socket_threads, socket_devices, ib_devices or network"},
+              "kind": "socket_threads, socket_devices, ib_devices, bootstrap_devices or "
+                      "network"},
         fields={
             "threads": Field(int, "", "NET/Socket threads per connection"),
             "sockets_per_thread": Field(int, "", "NET/Socket sockets per thread"),
             "devices": Field(str, "", "devices as NCCL lists them ([0]eth0:10.0.0.1<0> ...)"),
             "oob": Field(str, "", "IB out-of-band interface and address"),
             "network": Field(str, "", "network plugin in use (IB, Socket, ...)"),
+            "ndevices": Field(int, "", "devices listed"),
+            "nics": Field(int, "", "NICs NCCL uses: devices, with fused ones ([0]={...}) "
+                                   "counted once"),
+            "relaxed_ordering": Field(bool, "", "IB relaxed ordering on ([RO])"),
+            **_LOG_FIELDS,
+        },
+    ),
+    Measurement(
+        name="nccl_log_setting",
+        doc="A setting NCCL reported: its version, an environment variable it read, a "
+            "GPU's CPU affinity, thread thresholds, channel counts, NVLS support.",
+        source=_LOG,
+        tags={**_LOG_TAGS,
+              "kind": "version, env, affinity, thresholds, channel_counts or nvls_support",
+              "name": "environment variable (env)"},
+        optional_tags=frozenset({"name"}),
+        fields={
+            "version": Field(str, "", "NCCL version (2.18.5)"),
+            "cuda": Field(str, "", "CUDA version NCCL was built for (12.2)"),
+            "value": Field(str, "", "environment variable's value as NCCL printed it"),
+            "gpu": Field(int, "", "GPU (affinity, nvls_support)"),
+            "mask": Field(str, "", "CPU affinity mask, hex words"),
+            **{f"{algo}_{proto}": Field(int, "threads", f"thread threshold, {algo} {proto}")
+               for algo in ("tree", "ring") for proto in ("ll", "ll128", "simple")},
+            "collnet": Field(str, "", "CollNet thread thresholds, / separated"),
+            "coll_channels": Field(int, "", "collective channels"),
+            "collnet_channels": Field(int, "", "CollNet channels"),
+            "nvls_channels": Field(int, "", "NVLS channels"),
+            "p2p_channels": Field(int, "", "point-to-point channels"),
+            "p2p_channels_per_peer": Field(int, "", "point-to-point channels per peer"),
+            "nvls_available": Field(bool, "", "NVLS multicast available on the GPU"),
+            **_LOG_FIELDS,
         },
     ),
     Measurement(
@@ -183,6 +249,18 @@ MEASUREMENTS = [
             "status": Field(str, "", "name of that status (IBV_WC_RETRY_EXC_ERR, "
                                      "ncclInvalidArgument, ...)"),
             "tid": Field(int, "", "thread id in the line prefix"),
+            "thread": Field(str, "", "NCCL thread of an error trace ([Proxy Thread], ...)"),
+            "peer": Field(str, "", "IB completion error: peer address"),
+            "peer_port": Field(int, "", "IB completion error: peer port"),
+            "opcode": Field(int, "", "IB completion error: ibv_wc_opcode"),
+            "len": Field(int, "B", "IB completion error: bytes completed"),
+            "vendor_err": Field(int, "", "IB completion error: vendor error (129: mlx5 "
+                                         "transport retry counter exceeded)"),
+            "request": Field(str, "", "IB completion error: Send, Recv, Flush, IPut"),
+            "local_gid": Field(str, "", "IB completion error: local GID"),
+            "remote_gid": Field(str, "", "IB completion error: remote GID"),
+            "hca": Field(str, "", "IB completion error: HCA"),
+            **_LOG_FIELDS,
         },
     ),
 ]

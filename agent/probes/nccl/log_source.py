@@ -6,7 +6,8 @@ matching files that appear later are picked up; `-` is the agent's stdin),
 following each like `tail -F` from its beginning (NCCL prints the topology once,
 at init). What the lines mean and which become records: agent/probes/nccl/logparse.py.
 Every line is counted by outcome (record, ignored, foreign, garbled, blank) in
-stats(); none is fatal.
+stats(); none is fatal. One line may give several records (a Trees line: one per
+channel).
 
 Times: a line's own timestamp when NCCL printed one (NCCL_DEBUG_TIMESTAMP_LEVELS;
 by default WARN lines only), else when the agent read the line (within
@@ -77,10 +78,9 @@ class NcclLogSource(Probe):
             lines = tail.read_lines(self.max_bytes)
             now = time.time_ns()
             for line in lines:
-                outcome, record = parse_line(line, now)
+                outcome, records = parse_line(line, now)
                 self._counts[f"lines_{outcome}"] += 1
-                if record is not None:
-                    out.append(record)
+                out += records
         return out
 
     def stats(self) -> dict[str, int]:

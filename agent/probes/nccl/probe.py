@@ -10,7 +10,9 @@ rescanned every `rescan_s`; a discovered file is detached once no process maps
 it any more. Calls a process makes before its library is discovered are missed.
 
 What it exports: nccl_call (one record per call, exact) and nccl_comm
-(fabricscope/measurements/collectives.py). Times are enqueue times.
+(fabricscope/measurements/collectives.py), and nccl_step (steps inferred from the
+calls' repeating pattern, agent/probes/nccl/steps.py; processes of this node only).
+Times are enqueue times.
 
 What it costs: a uprobe is a trap into the kernel; each probed call pays it
 twice (entry and return). Measured with `fabricscope bench uprobe-cost` (2-core
@@ -39,8 +41,10 @@ from pathlib import Path
 from agent import bpf
 from agent.probes.base import ProbeContext
 from agent.probes.base import ringbuf_pages as ringbuf_pages_for
+from agent.probes.gloo.procs import ProcessTable
 from agent.probes.nccl.layout import APIS, STAT_NAMES, DecodeError, NcclEventC, decode
 from agent.probes.nccl.records import CommTable, observe, to_record
+from agent.probes.nccl.steps import StepRecords
 from agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
 from fabricscope.errors import UserError
 
@@ -69,6 +73,7 @@ class NcclProbe(UprobeProbe):
         self.entry_only = entry_only
         self.ringbuf_pages = ringbuf_pages or ringbuf_pages_for(ctx, 64)   # see gloo
         self._comms = CommTable()
+        self._steps = StepRecords(ProcessTable(proc, pods=getattr(ctx, "pods", None)))
         self._name_re = LIB_NAME
         self._needles: tuple[str, ...] = ("libnccl",)
         self._counters.update(decode_errors=0, paths_missing=0)
@@ -97,12 +102,17 @@ class NcclProbe(UprobeProbe):
         events_lost_total. Gauges (files attached, known comms) are in libraries()."""
         out = {**self._counters, **self._uprobes.counters}
         out["comms_evicted"] = self._comms.evicted
+        out.update(self._steps.stats())
         if self._bpf is not None:
             out.update(zip(STAT_NAMES, bpf.percpu_sums(self._bpf[b"stats"], len(STAT_NAMES))))
             # Run time of our programs (not the uprobe trap itself), while the kernel's
             # BPF stats are on (sysctl kernel.bpf_stats_enabled=1), else 0; missed_hits.
             out.update(bpf.prog_stat_counters(fn.fd for fn in self._bpf.funcs.values()))
         return out
+
+    def poll(self):
+        out = super().poll()
+        return out + self._steps.feed(out)     # nccl_step (agent/probes/nccl/steps.py)
 
     # --- events ------------------------------------------------------------------------
 
