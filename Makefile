@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit lint setup proto docs clean-labs
+.PHONY: demo test test-unit lint setup proto docs clean-labs profiler
 
 demo: setup
 	$(VENV)/bin/fabricscope demo
@@ -36,7 +36,11 @@ docs:
 	$(PY) -m fabricscope.config > docs/config.md
 	$(PY) -m surface.alerts
 	$(PY) -m surface.dashboards
+	$(PY) -m surface.kubernetes
 
 # Remove every fabricscope lab left on this machine (normally never needed).
 clean-labs:
 	$(VENV)/bin/fabricscope lab down --all
+
+# The NCCL profiler plugin (docs/nccl-profiler.md).
+profiler: ; $(MAKE) -C profiler
