@@ -8,6 +8,9 @@
                           --node I cpu PCT, storage ..., clear     (lab/cli_faults.py)
     fabricscope lab train --name NAME --steps K [--model-mb M] [--batch B] [--json-summary]
         [--data-mb D] [--checkpoint-every N]     (reads/checkpoints via a data server)
+        [--kind ddp|fsdp|moe|pipeline] [--layers L] [--experts-per-rank E] [--skew S]
+        [--micro-batches M] [--slow-stage K --stage-skew X]
+    fabricscope lab serve --name NAME --requests N [--rate R] [--mode moe|pipeline] ...
     fabricscope lab exec  --name NAME --node I -- CMD...
 
 torch is imported only by the ranks that `lab train` starts, never here.
@@ -27,6 +30,7 @@ import time
 from fabricscope.errors import UserError
 from lab.cli_faults import add_fault_parsers, cmd_clear, cmd_fault_loss, cmd_fault_shape
 from lab.cli_faults import describe_faults
+from lab.workloads import TRAIN_KINDS, ServeMode
 
 __all__ = ["add_arguments", "cmd_clear", "cmd_fault_loss", "cmd_fault_shape", "register"]
 
@@ -90,7 +94,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="write a checkpoint (the model's state_dict) to that data server after "
                         "every N-th step (default 0: never)")
+    add_kind_flags(p, serve=False)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("serve", help="serve inference requests (Poisson arrivals), one rank "
+                                     "per node; one JSON line of latency per request")
+    p.add_argument("--name", required=True, help="lab name")
+    p.add_argument("--requests", type=int, required=True, help="requests to serve")
+    p.add_argument("--rate", type=float, default=20.0,
+                   help="mean arrivals per second (Poisson; default 20)")
+    p.add_argument("--mode", choices=[m.value for m in ServeMode], default=ServeMode.MOE.value,
+                   help="moe: all-to-all per MoE layer; pipeline: stage to stage (default moe)")
+    p.add_argument("--model-mb", type=float, default=2.0,
+                   help="parameter MiB (moe: experts per rank; pipeline: all stages)")
+    p.add_argument("--batch", type=int, default=32, help="tokens per request per rank")
+    p.add_argument("--master-port", type=int, help="rank 0's rendezvous port (default: random)")
+    p.add_argument("--timeout-s", type=float, help="end every rank after this long")
+    add_kind_flags(p, serve=True)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("exec", help="run a command in a node's network namespace")
     p.add_argument("--name", required=True, help="lab name")
@@ -98,6 +119,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
                    help="command and arguments")
     p.set_defaults(func=cmd_exec)
+
+
+def add_kind_flags(p: argparse.ArgumentParser, serve: bool) -> None:
+    """The knobs of lab/workloads/ (train: with --kind; serve: those of its modes)."""
+    if not serve:
+        p.add_argument("--kind", choices=[k.value for k in TRAIN_KINDS], default="ddp",
+                       help="ddp (default), fsdp (FSDP2 sharding), moe (all-to-all experts) "
+                            "or pipeline (one stage per rank, send/recv)")
+        p.add_argument("--micro-batches", type=int, help="pipeline: micro-batches per step "
+                                                         "(default 4)")
+        p.add_argument("--slow-stage", type=int, help="pipeline: the stage with more layers")
+        p.add_argument("--stage-skew", type=float,
+                       help="pipeline: the slow stage's layers x this (e.g. 2.0)")
+    p.add_argument("--layers", type=int, help="fsdp: layers; moe: MoE layers; pipeline: "
+                                              "layers per stage (default 4)")
+    p.add_argument("--experts-per-rank", type=int, help="moe: experts on each rank (default 2)")
+    p.add_argument("--skew", type=float, help="moe: Zipf exponent of the routing, 0 = uniform "
+                                              "(default 0)")
+
+
+_KNOBS = ("layers", "experts_per_rank", "skew", "micro_batches", "slow_stage", "stage_skew")
+
+
+def kind_knobs(args) -> dict:
+    """The knobs given on the command line (None: the worker's default)."""
+    return {k: getattr(args, k) for k in _KNOBS if getattr(args, k, None) is not None}
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -182,13 +229,15 @@ def cmd_train(args) -> int:
     previous = signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
     started = time.monotonic()
     io = args.data_mb > 0 or args.checkpoint_every > 0
+    knobs = kind_knobs(args)
+    kind_kw = dict(kind=args.kind, knobs=knobs) if args.kind != "ddp" or knobs else {}
     try:
         with (running_dataserver(lab, None) if io else contextlib.nullcontext()) as server:
             kw = dict(data_server=server, data_bytes=int(args.data_mb * 2**20),
                       checkpoint_every=args.checkpoint_every) if io else {}
             with start_training(lab, args.steps, model_mb=args.model_mb, batch=args.batch,
                                 master_port=args.master_port, timeout_s=args.timeout_s,
-                                **kw) as run:
+                                **kw, **kind_kw) as run:
                 for item in run.steps():
                     print(json.dumps(item), flush=True)
                 code = run.wait()
@@ -210,6 +259,32 @@ def cmd_train(args) -> int:
                           "seconds_median": round(statistics.median(secs), 6),
                           "seconds_max": round(max(secs), 6),
                           "wall_seconds": round(time.monotonic() - started, 3)}), flush=True)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from lab.topology import load
+    from lab.training import start_training
+    lab = load(args.name)
+    knobs = {**kind_knobs(args), "rate": args.rate, "serve_mode": args.mode}
+    _TRAIN_PID[0] = os.getpid()
+    previous = signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+    try:
+        with start_training(lab, args.requests, model_mb=args.model_mb, batch=args.batch,
+                            master_port=args.master_port, timeout_s=args.timeout_s,
+                            kind="serve", knobs=knobs) as run:
+            for item in run.steps():
+                print(json.dumps(item), flush=True)
+            code = run.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if code != 0:
+        print(f"fabricscope: error: serving failed: {run.error}", file=sys.stderr)
+        return 1
+    if len(run.records) != args.requests:
+        print(f"fabricscope: error: serving failed: rank 0 answered {len(run.records)} of "
+              f"{args.requests} requests (log: {run.log_paths[0]})", file=sys.stderr)
+        return 1
     return 0
 
 

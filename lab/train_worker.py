@@ -1,7 +1,12 @@
-"""One DDP rank of `fabricscope lab train` (started by lab/training.py, one per node).
+"""One rank of `fabricscope lab train` (started by lab/training.py, one per node).
 
     ip netns exec <netns> python -m lab.train_worker --steps K --model-mb M --batch B
         [--data-server ADDR:PORT [--data-bytes N] [--checkpoint-every K]] [--io-log PATH]
+        [--kind ddp|fsdp|moe|pipeline|serve [knobs]]
+
+--kind ddp (the default) is the DDP rank described below; the other kinds run in
+lab/workloads/ (one module each) with their knobs (--layers, --experts-per-rank,
+--skew, --micro-batches, --slow-stage, --stage-skew, --rate, --serve-mode).
 
 Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GLOO_SOCKET_IFNAME and
 FABRICSCOPE_MARKERS_DIR from the environment. Trains a plain MLP of about M MiB
@@ -97,6 +102,44 @@ class _Storage:
             self.log.close()
 
 
+def add_kind_arguments(parser: argparse.ArgumentParser) -> None:
+    """--kind and the knobs of the other kinds (lab/workloads/; DDP ignores them)."""
+    from lab.workloads import Kind, ServeMode
+    parser.add_argument("--kind", choices=[k.value for k in Kind], default=Kind.DDP.value)
+    parser.add_argument("--layers", type=int, default=4,
+                        help="layers (fsdp), MoE layers (moe, serve), layers per stage "
+                             "(pipeline)")
+    parser.add_argument("--experts-per-rank", type=int, default=2)
+    parser.add_argument("--skew", type=float, default=0.0,
+                        help="Zipf exponent of the expert routing (0: uniform)")
+    parser.add_argument("--micro-batches", type=int, default=4)
+    parser.add_argument("--slow-stage", type=int, default=-1,
+                        help="pipeline stage with stage-skew x the layers (-1: none)")
+    parser.add_argument("--stage-skew", type=float, default=1.0)
+    parser.add_argument("--rate", type=float, default=20.0, help="requests per second (serve)")
+    parser.add_argument("--serve-mode", choices=[m.value for m in ServeMode],
+                        default=ServeMode.MOE.value)
+
+
+def kind_problem(args, world: int) -> str | None:
+    """Why the flags of a non-DDP kind cannot run on `world` ranks (one line), or None."""
+    if args.data_server:
+        return f"--data-server runs with --kind ddp only, not {args.kind}"
+    if args.layers < 1 or args.experts_per_rank < 1 or args.micro_batches < 1:
+        return "--layers, --experts-per-rank and --micro-batches must be 1 or more"
+    if not (args.skew >= 0 and args.stage_skew > 0 and args.rate > 0):
+        return "--skew must be 0 or more, --stage-skew and --rate more than 0"
+    pipelined = args.kind == "pipeline" or (args.kind == "serve"
+                                            and args.serve_mode == "pipeline")
+    if args.kind == "pipeline" and args.micro_batches > args.batch:
+        return f"--micro-batches {args.micro_batches} is more than --batch {args.batch}"
+    if pipelined and world < 2:
+        return "a pipeline needs 2 or more ranks (one stage per rank)"
+    if not -1 <= args.slow_stage < world:
+        return f"--slow-stage {args.slow_stage} is not a stage of {world} (give -1 to {world - 1})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.train_worker")
     parser.add_argument("--steps", type=int, required=True)
@@ -108,11 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="PUT a checkpoint after every K-th step (0: never)")
     parser.add_argument("--io-log", help="append one JSON line per transfer here")
+    add_kind_arguments(parser)
     args = parser.parse_args(argv)
     if (args.data_bytes or args.checkpoint_every) and not args.data_server:
         parser.error("--data-bytes and --checkpoint-every need --data-server")
     if args.data_bytes < 0 or args.checkpoint_every < 0:
         parser.error("--data-bytes and --checkpoint-every must be 0 or more")
+    if args.kind != "ddp":
+        problem = kind_problem(args, int(os.environ.get("WORLD_SIZE") or 1))
+        if problem:
+            parser.error(problem)
+        exit_with_parent()
+        from lab.workloads import run
+        return run(args)
     exit_with_parent()
 
     import torch

@@ -1,4 +1,5 @@
-"""Real PyTorch DDP (gloo) across a lab's nodes: one rank per node, in its namespace.
+"""Real PyTorch DDP (gloo) across a lab's nodes: one rank per node, in its namespace;
+with kind= the other kinds of job (FSDP, MoE, pipeline, serving; lab/workloads/).
 
     with start_training(lab, steps=20, model_mb=8) as run:
         for line in run.steps():          # {"step": n, "seconds": s}, from rank 0
@@ -119,7 +120,8 @@ class TrainingRun:
         return [p.pid for p in self.procs]
 
     def steps(self):
-        """Yield rank 0's step dicts as they come, until rank 0's stdout closes."""
+        """Yield rank 0's step dicts (a served request's dicts for kind serve) as they
+        come, until rank 0's stdout closes."""
         while True:
             item = self._queue.get()
             if item is None:
@@ -177,7 +179,7 @@ class TrainingRun:
                         item = json.loads(raw)
                     except ValueError:
                         item = None
-                    if isinstance(item, dict) and "step" in item:
+                    if isinstance(item, dict) and ("step" in item or "request" in item):
                         self.records.append(item)
                         self._queue.put(item)
                     else:
@@ -322,6 +324,48 @@ def io_args(data_server: str | None, data_bytes: int, checkpoint_every: int) -> 
             "--checkpoint-every", str(checkpoint_every)]
 
 
+def kind_args(kind: str, knobs: dict | None, world: int, batch: int = 32,
+              data_server: bool = False) -> list[str]:
+    """train_worker flags for `kind` and its knobs ([] for DDP without knobs, so the DDP
+    command line is what it always was); UserError when they do not fit."""
+    import argparse
+
+    from lab.train_worker import add_kind_arguments, kind_problem
+    from lab.workloads import Kind
+    try:
+        kind = Kind(kind)
+    except ValueError:
+        raise UserError(f"job kind {kind!r} is not known",
+                        "give one of " + ", ".join(k.value for k in Kind)) from None
+    parser = argparse.ArgumentParser(add_help=False)
+    add_kind_arguments(parser)
+    defaults = vars(parser.parse_args([]))
+    knobs = dict(knobs or {})
+    unknown = sorted(set(knobs) - set(defaults) - {"kind"})
+    if unknown:
+        raise UserError(f"unknown knob(s) {', '.join(unknown)} for kind {kind.value}",
+                        "give only " + ", ".join(sorted(set(defaults) - {"kind"})))
+    for name, value in knobs.items():
+        want = type(defaults[name])
+        if isinstance(value, bool) or not isinstance(value, (int, float) if want is float
+                                                      else want):
+            raise UserError(f"knob {name}={value!r} is not a {want.__name__}",
+                            f"give {name} as a {want.__name__}, e.g. {defaults[name]!r}")
+    if kind is Kind.DDP:
+        if knobs:
+            raise UserError("DDP takes no knobs", "leave knobs out with kind ddp")
+        return []
+    settings = argparse.Namespace(**{**defaults, **knobs, "kind": kind.value, "batch": batch,
+                                     "data_server": "set" if data_server else None})
+    problem = kind_problem(settings, world)
+    if problem:
+        raise UserError(problem, "see `fabricscope lab train --help`")
+    flags = ["--kind", kind.value]
+    for name, value in sorted(knobs.items()):
+        flags += ["--" + name.replace("_", "-"), str(value)]
+    return flags
+
+
 def rank_env(lab: Lab, rank: int, master_port: int, base: dict | None = None) -> dict:
     """The environment of rank `rank` (without extra_env)."""
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in RANK_ENV}
@@ -360,7 +404,8 @@ def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: d
                    timeout_s: float | None = None, python: str | None = None, *,
                    data_server: str | None = None, data_bytes: int = 0,
                    checkpoint_every: int = 0, io_log_dir: str | None = None,
-                   cpus: set[int] | None = None) -> TrainingRun:
+                   cpus: set[int] | None = None, kind: str = "ddp",
+                   knobs: dict | None = None) -> TrainingRun:
     """Start DDP on every node of `lab` for `steps` steps; returns the TrainingRun.
 
     model_mb: MLP parameter MiB (default 8); batch: samples per rank per step;
@@ -371,7 +416,11 @@ def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: d
     per step (0: none); checkpoint_every: each rank PUTs its state_dict after
     every K-th step (0: never); io_log_dir: each rank's transfers go to
     {io_log_dir}/rank{r}.jsonl (see TrainingRun.io_events); cpus: the CPUs every
-    rank may run on (taskset; default: any)."""
+    rank may run on (taskset; default: any).
+    kind: ddp (default), fsdp, moe, pipeline or serve (lab/workloads/; `steps` are
+    requests for serve); knobs: that kind's settings by flag name without dashes
+    (layers, experts_per_rank, skew, micro_batches, slow_stage, stage_skew, rate,
+    serve_mode; see kind_args)."""
     io_flags = io_args(data_server, data_bytes, checkpoint_every)   # checked before root
     require_root("`lab train`")
     lab = load(lab if isinstance(lab, str) else lab.name)
@@ -380,6 +429,7 @@ def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: d
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise UserError(f"batch size {batch!r} is not valid", "give --batch 1 or more")
     mlp_shape(model_mb)
+    kind_flags = kind_args(kind, knobs, lab.world_size, batch, bool(io_flags))
     port = master_port or random.randint(20000, 39999)
     python = python or sys.executable
     log_dir = _prepare_io_logs(io_log_dir, lab.world_size)
@@ -389,7 +439,7 @@ def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: d
         log_flag = ["--io-log", io_log_path(log_dir, node.index)] if log_dir else []
         argv.append(exec_argv(node, [*pin, python, "-m", "lab.train_worker", "--steps", str(steps),
                                      "--model-mb", repr(float(model_mb)), "--batch", str(batch),
-                                     *io_flags, *log_flag]))
+                                     *io_flags, *log_flag, *kind_flags]))
         env = rank_env(lab, node.index, port)
         env.update(extra_env or {})
         envs.append(env)

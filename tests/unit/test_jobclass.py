@@ -1,0 +1,170 @@
+"""fabricscope.jobclass over synthetic windows: each kind's loop, random arrivals,
+mixes, and inputs that cannot be used."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fabricscope.jobclass import JobClass, Observation, OpFamily, classify, classify_windows
+from fabricscope.records import Record
+
+MS = 1_000_000
+
+
+def loop(pattern, steps=30, step_ms=40.0, ranks=(0,), jitter=0.1, t0=0, seed=1):
+    """A training loop: `pattern` ((op, bytes, offset_ms, duration_ms), ...) every step,
+    the step's length jittered by +-jitter."""
+    rng, out, t = random.Random(seed), [], t0
+    for _ in range(steps):
+        for rank in ranks:
+            for op, size, off, dur in pattern:
+                start = t + int(off * MS)
+                out.append(Observation(op, size, start, start + int(dur * MS), rank=rank))
+        t += int(step_ms * MS * (1 + rng.uniform(-jitter, jitter)))
+    return out
+
+
+def served(pattern, requests=60, rate=20.0, seed=2):
+    """A server: requests arrive as a Poisson process and are served one at a time."""
+    rng, out, arrival, free = random.Random(seed), [], 0.0, 0.0
+    for _ in range(requests):
+        arrival += rng.expovariate(rate) * 1e3            # ms
+        begin = max(arrival, free)
+        for op, size, off, dur in pattern:
+            start = int((begin + off) * MS)
+            out.append(Observation(op, size, start, start + int(dur * MS), rank=0))
+        free = begin + max(off + dur for _, _, off, dur in pattern)
+    return out
+
+
+DDP = [("AllReduce", 1 << 20, 10, 2), ("AllReduce", 6 << 20, 13, 8)]
+FSDP_GLOO = ([("AllGather", 1 << 20, 2 + 3 * i, 1.5) for i in range(4)]
+             + [("AllGather", 1 << 20, 15 + 4 * i, 1.5) for i in range(4)]
+             + [("AllReduce", 1 << 20, 16.5 + 4 * i, 2) for i in range(4)])
+FSDP_NCCL = ([("AllGather", 1 << 20, 2 + 3 * i, 1.5) for i in range(4)]
+             + [("AllGather", 1 << 20, 15 + 4 * i, 1.5) for i in range(4)]
+             + [("ReduceScatter", 1 << 20, 16.5 + 4 * i, 2) for i in range(4)])
+MOE = [(op, 64 << 10, off, 0.5) for off, op in ((2, "AlltoAll"), (4, "AlltoAllv"),
+                                                 (6, "AlltoAllv"), (12, "AlltoAllv"),
+                                                 (14, "AlltoAllv"))] + \
+      [("AllReduce", 8 << 10, 20, 0.5)]
+PIPELINE = [("Send", 32 << 10, 2 * i, 0.3) for i in range(4)] + \
+           [("Recv", 32 << 10, 12 + 2 * i, 0.3) for i in range(4)]
+SERVE_MOE = [("AlltoAll", 64, 0, 0.3), ("AlltoAllv", 64 << 10, 1, 0.5),
+             ("AlltoAllv", 64 << 10, 3, 0.5)]
+SERVE_PIPELINE = [("Send", 64 << 10, 0, 0.5), ("Recv", 64 << 10, 3, 0.5)]
+
+
+@pytest.mark.parametrize("pattern, expected, per_step", [
+    (DDP, JobClass.DATA_PARALLEL, 2), (FSDP_GLOO, JobClass.SHARDED, 12),
+    (FSDP_NCCL, JobClass.SHARDED, 12), (MOE, JobClass.MOE_ALLTOALL, 6),
+    (PIPELINE, JobClass.PIPELINE, 8)])
+def test_each_training_loop_is_named_with_its_period_and_collectives_per_step(
+        pattern, expected, per_step):
+    result = classify(loop(pattern, step_ms=40))
+    assert result.job_class is expected, result.reason
+    assert result.collectives_per_step == per_step
+    assert result.period_s == pytest.approx(0.040, rel=0.05)
+    assert result.arrival_rate_per_s is None
+
+
+def test_sharded_on_gloo_is_decided_by_the_allgather_share_of_bytes():
+    result = classify(loop(FSDP_GLOO))
+    assert result.mix[OpFamily.GATHER_SCATTER].bytes_share == pytest.approx(2 / 3)
+    assert result.mix[OpFamily.ALLREDUCE].bytes_share == pytest.approx(1 / 3)
+    assert "67%" in result.reason and "sharded" in result.reason
+
+
+def test_a_moe_jobs_small_router_allreduce_does_not_make_it_data_parallel():
+    result = classify(loop(MOE))
+    assert result.mix[OpFamily.ALLREDUCE].count == 30
+    assert result.mix[OpFamily.ALLTOALL].bytes_share > 0.9
+    assert result.components == (JobClass.MOE_ALLTOALL, JobClass.DATA_PARALLEL)
+
+
+@pytest.mark.parametrize("pattern", [SERVE_MOE, SERVE_PIPELINE])
+def test_random_arrivals_without_gradient_reduction_are_inference_with_their_rate(pattern):
+    result = classify(served(pattern, requests=80, rate=20.0))
+    assert result.job_class is JobClass.INFERENCE, result.reason
+    assert result.period_s is None and result.collectives_per_step is None
+    assert result.arrival_rate_per_s == pytest.approx(20.0, rel=0.35)
+    assert result.gap_spread > 0.8
+    assert "arrivals/s" in result.reason
+
+
+def test_a_pipeline_that_trains_on_a_clock_is_not_inference_though_it_reduces_nothing():
+    result = classify(loop(PIPELINE, jitter=0.3))
+    assert result.job_class is JobClass.PIPELINE
+    assert result.gap_spread < 0.8
+
+
+def test_no_family_with_most_bytes_is_mixed_and_names_both():
+    result = classify(loop([("AllReduce", 1 << 20, 2, 2), ("AlltoAllv", 1 << 20, 8, 2)]))
+    assert result.job_class is JobClass.MIXED
+    assert set(result.components) == {JobClass.DATA_PARALLEL, JobClass.MOE_ALLTOALL}
+    assert "50%" in result.reason
+
+
+def test_message_sizes_are_reported_as_p50_and_p90():
+    result = classify(loop(
+                           [("AllReduce", s, i * 3, 1) for i, s in enumerate(
+                               [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000])]))
+    assert result.p50_bytes == pytest.approx(550)
+    assert result.p90_bytes == pytest.approx(910)
+
+
+def test_control_ops_are_in_the_mix_but_never_decide():
+    obs = loop([("Broadcast", 64 << 20, 1, 5), ("Barrier", 0, 7, 1)], steps=10)
+    result = classify(obs)
+    assert result.job_class is JobClass.UNKNOWN
+    assert result.mix[OpFamily.CONTROL].count == 20
+    obs += loop(DDP, steps=10)
+    assert classify(obs).job_class is JobClass.DATA_PARALLEL
+
+
+def test_an_empty_window_is_unknown():
+    result = classify([])
+    assert result.job_class is JobClass.UNKNOWN and result.observations == 0
+
+
+def test_unusable_observations_are_dropped_and_counted_by_cause():
+    obs = loop(DDP, steps=10) + [
+        Observation("AllToAllSomething", 10, 0, 1),
+        Observation("AllReduce", -5, 0, 1),
+        Observation("AllReduce", 10, 5, 1),
+        Observation("AllReduce", 1.5, 0, 1)]
+    result = classify(obs)
+    assert result.dropped == {"unknown_op": 1, "bad_bytes": 2, "bad_window": 1}
+    assert result.observations == 20
+    assert result.job_class is JobClass.DATA_PARALLEL
+
+
+def test_unknown_sizes_count_for_the_mix_by_count_and_still_give_a_class():
+    obs = [Observation(o.op, None, o.start_ns, o.end_ns, o.rank) for o in loop(MOE)]
+    result = classify(obs)
+    assert result.job_class is JobClass.MOE_ALLTOALL
+    assert result.p50_bytes is None
+    assert result.mix[OpFamily.ALLTOALL].count_share == pytest.approx(5 / 6)
+
+
+def test_a_job_that_changes_kind_midway_is_reclassified_in_the_next_window():
+    first = loop(DDP, steps=25, step_ms=40)                     # 1 s of DDP
+    second = loop(MOE, steps=33, step_ms=30, t0=1_000 * MS)     # then 1 s of MoE
+    windows = classify_windows(first + second, window_s=1.0)
+    assert [c.job_class for _, c in windows] == [JobClass.DATA_PARALLEL,
+                                                  JobClass.MOE_ALLTOALL]
+
+
+def test_a_gloo_collective_record_becomes_an_observation():
+    from fabricscope.jobclass import observation_from_record
+    rec = Record("gloo_collective", 1_000_000_000, {"op": "AlltoAllv", "rank": "2", "job": "j"},
+                 {"seconds": 0.002, "bytes": 4096})
+    obs = observation_from_record(rec)
+    assert obs == Observation("AlltoAllv", 4096, 1_000_000_000, 1_002_000_000, rank=2)
+
+
+def test_the_result_serialises_with_plain_names():
+    d = classify(loop(DDP)).to_dict()
+    assert d["class"] == "data_parallel" and d["mix"]["allreduce"]["bytes_share"] == 1.0
