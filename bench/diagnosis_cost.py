@@ -54,6 +54,7 @@ from pathlib import Path
 from bench.fleet import SECOND, Fleet
 from bench.harness import Benchmark, percentile
 from bench.loadgen import PacedStream, grpc_message
+from diagnosis.causes import Cause
 from fabricscope.services import InfluxServer
 from fabricscope.wire import make_batch
 from lab.stack import await_condition, http_get, metric_value, start_proc
@@ -135,7 +136,7 @@ class Round:
 def expected_latency_s(rows: list[dict], fleet: Fleet) -> float | None:
     """Onset -> first_seen of the lossy_link finding at the lossy node (None: absent)."""
     seen = [int(r["first_seen_ns"]) for r in rows
-            if r.get("cause") == "lossy_link" and r.get("node") == fleet.node(fleet.lossy)
+            if r.get("cause") == Cause.LOSSY_LINK and r.get("node") == fleet.node(fleet.lossy)
             and r.get("first_seen_ns") is not None]
     return (min(seen) - fleet.onset_ns()) / SECOND if seen else None
 

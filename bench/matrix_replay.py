@@ -16,8 +16,10 @@ once it is over, so first_seen can differ from the live run's by a second or so.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
+from pathlib import Path
 
 from diagnosis.evidence import SECOND
 from fabricscope.errors import UserError
@@ -54,7 +56,7 @@ def replay_dump(path: str, influx: InfluxServer) -> dict:
     from diagnosis.finding import Finding
     from diagnosis.store import Store
     from diagnosis.timespan import Span
-    with open(path) as fh:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as fh:
         dump = json.load(fh)
     influx.query(f"DROP DATABASE {DB}")
     influx.query(f"CREATE DATABASE {DB}")
@@ -80,17 +82,38 @@ def _judged(dump: dict, found: list, onset_ns: int, store, end_ns: int):
     again on its samples."""
     from bench.scenarios import Expect, Outcome, Scenario, assess
     o = dump["outcome"]
-    sc = Scenario(o["scenario"], [], [Expect(e["cause"], e["place"]) for e in o["expected"]],
-                  cleared=o["scenario"] == "cleared")
+    sc = Scenario(o["scenario"], [], [Expect(e["cause"], e["place"], e.get("required", True))
+                                      for e in o["expected"]],
+                  cleared=o["scenario"] == "cleared" or bool(o.get("clear_ns")))
     out = Outcome(o["scenario"], o["params"], o["job"], onset_ns=onset_ns,
-                  clear_ns=o.get("clear_ns") or 0)
+                  clear_ns=o.get("clear_ns") or 0, seed=o.get("seed"), lab=o.get("lab", {}),
+                  cost=o.get("cost"))
     assess(out, sc, found, store, 0, end_ns)
     return out
 
 
+def warnings_of(out: dict) -> list[tuple]:
+    """The replay's warnings (no info findings): (cause, place, severity), sorted."""
+    return sorted({(str(c), w, s) for c, w, s, *_ in out["replay"] if s != "info"})
+
+
+def record(folder: str, influx: InfluxServer) -> int:
+    """Write folder/expected.json: each dump's faults and the warnings the engine now
+    gives it (tests/unit/test_diagnosis_corpus.py holds the engine to them)."""
+    expected = {}
+    for path in sorted(Path(folder).glob("*.json.gz")):
+        out = replay_dump(str(path), influx)
+        judged = out["judged"]
+        expected[path.name] = {"params": out["params"], "expected": judged.expected,
+                               "warnings": warnings_of(out), "right": judged.ok}
+        print(f"{path.name}: {'right' if judged.ok else 'WRONG'} {warnings_of(out)}")
+    (Path(folder) / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
+    return 0
+
+
 def _brief(f, onset_ns: int) -> tuple:
     """(cause, place, severity, first_seen after the onset, seconds of bad evidence)."""
-    return (f.cause, f.where, f.severity,
+    return (str(f.cause), f.where, f.severity,
             round((f.first_seen_ns - onset_ns) / 1e9, 2) if onset_ns else None,
             round(((f.end_ns or f.last_seen_ns) - f.start_ns) / 1e9, 1))
 
@@ -105,9 +128,16 @@ def _step(compare: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("dumps", nargs="+", help="JSON files written by a matrix run with "
-                        "FABRICSCOPE_MATRIX_DUMP set")
+    parser.add_argument("dumps", nargs="*", help="JSON files written by a matrix run with "
+                        "FABRICSCOPE_MATRIX_DUMP set (.json or .json.gz)")
+    parser.add_argument("--record", metavar="FOLDER", help="write FOLDER/expected.json from "
+                        "the engine's findings over FOLDER's dumps")
     args = parser.parse_args(argv)
+    if args.record:
+        with InfluxServer() as influx:
+            return record(args.record, influx)
+    if not args.dumps:
+        parser.error("give dumps to replay, or --record FOLDER")
     right, latency, failed = 0, [], []
     with InfluxServer() as influx:
         for path in args.dumps:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from diagnosis.candidate import Candidate
+from diagnosis.causes import Cause
 from diagnosis.finding import Advice
 
 
@@ -161,7 +162,7 @@ def _gap(c: Candidate, backend: str) -> list[Advice]:
                    "without its telemetry no finding can be placed on that node")]
 
 
-_RULES = {"lossy_link": _lossy, "buffer_saturation": _saturation,
-          "straggler_network": _slow_link, "straggler_compute": _straggler,
-          "input_stall": _input, "network_bound": _bound, "jitter_accumulation": _jitter,
-          "telemetry_gap": _gap}
+_RULES = {Cause.LOSSY_LINK: _lossy, Cause.BUFFER_SATURATION: _saturation,
+          Cause.STRAGGLER_NETWORK: _slow_link, Cause.STRAGGLER_COMPUTE: _straggler,
+          Cause.INPUT_STALL: _input, Cause.NETWORK_BOUND: _bound,
+          Cause.JITTER_ACCUMULATION: _jitter, Cause.TELEMETRY_GAP: _gap}

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from diagnosis.causes import Cause
 from diagnosis.finding import Advice, Evidence, finding_key
 from diagnosis.localize import Hops
 
 
 @dataclass
 class Candidate:
-    cause: str
+    cause: Cause
     severity: str
     place: dict
     summary: str
@@ -37,5 +38,5 @@ class Candidate:
 
 @dataclass(frozen=True)
 class RuledOut:
-    cause: str
+    cause: Cause
     why: str

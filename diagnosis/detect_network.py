@@ -23,6 +23,7 @@ import statistics
 from dataclasses import dataclass
 
 from diagnosis.candidate import Candidate, RuledOut
+from diagnosis.causes import Cause
 from diagnosis.evidence import CellTotals
 from diagnosis.finding import Evidence
 from diagnosis.localize import BadCell, Located, PortRates, locate, told_apart
@@ -119,8 +120,8 @@ def port_rates(snap: Snapshot, tor_of, bad: list[BadCell]) -> PortRates:
         node received a cell's worth in it. Read as zero, it named node3's port where
         live reads of tor0's shaped uplink came before its peaks."""
         table = ev.nodes.get(node, {})
-        shares = [table[s].rx_peak_util / usual[node] for s in fed
-                  if s in table and table[s].rx_peak_util > 0]
+        shares = [table[s].rx_peak_bps / usual[node] for s in fed
+                  if s in table and table[s].rx_peak_bps > 0]
         if not shares:
             return None
         if statistics.median(shares) <= t.narrowed_share:
@@ -239,7 +240,7 @@ def _cause(located: Located, t) -> tuple[str, Spared | None]:
     (its finding shows it as evidence, with a queue shown or not)."""
     lossy = [b for b in located.cells if b.lossy]
     if not lossy:
-        return "straggler_network", None
+        return Cause.STRAGGLER_NETWORK, None
     timed = [b for b in lossy if b.timed]
     voters = timed or [b for b in located.cells if b.timed]
     queued = [b for b in voters if b.delayed]
@@ -247,8 +248,8 @@ def _cause(located: Located, t) -> tuple[str, Spared | None]:
     # now and then by itself, so one of a lossy port's two hops delayed is no queue
     steady = spared(located, t)
     if (voters and 2 * len(queued) > len(voters)) or steady is not None:
-        return "buffer_saturation", steady
-    return "lossy_link", None
+        return Cause.BUFFER_SATURATION, steady
+    return Cause.LOSSY_LINK, None
 
 
 def job_loss_ratio(snap: Snapshot) -> float:
@@ -261,7 +262,7 @@ def _finding(snap: Snapshot, located: Located, share: float,
     t, b = snap.thresholds, snap.baseline
     cause, steady = _cause(located, t)
     sync_added = max(0.0, (snap.sync_s or 0.0) - b.sync_s) if b and snap.sync_s else 0.0
-    if cause == "straggler_network" and not (
+    if cause == Cause.STRAGGLER_NETWORK and not (
             located.place.kind == "node"            # a rank's link; slow storage is input's
             and b and snap.sync_s and snap.sync_s >= b.sync_s * (1 + t.slowdown)
             and not snap.lossy and len(located.cells) >= 2 and not located.contradicting):
@@ -417,18 +418,18 @@ def _summary(cause, where, lossy, delayed, snap, added, share, steady=None) -> s
     b = snap.baseline
     cost = (f"; steps {b.step_s:.2f} -> {snap.step_s:.2f} s, {added:.2f} s of each step "
             f"({share:.0%})") if b and snap.step_s else ""
-    if cause == "lossy_link":
+    if cause == Cause.LOSSY_LINK:
         return (f"Lossy link at {where}: {_ratio(lossy):.2%} of the payload on "
                 f"{', '.join(hop(c) for c in lossy)} resent with the RTT at its floor "
                 f"(drops independent of load){cost}")
-    if cause == "buffer_saturation" and steady is not None and not delayed:
+    if cause == Cause.BUFFER_SATURATION and steady is not None and not delayed:
         return (f"Buffer saturation at {where}: the drops fall on some of its flows "
                 f"({_ratio(lossy):.2%} resent on {', '.join(hop(c) for c in lossy)}) and "
                 f"spare the others through it ({steady.steady_ratio:.3%} of "
                 f"{steady.steady_bytes / 1e6:.0f} MB resent), as a buffer that overflows "
                 f"under bursts does; a link that dropped frames independent of load "
                 f"would drop from all of them{cost}")
-    if cause == "buffer_saturation":
+    if cause == Cause.BUFFER_SATURATION:
         rtt = _median([c.rtt_p50_us for c in delayed])
         return (f"Buffer saturation at {where}: the queue fills under the synchronized "
                 f"bursts (RTT {rtt:.0f} us vs floor {snap.rtt_floor_us:.0f} us) and "
@@ -443,7 +444,7 @@ def _impaired(snap: Snapshot, bad: list[BadCell]) -> Candidate:
     w = snap.window
     hops = ", ".join(hop(b.cell) for b in bad[:6])
     return Candidate(
-        "unexplained_slowdown", "warning", {}, f"Network impaired on {len(bad)} hops "
+        Cause.UNEXPLAINED_SLOWDOWN, "warning", {}, f"Network impaired on {len(bad)} hops "
         f"({hops}) that no single port or uplink explains; cause unclear",
         w.start_ns, w.end_ns,
         evidence=[Evidence("tcp_flow", f"{'lossy' if b.lossy else 'delayed'} hop {hop(b.cell)}",
@@ -464,7 +465,7 @@ def _microbursts(snap: Snapshot) -> list[Candidate]:
     bursts = sum(x.bursts for x in hot.values())
     seconds = max(1, w.end_s - w.start_s)
     return [Candidate(
-        "microburst", "info", {}, f"Microbursts at {peak:.0%} of line rate on "
+        Cause.MICROBURST, "info", {}, f"Microbursts at {peak:.0%} of line rate on "
         f"{', '.join(sorted(hot))} ({bursts / seconds:.0f}/s) without loss or queueing: "
         "the training's synchronized bursts, normal", w.start_ns, w.end_ns,
         evidence=[Evidence("nic_window", "peak 100 us utilisation", round(peak, 3), "fraction",
@@ -477,11 +478,11 @@ def _clean(snap: Snapshot) -> list[RuledOut]:
     if not snap.data_cells:
         return []
     worst = max(snap.data_cells, key=lambda c: c.loss_ratio)
-    out = [RuledOut("lossy_link", f"no hop resent more than {worst.loss_ratio:.3%} of its "
+    out = [RuledOut(Cause.LOSSY_LINK, f"no hop resent more than {worst.loss_ratio:.3%} of its "
                     f"payload (threshold {snap.thresholds.loss_ratio:.1%})")]
     rtts = [c.rtt_p50_us for c in snap.data_cells if c.rtt_p50_us is not None]
     if rtts and snap.rtt_floor_us is not None:
-        out.append(RuledOut("buffer_saturation", f"RTT medians {min(rtts):.0f}-{max(rtts):.0f}"
+        out.append(RuledOut(Cause.BUFFER_SATURATION, f"RTT medians {min(rtts):.0f}-{max(rtts):.0f}"
                             f" us against a floor of {snap.rtt_floor_us:.0f} us: no standing "
                             "queue, no overflow"))
     return out

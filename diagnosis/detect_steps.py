@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import replace
 
 from diagnosis.candidate import Candidate, RuledOut
+from diagnosis.causes import Cause
 from diagnosis.finding import Evidence
 from diagnosis.snapshot import RankRecent, Snapshot, cpu_compute, throttled_in
 
@@ -187,7 +188,7 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
         # rather than run at the quota's pace
         quota = (f"; rank {held[0].rank}'s cgroup is throttled {held[0].throttled:.3f} s "
                  "per step") if held else ""
-        return [], [RuledOut("straggler_compute", f"no rank computes much longer than the "
+        return [], [RuledOut(Cause.STRAGGLER_COMPUTE, f"no rank computes much longer than the "
                              f"others (slowest {top.cpu_compute:.3f} s, rank {top.rank}; median "
                              f"{others:.3f} s per step){quota}")]
     lo = top.steps[-t.straggler_steps].time_ns        # its first late step
@@ -255,7 +256,7 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
                                  "read and acknowledge, not its link (no loss)",
                                  round(max(rtts)), "us", snap.window.start_ns,
                                  snap.window.end_ns, [top.node]))
-    return [Candidate("straggler_compute", severity, {"node": top.node, "rank": top.rank},
+    return [Candidate(Cause.STRAGGLER_COMPUTE, severity, {"node": top.node, "rank": top.rank},
                       summary, lo, hi, evidence=evidence,
                       step_seconds_added=round(added * explained, 4),
                       share_of_step=round(share, 4), explained_share=round(explained, 3),
@@ -270,7 +271,7 @@ def input_stall(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
     sync_grew = (snap.sync_s or 0.0) - b.sync_s
     if not (snap.data_load_s >= t.input_ratio * max(b.data_load_s, 1e-3)
             and grew >= t.input_min_share * b.step_s and grew > sync_grew):
-        return [], [RuledOut("input_stall", f"data loading takes {snap.data_load_s:.3f} s per "
+        return [], [RuledOut(Cause.INPUT_STALL, f"data loading takes {snap.data_load_s:.3f} s per "
                              f"step (baseline {b.data_load_s:.3f} s)")]
     peers = Counter(p.peer for phases in snap.evidence.phases.values() for p in phases.values()
                     if p.phase == "data_load" and p.peer)
@@ -299,7 +300,7 @@ def input_stall(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
         rate = sum(p.bytes for p in reads) / sum(p.seconds for p in reads)
         evidence.append(Evidence("gloo_phase", "read rate from the storage", round(rate / 1e6, 2),
                                  "MB/s", lo, hi))
-    return [Candidate("input_stall", severity, {"peer": peer}, summary, lo, hi,
+    return [Candidate(Cause.INPUT_STALL, severity, {"peer": peer}, summary, lo, hi,
                       evidence=evidence, step_seconds_added=round(grew, 4),
                       share_of_step=round(share, 4), explained_share=round(explained, 3),
                       victims=[{"rank": r.rank, "node": r.node,
@@ -325,20 +326,27 @@ def network_bound(snap: Snapshot, may_warn: bool) -> list[Candidate]:
     # slowed with it and nothing else explains why
     severity = "warning" if rose and snap.slow and may_warn else "info"
     lo, hi = _steps_span(snap)
-    bytes_s = sum(c.bytes_acked for c in snap.data_cells) / max(
-        1, snap.window.end_s - snap.window.start_s)
-    burst = bytes_s / max(duty, 1e-9) / max(1, len(snap.nodes))
+    # B: the bandwidth during the bursts, the busiest 100 us bin each node received
+    # (nic_window), not an average over the step; unknown without the nic probe
+    peaks = sorted(x.rx_peak_bps for x in snap.nodes.values() if x.rx_peak_bps > 0)
+    burst_bps = peaks[len(peaks) // 2] if peaks else None
+    b_text = f"B = {burst_bps / 1e9:.2f} Gbit/s per node at its 100 us peaks" \
+        if burst_bps else "B unknown: no NIC peaks"
     trend = f", up from D = {b.duty:.2f} at the start" if rose else ""
     summary = (f"Network-bound: grad sync takes {duty:.0%} of each {snap.step_s:.2f} s step "
-               f"(T = {snap.step_s:.2f} s, D = {duty:.2f}, B ~ {burst * 8 / 1e9:.2f} Gbit/s "
-               f"per node{trend}): the fabric, not compute, sets the step time")
-    return [Candidate("network_bound", severity, {}, summary, lo, hi, evidence=[
+               f"(T = {snap.step_s:.2f} s, D = {duty:.2f}, {b_text}{trend}): the fabric, "
+               "not compute, sets the step time")
+    evidence = [
         Evidence("gloo_step", "duty cycle D (grad sync / step)", round(duty, 3), "fraction",
                  lo, hi),
-        Evidence("gloo_step", "sync period T (step time)", round(snap.step_s, 4), "s", lo, hi),
-        Evidence("tcp_flow", "burst bandwidth B per node", round(burst * 8 / 1e9, 3), "Gbit/s",
-                 snap.window.start_ns, snap.window.end_ns)],
-        facts={"duty": duty})]
+        Evidence("gloo_step", "sync period T (step time)", round(snap.step_s, 4), "s", lo, hi)]
+    if burst_bps:
+        evidence.append(Evidence("nic_window", "burst bandwidth B per node (median of the "
+                                 "nodes' busiest 100 us bin received)",
+                                 round(burst_bps / 1e9, 3), "Gbit/s", snap.window.start_ns,
+                                 snap.window.end_ns, sorted(snap.nodes)))
+    return [Candidate(Cause.NETWORK_BOUND, severity, {}, summary, lo, hi, evidence=evidence,
+                      facts={"duty": duty})]
 
 
 def slowdown(snap: Snapshot, explained: float) -> list[Candidate]:
@@ -357,7 +365,7 @@ def slowdown(snap: Snapshot, explained: float) -> list[Candidate]:
                f"{snap.step_s:.2f} s), mostly in the {part} (+{max(sync_added, 0):.3f} s "
                f"grad sync, +{max(compute_added, 0):.3f} s compute per step); no cause's "
                "evidence explains it")
-    return [Candidate("unexplained_slowdown", severity, {}, summary, lo, hi, evidence=[
+    return [Candidate(Cause.UNEXPLAINED_SLOWDOWN, severity, {}, summary, lo, hi, evidence=[
         Evidence("gloo_step", "step time (median of the ranks)", round(snap.step_s, 4), "s",
                  lo, hi),
         Evidence("gloo_step", "baseline step time", round(b.step_s, 4), "s", b.start_ns,

@@ -24,6 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from diagnosis.candidate import Candidate
+from diagnosis.causes import Cause
 from diagnosis.evidence import SECOND, JobEvidence
 from diagnosis.finding import Evidence
 from diagnosis.snapshot import Snapshot, phase_seconds
@@ -101,7 +102,7 @@ class JitterTracker:
         summary = (f"Jitter accumulating: step-time spread {self.last_spread * 1000:.0f} ms "
                    f"against {floor * 1000:.0f} ms at the start (CUSUM {self.cusum:.1f} over "
                    f"{t.jitter_alarm})" + (f"; the hop that varies most is {hop}" if hop else ""))
-        return [Candidate("jitter_accumulation", "warning", {}, summary, self.alarm_from_ns,
+        return [Candidate(Cause.JITTER_ACCUMULATION, "warning", {}, summary, self.alarm_from_ns,
                           self.done_ns, evidence=[
                               Evidence("gloo_step", "step-time spread (MAD of the last "
                                        f"{t.jitter_window_steps} steps)",
@@ -150,7 +151,7 @@ def telemetry(snap: Snapshot, lost_before: dict[str, int],
             ago = (freshest - seen) / SECOND if seen else None
             text = f"for {ago:.0f} s" if ago is not None else "at all"
             out.append(Candidate(
-                "telemetry_gap", "warning", {"node": node},
+                Cause.TELEMETRY_GAP, "warning", {"node": node},
                 f"No telemetry from {node} {text} while the job's other nodes report: its "
                 "agent is down or cut off from the collector; the engine cannot judge "
                 "that node", seen or freshest, freshest,
@@ -161,7 +162,7 @@ def telemetry(snap: Snapshot, lost_before: dict[str, int],
         grew = lost - lost_before.get(node, 0)
         if grew > 0 and node in nodes:
             out.append(Candidate(
-                "telemetry_gap", "info", {"node": node},
+                Cause.TELEMETRY_GAP, "info", {"node": node},
                 f"The agent on {node} dropped {grew} records (its spool overflowed): the "
                 "gap is counted in agent_loss", snap.window.start_ns, snap.window.end_ns,
                 evidence=[Evidence("agent_loss", "records lost (cumulative)", lost, "records",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from diagnosis import detect_network, detect_steps
 from diagnosis.advice import advise
 from diagnosis.candidate import Candidate, RuledOut
+from diagnosis.causes import EXPLAINING_CAUSES, NETWORK_CAUSES, STEP_CAUSES, Cause
 from diagnosis.detect_trends import JitterTracker, mad, telemetry
 from diagnosis.evidence import SECOND, CellTotals, JobEvidence
 from diagnosis.finding import Finding, severity_rank
@@ -41,10 +42,6 @@ JOB_GONE_S = 30           # a network finding whose place carries nothing closes
 INFO_CLOSE_S = 10          # info findings (bursts, duty cycle) flicker: they close slower
 HORIZON_S = 120            # seconds of evidence kept in memory ...
 PRUNE_EVERY_S = 10         # ... give or take this (pruning walks every table)
-STEP_CAUSES = {"straggler_compute", "input_stall", "unexplained_slowdown", "network_bound",
-               "jitter_accumulation"}
-NETWORK_CAUSES = {"lossy_link", "buffer_saturation", "straggler_network"}
-EXPLAINING_CAUSES = NETWORK_CAUSES | {"straggler_compute", "input_stall"}
 #: causes read from one window of hops: a new finding needs two evaluations in a row
 #: that agree on cause and place (the first seconds of a fault can show its loss before
 #: its queue, or one of its hops before the others), over thresholds.confirm_seconds
@@ -219,7 +216,7 @@ class JobEngine:
         """Each node's median over the baseline's seconds with traffic of its busiest
         100 us bin received in the second: the peak its port passes while the job
         runs healthy (detect_network.port_rates)."""
-        return _baseline_medians(self.ev.nodes, b, lambda x: x.rx_peak_util or None)
+        return _baseline_medians(self.ev.nodes, b, lambda x: x.rx_peak_bps or None)
 
     def _learn_floors(self, cells: list[CellTotals], job_nodes: set[str]) -> None:
         """The lowest median RTT a data hop between the job's nodes showed."""
@@ -276,7 +273,7 @@ class JobEngine:
         queues: _with_recent_queue)."""
         strag, ruled = detect_steps.straggler(snap)
         stragglers = frozenset(c.place.get("node") for c in strag) | frozenset(
-            f.place.get("node") for f in self.open.values() if f.cause == "straggler_compute")
+            f.place.get("node") for f in self.open.values() if f.cause == Cause.STRAGGLER_COMPUTE)
         prefer = frozenset(_place_of(f.place) for f in self.open.values()
                            if f.cause in NETWORK_CAUSES)
         net, r1 = detect_network.detect(snap, self.tor_of, prefer, stragglers,
@@ -284,7 +281,7 @@ class JobEngine:
         net = [self._same_cause(c) for c in net]
         # a rank whose own port is a network culprit waits on its link, not on its CPU
         culprits = {c.place.get("node") for c in net if c.cause in NETWORK_CAUSES}
-        ruled += [RuledOut("straggler_compute", f"rank {c.place.get('rank')} is slow, but "
+        ruled += [RuledOut(Cause.STRAGGLER_COMPUTE, f"rank {c.place.get('rank')} is slow, but "
                            f"its node {c.place.get('node')}'s link is the network finding's "
                            "place") for c in strag if c.place.get("node") in culprits]
         strag = [c for c in strag if c.place.get("node") not in culprits]
@@ -480,7 +477,7 @@ class JobEngine:
         after its slow steps have ended)."""
         out = []
         for key, f in list(self.open.items()):
-            if f.cause != "unexplained_slowdown" or key in seen:
+            if f.cause != Cause.UNEXPLAINED_SLOWDOWN or key in seen:
                 continue
             takers = [self.open[k] for k in seen
                       if self.open[k].cause in EXPLAINING_CAUSES

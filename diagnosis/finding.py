@@ -2,10 +2,7 @@
 what to change. The one shape the engine produces and every surface shows (CLI,
 /metrics, InfluxDB measurement `finding`, Grafana, the report).
 
-The vocabulary of causes is closed (CAUSES); `unexplained_slowdown` is what the
-engine says when the job is slower than its own baseline but no cause's evidence
-explains most of the lost time (the evidence is kept). `rdma_misconfig` is
-reserved for the RDMA signals and not raised yet.
+The vocabulary of causes and severities is closed (diagnosis/causes.py).
 """
 
 from __future__ import annotations
@@ -14,29 +11,12 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+from diagnosis.causes import MEANING, SEVERITIES, Cause, severity_rank  # noqa: F401
 from fabricscope.records import Record
 
-#: cause -> what it means (docs/DIAGNOSIS.md has the evidence and thresholds of each)
-CAUSES = {
-    "lossy_link": "a port or cable drops frames independent of load",
-    "buffer_saturation": "a switch buffer overflows under the job's synchronized bursts",
-    "microburst": "bursts at line rate without loss or queueing (normal for training)",
-    "straggler_compute": "one rank is late to its collectives, or its CPU limit starves it "
-                         "inside them, while its network is healthy",
-    "straggler_network": "one rank's link slows the whole ring",
-    "input_stall": "data loading delays the steps",
-    "jitter_accumulation": "step-time variance grows over the run",
-    "network_bound": "communication dominates the step (duty cycle D > 0.5)",
-    "telemetry_gap": "the engine lacks data for a node or a job",
-    "unexplained_slowdown": "steps are slower than the job's baseline; no cause explains it",
-    "rdma_misconfig": "RDMA transport misconfigured (reserved: needs the RDMA signals)",
-}
-SEVERITIES = ("info", "warning", "critical")
+#: cause -> what it means
+CAUSES = {str(c): meaning for c, meaning in MEANING.items()}
 PLACE_KEYS = ("node", "interface", "peer", "tor", "rank")
-
-
-def severity_rank(severity: str) -> int:
-    return SEVERITIES.index(severity)
 
 
 @dataclass
@@ -61,7 +41,7 @@ class Advice:
 
 @dataclass
 class Finding:
-    cause: str
+    cause: Cause
     severity: str
     job: str
     place: dict[str, str | None]
@@ -90,6 +70,7 @@ class Finding:
             raise ValueError(f"unknown cause {self.cause!r}")
         if self.severity not in SEVERITIES:
             raise ValueError(f"unknown severity {self.severity!r}")
+        self.cause = Cause(self.cause)
         self.place = {k: (self.place.get(k) or None) for k in PLACE_KEYS}
         if not self.id:
             self.id = finding_id(self.job, self.cause, self.place, self.start_ns)

@@ -4,6 +4,7 @@ closes, and ignores findings of other causes."""
 
 from __future__ import annotations
 
+from diagnosis.causes import Cause
 from surface.model import Case, Expect
 from surface.promql import FindingSeries
 
@@ -18,7 +19,7 @@ def seconds(duration: str) -> int:
 
 
 def finding_cases(finding: FindingSeries, for_: str, *, rule: int = 0,
-                  band: str | None = None, other_cause: str = "input_stall") -> tuple[Case, ...]:
+                  band: str | None = None, other_cause: Cause = Cause.INPUT_STALL) -> tuple[Case, ...]:
     """The four cases of a rule that pages on `finding`'s cause. `band`: the rule's
     fixed severity (None: the finding's own passes through)."""
     wait = seconds(for_)

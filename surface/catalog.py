@@ -14,6 +14,7 @@ unless a warning or critical alert fires for the same job at the same place.
 
 from __future__ import annotations
 
+from diagnosis.causes import Cause
 from surface.cases import OPEN
 from surface.catalog_findings import FINDING_ALERTS, GROUP as FINDINGS_GROUP
 from surface.catalog_findings import MICROBURST, NETWORK_BOUND
@@ -48,14 +49,14 @@ or
 
 
 def _inhibitor_cases() -> tuple[Case, ...]:
-    node1 = FindingSeries("microburst", "info", node="node1", interface="eth0", tor="tor0",
+    node1 = FindingSeries(Cause.MICROBURST, "info", node="node1", interface="eth0", tor="tor0",
                           id="c1b2c3d4e5f6")
-    node2 = FindingSeries("microburst", "info", node="node2", interface="eth0", tor="tor0",
+    node2 = FindingSeries(Cause.MICROBURST, "info", node="node2", interface="eth0", tor="tor0",
                           id="c2b2c3d4e5f6")
-    lossy = FindingSeries("lossy_link", "warning", node="node1", interface="eth0", tor="tor0",
+    lossy = FindingSeries(Cause.LOSSY_LINK, "warning", node="node1", interface="eth0", tor="tor0",
                           id="a1b2c3d4e5f6")
-    bound = FindingSeries("network_bound", "info", id="d1b2c3d4e5f6")
-    other_job = FindingSeries("network_bound", "info", job="train-b", id="d2b2c3d4e5f6")
+    bound = FindingSeries(Cause.NETWORK_BOUND, "info", id="d1b2c3d4e5f6")
+    other_job = FindingSeries(Cause.NETWORK_BOUND, "info", job="train-b", id="d2b2c3d4e5f6")
 
     def held(*findings: FindingSeries) -> tuple[Expect, ...]:
         return tuple(Expect(f.labels(NONE)) for f in findings)

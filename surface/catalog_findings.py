@@ -9,6 +9,7 @@ finding's own, except for microburst and network_bound, which are context (info)
 
 from __future__ import annotations
 
+from diagnosis.causes import Cause
 from surface.cases import finding_cases
 from surface.model import FROM_FINDING, Alert, Case, Expect, Rule, Runbook, board
 from surface.promql import FindingSeries, finding_open
@@ -23,7 +24,7 @@ DIAGNOSE = ("`fabricscope diagnose --job J` (J: the alert's `job` label): the jo
 
 def _on_finding(name: str, cause: str, summary: str, description: str, runbook: Runbook,
                 board: str, place: FindingSeries, band: str = FROM_FINDING,
-                other_cause: str = "input_stall", extra: tuple[Case, ...] = ()) -> Alert:
+                other_cause: Cause = Cause.INPUT_STALL, extra: tuple[Case, ...] = ()) -> Alert:
     fixed = None if band == FROM_FINDING else band
     return Alert(name, GROUP, summary, description,
                  rules=(Rule(finding_open(cause), FOR, band),), runbook=runbook, board=board,
@@ -31,11 +32,11 @@ def _on_finding(name: str, cause: str, summary: str, description: str, runbook: 
                  causes=(cause,))
 
 
-_LOSSY = FindingSeries("lossy_link", "warning", node="node1", interface="eth0", tor="tor0",
+_LOSSY = FindingSeries(Cause.LOSSY_LINK, "warning", node="node1", interface="eth0", tor="tor0",
                        id="a1b2c3d4e5f6")
 
 LOSSY_LINK = _on_finding(
-    "FabricscopeLossyLink", "lossy_link",
+    "FabricscopeLossyLink", Cause.LOSSY_LINK,
     "Lossy link at {place} in job {job}",
     "The diagnosis engine found a link that drops frames independent of load at {place} "
     "(finding {id}); every collective of job {job} resends over it. "
@@ -64,7 +65,7 @@ LOSSY_LINK = _on_finding(
                 at="25s", expect=(Expect(_LOSSY.labels()),)),))
 
 BUFFER_SATURATION = _on_finding(
-    "FabricscopeBufferSaturation", "buffer_saturation",
+    "FabricscopeBufferSaturation", Cause.BUFFER_SATURATION,
     "Switch buffer overflows under job {job}'s bursts at {place}",
     "Synchronised bursts of job {job} overflow a buffer at {place} (finding {id}): loss "
     "clusters inside the bursts and RTT grows with the queue. "
@@ -92,11 +93,11 @@ BUFFER_SATURATION = _on_finding(
          "gradient sync over the backward pass.",
          "Place the job on racks whose uplinks have headroom."),
     ),
-    "fabric", FindingSeries("buffer_saturation", "critical", interface="uplink", tor="tor0",
+    "fabric", FindingSeries(Cause.BUFFER_SATURATION, "critical", interface="uplink", tor="tor0",
                             id="b1b2c3d4e5f6"))
 
 MICROBURST = _on_finding(
-    "FabricscopeMicroburst", "microburst",
+    "FabricscopeMicroburst", Cause.MICROBURST,
     "Microbursts without loss at {place} in job {job}",
     "Job {job} sends at line rate in short bursts at {place} without loss or queueing "
     "(finding {id}). Normal for training; delivered only next to a warning or critical "
@@ -114,11 +115,11 @@ MICROBURST = _on_finding(
          "Next to FabricscopeBufferSaturation at the same place, follow that runbook: these "
          "bursts are what overflows."),
     ),
-    "fabric", FindingSeries("microburst", "info", node="node1", interface="eth0", tor="tor0",
+    "fabric", FindingSeries(Cause.MICROBURST, "info", node="node1", interface="eth0", tor="tor0",
                             id="c1b2c3d4e5f6"), band="info")
 
 NETWORK_BOUND = _on_finding(
-    "FabricscopeNetworkBound", "network_bound",
+    "FabricscopeNetworkBound", Cause.NETWORK_BOUND,
     "Job {job} is network bound",
     "Communication takes more than half of job {job}'s step (duty cycle above 0.5, "
     "finding {id}): the network, not compute, sets its pace. Delivered only next to a "
@@ -136,11 +137,11 @@ NETWORK_BOUND = _on_finding(
          "on socket transports; NCCL_IB_QPS_PER_CONNECTION and NCCL_CROSS_NIC on IB.",
          "Place the ranks closer (one ToR) so the ring avoids oversubscribed uplinks."),
     ),
-    "job", FindingSeries("network_bound", "info", id="d1b2c3d4e5f6"), band="info")
+    "job", FindingSeries(Cause.NETWORK_BOUND, "info", id="d1b2c3d4e5f6"), band="info")
 
-_COMPUTE = FindingSeries("straggler_compute", "warning", node="node3", tor="tor1", rank="2",
+_COMPUTE = FindingSeries(Cause.STRAGGLER_COMPUTE, "warning", node="node3", tor="tor1", rank="2",
                          id="e1b2c3d4e5f6")
-_NETWORK = FindingSeries("straggler_network", "critical", node="node2", interface="eth0",
+_NETWORK = FindingSeries(Cause.STRAGGLER_NETWORK, "critical", node="node2", interface="eth0",
                          tor="tor0", rank="1", id="e2b2c3d4e5f6")
 
 STRAGGLER_RANK = Alert(
@@ -148,7 +149,7 @@ STRAGGLER_RANK = Alert(
     "Straggler at {place} holds back job {job} ({cause})",
     "Rank {rank} at {place} holds the whole ring of job {job} back ({cause}, finding {id}). "
     "Who waited, and how long: `fabricscope explain {id}`.",
-    rules=(Rule(finding_open("straggler_compute", "straggler_network"), FOR, FROM_FINDING),),
+    rules=(Rule(finding_open(Cause.STRAGGLER_COMPUTE, Cause.STRAGGLER_NETWORK), FOR, FROM_FINDING),),
     runbook=Runbook(
         "One rank is late and every other rank waits for it in the next collective. "
         "`straggler_compute`: the rank enters its collectives late while its network is "
@@ -171,10 +172,10 @@ STRAGGLER_RANK = Alert(
     ),
     board="collectives",
     cases=finding_cases(_COMPUTE, FOR) + finding_cases(_NETWORK, FOR)[:1],
-    causes=("straggler_compute", "straggler_network"))
+    causes=(Cause.STRAGGLER_COMPUTE, Cause.STRAGGLER_NETWORK))
 
 INPUT_STALL = _on_finding(
-    "FabricscopeInputStall", "input_stall",
+    "FabricscopeInputStall", Cause.INPUT_STALL,
     "Input stall in job {job} at {place}",
     "Data loading delays the steps of job {job} at {place} (finding {id}): ranks wait for "
     "their input, not for the network of their collectives. "
@@ -191,11 +192,11 @@ INPUT_STALL = _on_finding(
          "Look at the store behind the peer (its load, its disks) and the path to it.",
          "Cache or stage the dataset on the nodes."),
     ),
-    "job", FindingSeries("input_stall", "warning", node="node2", peer="198.18.0.254:9000",
+    "job", FindingSeries(Cause.INPUT_STALL, "warning", node="node2", peer="198.18.0.254:9000",
                          rank="1", id="f1b2c3d4e5f6"), other_cause="lossy_link")
 
 UNEXPLAINED_SLOWDOWN = _on_finding(
-    "FabricscopeUnexplainedSlowdown", "unexplained_slowdown",
+    "FabricscopeUnexplainedSlowdown", Cause.UNEXPLAINED_SLOWDOWN,
     "Job {job} is slower than its baseline, cause unclear",
     "The steps of job {job} are slower than the job's own baseline and no cause's evidence "
     "explains most of the lost time (finding {id}). What was seen and ruled out: "
@@ -212,7 +213,7 @@ UNEXPLAINED_SLOWDOWN = _on_finding(
          "Look where fabricscope cannot: GPU kernels, the model code, the framework "
          "version."),
     ),
-    "job", FindingSeries("unexplained_slowdown", "warning", id="a9b2c3d4e5f6"))
+    "job", FindingSeries(Cause.UNEXPLAINED_SLOWDOWN, "warning", id="a9b2c3d4e5f6"))
 
 FINDING_ALERTS = (LOSSY_LINK, BUFFER_SATURATION, MICROBURST, NETWORK_BOUND, STRAGGLER_RANK,
                   INPUT_STALL, UNEXPLAINED_SLOWDOWN)

@@ -7,6 +7,7 @@ fabricscope-agent), which Alertmanager routes to the team that runs fabricscope.
 
 from __future__ import annotations
 
+from diagnosis.causes import Cause
 from surface.cases import finding_cases
 from surface.catalog_findings import DIAGNOSE, EXPLAIN, FOR
 from surface.metrics import (AGENT_DROPPED, AGENT_LAST_SEEN, AGENT_SCRAPE_JOB,
@@ -88,7 +89,7 @@ AGENT_DOWN = Alert(
         Case("an agent scraped", {_series("up", _AGENT): "1x90"}, at="70s"),
     ))
 
-_GAP = FindingSeries("telemetry_gap", "warning", node="node4", id="abb2c3d4e5f6")
+_GAP = FindingSeries(Cause.TELEMETRY_GAP, "warning", node="node4", id="abb2c3d4e5f6")
 _LOST = _series(EVENTS_LOST, _AGENT, probe="tcp")
 _REJECTED = _series(RECORDS_REJECTED, _COLLECTOR, reason="unknown_measurement")
 _DROPPED = _series(RECORDS_DROPPED, _COLLECTOR, reason="spool_corrupt")
@@ -122,7 +123,7 @@ TELEMETRY_LOSS = Alert(
              description="The agent on node {node} reports records it gave up on (spool "
              "full, queue full) for a minute (scrape job {job}): the gap shows in InfluxDB "
              "as agent_loss points."),
-        Rule(finding_open("telemetry_gap"), FOR, FROM_FINDING, signal="telemetry_gap",
+        Rule(finding_open(Cause.TELEMETRY_GAP), FOR, FROM_FINDING, signal="telemetry_gap",
              summary="Diagnosis lacks data for job {job} at {place}",
              description="The diagnosis engine lacks data for job {job} at {place} (finding "
              "{id}): what it says about the job there is incomplete. "
@@ -148,7 +149,7 @@ TELEMETRY_LOSS = Alert(
          "FabricscopeCollectorBacklog and FabricscopeAgentDown."),
     ),
     board="pipeline",
-    causes=("telemetry_gap",),
+    causes=(Cause.TELEMETRY_GAP,),
     cases=finding_cases(_GAP, FOR, rule=4) + (
         Case("a probe losing events for a minute", {_LOST: "0+10x150"}, at="130s",
              expect=(_expect(_AGENT, value=600.0, probe="tcp"),)),

@@ -4,6 +4,7 @@ step times differ by orders of magnitude between jobs."""
 
 from __future__ import annotations
 
+from diagnosis.causes import Cause
 from surface.cases import OPEN, finding_cases
 from surface.catalog_findings import DIAGNOSE, EXPLAIN, FOR
 from surface.metrics import (FINDING_ACTIVE, JOB_GRAD_SYNC_SLOWDOWN, JOB_JITTER,
@@ -27,7 +28,7 @@ JITTER_SHARE_OF_STEP = 0.05
 AMPLIFICATION = 10        # an order of magnitude more collective time than bytes resent
 GRAD_SYNC_SLOWDOWN = 1.3  # ...while grad sync is clearly slower (a tiny ratio is noisy)
 
-_JITTER_FINDING = FindingSeries("jitter_accumulation", "warning", id="aab2c3d4e5f6")
+_JITTER_FINDING = FindingSeries(Cause.JITTER_ACCUMULATION, "warning", id="aab2c3d4e5f6")
 _JITTER_TREND = f"""\
 (
   {across_replicas(JOB_JITTER)}
@@ -60,7 +61,7 @@ JITTER_ACCUMULATING = Alert(
     "Step-time jitter accumulates in job {job}",
     "",
     rules=(
-        Rule(finding_open("jitter_accumulation"), FOR, FROM_FINDING, signal="change_point",
+        Rule(finding_open(Cause.JITTER_ACCUMULATION), FOR, FROM_FINDING, signal="change_point",
              description="The engine's change-point test on the step times of job {job} "
              "found their spread growing over the run (finding {id}). "
              "Evidence: `fabricscope explain {id}`."),
@@ -106,7 +107,7 @@ JITTER_ACCUMULATING = Alert(
              {**_GROWING, _JITTER_FINDING.series(): OPEN}, at="60s",
              expect=(Expect(_JITTER_FINDING.labels()),)),
     ),
-    causes=("jitter_accumulation",))
+    causes=(Cause.JITTER_ACCUMULATION,))
 
 
 def _amplification(amplification: str, slowdown: str) -> dict[str, str]:

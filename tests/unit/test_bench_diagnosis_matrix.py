@@ -15,9 +15,9 @@ from fabricscope.errors import UserError
     (UserError("the lab needs root", "run it as root"), 2, "the lab needs root")],
     ids=["interrupted", "user-error"])
 def test_the_bench_ends_with_one_line(monkeypatch, capsys, raised, code, said):
-    def run_matrix(*args, **kwargs):
+    def run_set(*args, **kwargs):
         raise raised
-    monkeypatch.setattr(matrix, "run_matrix", run_matrix)
-    assert matrix.main(["--repeats", "1", "--only", "healthy"]) == code
+    monkeypatch.setattr(matrix, "run_set", run_set)
+    assert matrix.main(["--set", "dev", "--runs", "1"]) == code
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1 and "Traceback" not in err

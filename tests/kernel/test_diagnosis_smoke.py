@@ -1,0 +1,49 @@
+"""The diagnosis end to end, live: an unmistakable fault is named, a healthy job is not.
+
+One real lab (4 nodes on 2 ToRs, two collector replicas: the agents split between
+them), real DDP over gloo, real agents, InfluxDB and the collectors' live engines
+(bench/scenarios.py runs the jobs and judges what the engine wrote). Two jobs:
+nothing wrong, then 3 % random loss on one node's port from step 14. Only
+unmistakable cases are asserted here, so that only a defect fails this test; how
+often the engine is right on drawn faults, and how fast, is measured by `fabricscope
+bench diagnosis-matrix`, and the engine's findings on recorded runs of every cause
+are held exact by tests/unit/test_diagnosis_corpus.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.scenario_space import Drawn, Element, Fault, FaultKind, LabShape
+from bench.scenarios import run_scenario, running_bench
+
+pytestmark = pytest.mark.root
+
+LAB = LabShape(nodes=4, tors=2, model_mb=8)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    with running_bench(LAB, replicas=2) as b:
+        yield b
+
+
+def describe(out) -> str:
+    return (f"{out.params}: cost {out.cost}, primary {out.primary}, found "
+            f"{[(f['cause'], f['where'], f['severity'], f['first_seen_s']) for f in out.found]}"
+            f", false alarms {out.false_alarms}, moved {out.moved}, error {out.error!r}")
+
+
+def test_a_healthy_job_gets_no_warning(bench):
+    out = run_scenario(bench, Drawn(0, "healthy", LAB, onset_step=14, fault_steps=12))
+    assert not out.error, describe(out)
+    assert [f for f in out.found if f["severity"] != "info"] == [], describe(out)
+
+
+def test_random_loss_on_a_port_is_named_a_lossy_link_there(bench):
+    loss = Fault(FaultKind.LOSS, Element.PORT, "node2", 3.0)
+    out = run_scenario(bench, Drawn(0, "loss", LAB, (loss,), onset_step=14, fault_steps=16))
+    print(describe(out))
+    assert not out.error, describe(out)
+    assert out.cost is not None and out.cost >= 0.1, describe(out)   # it is a fault to find
+    assert out.ok, describe(out)
