@@ -45,7 +45,7 @@ def write_report(store, job: str, start_ns: int, end_ns: int, annotation: str,
     """`fabricscope report` of the run, split at the fault's annotation; its path."""
     from argparse import Namespace
 
-    from surface.report import write_report as render
+    from surface.report.page import write_report as render
     args = Namespace(since=None, start=str(start_ns / 1e9), end=str(end_ns / 1e9), job=job,
                      compare=annotation, compare_window="2m", out=out)
     path, _account = render(store, args)

@@ -70,7 +70,7 @@ def _store(args):
 
 
 def _report(args) -> int:
-    from surface.report import write_report
+    from surface.report.page import write_report
     path, summary = write_report(_store(args), args)
     print(f"wrote {path} ({summary})")
     return 0

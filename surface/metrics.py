@@ -3,7 +3,7 @@
 The finding and job gauges are set by the diagnosis engine on the collector replica
 that owns the job; the pipeline metrics are the collector's and the agents' own
 (collector/metrics.py, agent/metrics.py). Names live here once so that the rules,
-the test exporter (surface/testing.py) and the dashboards cannot drift apart.
+the test exporter (tests/support/alerting.py) and the dashboards cannot drift apart.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Every second (--interval) it reads the last seconds from the store with the
 boards' query builders (surface/grafana_queries.select) and draws four tables:
-the links (per node and interface: tx/rx rate and peak 100 us utilization, the
-node's resent share of its segments, its flows' RTT p90), the latest step of
+the links (per node and interface: tx/rx rate, the busiest 100 us bin as a rate
+and as a share of the line rate where the link has one, the node's resent share
+of its segments, its flows' RTT p90), the latest step of
 every rank (step time, gradient sync share, segments resent), the collectives
 (count, p50 and max duration, bus bandwidth) and the open findings (severity,
 cause, place, impact, the summary cut to the width). `q` quits; a resize redraws
@@ -24,8 +25,9 @@ from dataclasses import dataclass, field
 from diagnosis.finding import Finding, severity_rank
 from diagnosis.timespan import SECOND, Span
 from fabricscope.errors import UserError
-from surface.grafana_queries import agg, raw, select
-from surface.report_data import Scope
+from surface import jobclass
+from surface.grafana.queries import agg, raw, select
+from surface.report.data import Scope
 
 LINK_S = 5                  # links and findings: the last seconds
 COLLECTIVE_S = 10
@@ -36,7 +38,8 @@ PRIORITY = (3, 0, 1, 2)
 FINDING_COLUMNS = ("id", "job", "cause", "severity", "open", "summary", "node", "interface",
                    "peer", "tor", "rank", "step_seconds_added", "share_of_step")
 
-NIC = select("nic_window", [agg("mean", "rate_bps"), agg("max", "peak_util")], by_time=False,
+NIC = select("nic_window", [agg("mean", "rate_bps"), agg("max", "peak_bps"),
+                           agg("max", "peak_util")], by_time=False,
              by_tags=("node", "interface", "direction"))
 TCP = select("tcp_node", [agg("sum", "retrans_segs"), agg("sum", "segs_out")], by_time=False,
              by_tags=("node",))
@@ -59,7 +62,8 @@ class Link:
     interface: str
     tx_bps: float = 0.0
     rx_bps: float = 0.0
-    peak_util: float = 0.0
+    peak_bps: float = 0.0                 # the busiest 100 us bin of either direction
+    peak_util: float | None = None        # its share of the line rate; None: unknown
     retrans_ratio: float | None = None
     rtt_p90_us: float | None = None
 
@@ -94,6 +98,9 @@ class TopData:
     steps: list[RankStep] = field(default_factory=list)
     collectives: list[Collective] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    #: job -> its classification (surface/jobclass.py); none is stored yet, so read()
+    #: leaves it empty
+    classes: dict[str, object] = field(default_factory=dict)
     error: str = ""          # the store's last failure, while the frame shows older data
 
 
@@ -140,7 +147,9 @@ def _links(store, scope: Scope) -> list[Link]:
         link = by_link.setdefault((t["node"], t["interface"]), Link(t["node"], t["interface"]))
         setattr(link, "tx_bps" if t.get("direction") == "tx" else "rx_bps",
                 float(r.get("rate_bps") or 0.0))
-        link.peak_util = max(link.peak_util, float(r.get("peak_util") or 0.0))
+        link.peak_bps = max(link.peak_bps, float(r.get("peak_bps") or 0.0))
+        if r.get("peak_util") is not None:         # absent: the link has no line rate
+            link.peak_util = max(link.peak_util or 0.0, float(r["peak_util"]))
     resent = {r["_tags"]["node"]: r["retrans_segs"] / r["segs_out"]
               for r in scope.rows(store, TCP) if r.get("segs_out")}
     rtt = {r["_tags"]["node"]: r.get("p90") for r in scope.rows(store, RTT)}
@@ -174,10 +183,26 @@ def _table(title: str, head: str, rows: list[Line]) -> list[Line]:
     return [Line(title, "title"), Line(head, "head"), *(rows or [Line("  (none)", "note")])]
 
 
+def class_lines(data: TopData) -> list[Line]:
+    """One line per job whose classification the frame was handed: its class and the
+    rule that decided it."""
+    return [Line(f"job {job}: {jobclass.read(c).headline}", "note")
+            for job, c in sorted(data.classes.items())]
+
+
+def _link_lines(links: list[Link]) -> list[Line]:
+    rows = [Line(f"{k.node:<10}{k.interface:<16}{k.tx_bps / 1e6:>10.1f}{k.rx_bps / 1e6:>10.1f}"
+                 f"{k.peak_bps / 1e6:>10.1f}{_fmt(k.peak_util, '.0%', 'unknown'):>10}"
+                 f"{_fmt(k.retrans_ratio, '.2%'):>9}{_fmt(k.rtt_p90_us, '.0f'):>11}")
+            for k in links]
+    if any(k.peak_util is None for k in links):
+        rows.append(Line("  peak util unknown: line rate unknown (a virtual link), the peak "
+                         "rate is all there is", "note"))
+    return rows
+
+
 def sections(data: TopData, width: int) -> list[list[Line]]:
-    links = [Line(f"{k.node:<10}{k.interface:<16}{k.tx_bps / 1e6:>10.1f}{k.rx_bps / 1e6:>10.1f}"
-                  f"{k.peak_util:>10.0%}{_fmt(k.retrans_ratio, '.2%'):>9}"
-                  f"{_fmt(k.rtt_p90_us, '.0f'):>11}") for k in data.links]
+    links = _link_lines(data.links)
     jw = max([len(s.job) for s in data.steps] + [len(c.job) for c in data.collectives] + [4]) + 2
     steps = [Line(f"{s.job:<{jw}}{s.rank:<6}{s.node:<10}{s.step:>6}{_fmt(s.seconds, '.3f'):>9}"
                   f"{_fmt(s.comm_fraction, '.0%'):>11}{s.retrans_segs:>8}{s.age_s:>7.0f}s")
@@ -193,7 +218,8 @@ def sections(data: TopData, width: int) -> list[list[Line]]:
                           f.severity if f.severity != "info" else ""))
     return [
         _table(f"LINKS (last {LINK_S} s)", f"{'node':<10}{'interface':<16}{'tx Mb/s':>10}"
-               f"{'rx Mb/s':>10}{'peak util':>10}{'resent':>9}{'RTT p90 us':>11}", links),
+               f"{'rx Mb/s':>10}{'peak Mb/s':>10}{'peak util':>10}{'resent':>9}{'RTT p90 us':>11}",
+               links),
         _table("STEPS (latest per rank)", f"{'job':<{jw}}{'rank':<6}{'node':<10}{'step':>6}"
                f"{'step s':>9}{'grad sync':>11}{'resent':>8}{'age':>8}", steps),
         _table(f"COLLECTIVES (last {COLLECTIVE_S} s)", f"{'job':<{jw}}{'op':<16}{'count':>7}"
@@ -216,6 +242,7 @@ def frame(data: TopData | None, width: int, height: int) -> list[Line]:
         return head + [Line("reading the store...", "note")]
     if data.error:
         head.append(Line(f"store: {data.error} (showing {when})", "critical"))
+    head += class_lines(data)
     tables = sections(data, width)
     room = height - len(head) - (len(tables) - 1)       # a blank line between tables
     budget = _share(room, [len(t) for t in tables])

@@ -6,7 +6,7 @@ Prometheus scrapes the collector (honor_labels: a finding's `job` is the trainin
 job) and the agents every second and evaluates the generated rules
 (deploy/prometheus/fabricscope-alerts.yaml); Alertmanager, with the example's
 routes and inhibitions at timings of seconds, delivers to a webhook receiver the
-test runs (surface/testing.py alerting_pipeline). The job is driven by its own
+test runs (tests/support/alerting.py alerting_pipeline). The job is driven by its own
 steps, in three phases:
 1. healthy: once the engine has the job's baseline and exports its gauges, the
    job runs HEALTHY_S seconds and HEALTHY_STEPS steps more; no notification may
@@ -72,7 +72,7 @@ class Live:
     lab: object
     stack: object
     training: object
-    alerting: object             # surface.testing.AlertingPipeline
+    alerting: object             # tests.support.alerting.AlertingPipeline
     store: object
     job: str
     #: phase 3, per step: (step, seconds, quota, spread gauge, open findings)
@@ -154,7 +154,7 @@ def live():
     from lab.running import running_lab
     from lab.training import start_training
     from surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
-    from surface.testing import alerting_pipeline
+    from tests.support.alerting import alerting_pipeline
 
     began = [("lab and stack starting", time.monotonic(), None)]
     with running_lab(nodes=3, wire_frames=True) as lab, running_stack(lab) as stack:
@@ -195,8 +195,8 @@ def _lossy_link(live: Live) -> tuple[float, float]:
     """Loss on node 1's port pages FabricscopeLossyLink at node1; clearing it resolves
     the alert. Returns (fault to page, clear to resolved) in seconds."""
     from lab import faults
-    from surface.alertmanager import SEVERITY_RECEIVERS
-    from surface.testing import alerts_in
+    from surface.alerting.alertmanager import SEVERITY_RECEIVERS
+    from tests.support.alerting import alerts_in
     hook, labels = live.alerting.hook, {"job": live.job, "node": f"node{LOSSY_NODE}"}
     faults.loss(live.lab, LOSSY_NODE, 2)
     fault_at = live.mark(f"2 % loss on node{LOSSY_NODE}'s port")
@@ -240,7 +240,7 @@ def _growing_jitter(live: Live) -> float:
     pages. Returns fault (first quota) to page in seconds."""
     from lab import faults
     from surface.metrics import JOB_JITTER
-    from surface.testing import alerts_in
+    from tests.support.alerting import alerts_in
     hook = live.alerting.hook
     jitter = alerts_in("FabricscopeJitterAccumulating", job=live.job)
     started_at, quota = None, None

@@ -1,6 +1,6 @@
 """Live: the generated rules page through a real Prometheus and a real Alertmanager.
 
-Two exporters serve what collector replicas export for the rules (surface/testing.py:
+Two exporters serve what collector replicas export for the rules (tests/support/alerting.py:
 the diagnosis engine's finding and job gauges, set by the test); Prometheus scrapes
 them every second and evaluates deploy/prometheus/fabricscope-alerts.yaml;
 Alertmanager, configured from the example's routes and inhibitions with timings of
@@ -22,14 +22,14 @@ from dataclasses import dataclass
 import pytest
 
 from fabricscope.services import ALERTMANAGER, PROMETHEUS, pid_alive
-from surface.alertmanager import SEVERITY_RECEIVERS
-from surface.catalog import INFO_INHIBITOR, by_name, runbook_url
-from surface.catalog_trends import JITTER_FLOOR_S, JITTER_RATIO, JITTER_SHARE_OF_STEP
+from surface.alerting.alertmanager import SEVERITY_RECEIVERS
+from surface.alerting.catalog import INFO_INHIBITOR, by_name, runbook_url
+from surface.alerting.trend_alerts import JITTER_FLOOR_S, JITTER_RATIO, JITTER_SHARE_OF_STEP
 from surface.metrics import COLLECTOR_SCRAPE_JOB
-from surface.promql import FindingSeries
-from surface.templates import render
-from surface.testing import (AlertingPipeline, FabricExporter, Notification, WebhookReceiver,
-                             alerting_pipeline, alerts_in)
+from surface.alerting.promql import FindingSeries
+from surface.alerting.templates import render
+from tests.support.alerting import (AlertingPipeline, FabricExporter, Notification, WebhookReceiver,
+                                    alerting_pipeline, alerts_in)
 
 pytestmark = [
     pytest.mark.skipif(not (os.access(PROMETHEUS, os.X_OK) and os.access(ALERTMANAGER, os.X_OK)),

@@ -1,4 +1,4 @@
-"""surface/catalog.py: the one list of alerts keeps the conventions it promises.
+"""surface/alerting/catalog.py: the one list of alerts keeps the conventions it promises.
 
 Names as kubernetes-mixin's, every finding cause paged by one alert, severity in
 bands, texts that name the job and the place (and only labels the alert has), one
@@ -13,13 +13,13 @@ import re
 import pytest
 
 from diagnosis.finding import CAUSES, PLACE_KEYS, Finding
-from surface import alerts
-from surface.catalog import ALERTS, BOARDS, INFO_ALERTS, INFO_INHIBITOR, RUNBOOK_BASE
-from surface.catalog import by_name, paged_causes, runbook_url
-from surface.catalog_trends import JITTER_FLOOR_S
+from surface.alerting import generate as alerts
+from surface.alerting.catalog import ALERTS, BOARDS, INFO_ALERTS, INFO_INHIBITOR, RUNBOOK_BASE
+from surface.alerting.catalog import by_name, paged_causes, runbook_url
+from surface.alerting.trend_alerts import JITTER_FLOOR_S
 from surface.metrics import FINDING_ACTIVE, JOB_JITTER, JOB_JITTER_BASELINE
-from surface.model import FROM_FINDING, NONE, SEVERITIES
-from surface.templates import PLACE_GO, fields, place_text, render, to_go
+from surface.alerting.model import FROM_FINDING, NONE, SEVERITIES
+from surface.alerting.templates import PLACE_GO, fields, place_text, render, to_go
 
 #: place labels -> the template fields that may name them
 NAMES_FOR = {"node": {"place", "node"}, "tor": {"place", "tor"}, "rank": {"place", "rank"},
@@ -158,7 +158,7 @@ def test_every_alert_has_a_runbook_that_says_how_to_confirm():
 
 
 def test_every_board_an_alert_names_is_a_written_dashboard():
-    """BOARDS names the boards surface/dashboards.py writes (uid and title)."""
+    """BOARDS names the boards surface/grafana/dashboards.py writes (uid and title)."""
     dashboards = alerts.ROOT / "grafana" / "dashboards"
     for uid, title in BOARDS.values():
         board = json.loads((dashboards / f"{uid}.json").read_text())

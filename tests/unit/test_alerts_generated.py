@@ -13,14 +13,15 @@ import sys
 import pytest
 import yaml
 
-from surface import alerts
-from surface.alertmanager import (EXAMPLE_FILE, NULL_RECEIVER, PIPELINE_RECEIVER,
-                                  SEVERITY_RECEIVERS, config_for_tests, example)
-from surface.catalog import ALERTS, INFO_INHIBITOR, RUNBOOK_BASE
+from surface.alerting import generate as alerts
+from surface.alerting.alertmanager import (EXAMPLE_FILE, NULL_RECEIVER, PIPELINE_RECEIVER,
+                                           SEVERITY_RECEIVERS, example)
+from surface.alerting.catalog import ALERTS, INFO_INHIBITOR, RUNBOOK_BASE
 from surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
-from surface.promtool_tests import TESTS_FILE
-from surface.rules import RULES_FILE
-from surface.runbooks import RUNBOOKS_FILE
+from surface.alerting.promtool_tests import TESTS_FILE
+from surface.alerting.rules import RULES_FILE
+from surface.alerting.runbooks import RUNBOOKS_FILE
+from tests.support.alerting import config_for_tests
 
 ROOT = alerts.ROOT
 PROM = ROOT / alerts.PROMETHEUS_DIR
@@ -40,7 +41,7 @@ def _run(*argv: str, cwd=PROM) -> subprocess.CompletedProcess:
 
 
 def test_checked_in_files_are_what_the_catalog_renders():
-    assert alerts.stale(ROOT) == [], "stale; fix: python -m surface.alerts"
+    assert alerts.stale(ROOT) == [], "stale; fix: python -m surface.alerting"
 
 
 def test_rendering_is_deterministic_and_the_runbook_base_is_one_setting(tmp_path):
@@ -155,7 +156,7 @@ def test_the_test_config_keeps_the_routes_and_delivers_to_the_webhook():
     (["--runbook-base", "https://example/runbooks.md#top"], "without a fragment"),
 ])
 def test_bad_arguments_get_one_line(argv, says):
-    out = subprocess.run([sys.executable, "-m", "surface.alerts", *argv], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "surface.alerting", *argv], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and says in out.stderr
@@ -163,10 +164,10 @@ def test_bad_arguments_get_one_line(argv, says):
 
 
 def test_check_names_the_stale_files_and_writes_nothing(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "surface.alerts", "--check", "--root",
+    out = subprocess.run([sys.executable, "-m", "surface.alerting", "--check", "--root",
                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "stale generated files" in out.stderr
     assert all(rel in out.stderr for rel in alerts.outputs())
     assert list(tmp_path.iterdir()) == []
-    assert subprocess.run([sys.executable, "-m", "surface.alerts", "--check"], cwd=ROOT,
+    assert subprocess.run([sys.executable, "-m", "surface.alerting", "--check"], cwd=ROOT,
                           capture_output=True).returncode == 0

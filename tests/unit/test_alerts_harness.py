@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fabricscope.services import ALERTMANAGER, AlertmanagerServer, http_get
 from surface.metrics import FINDING_ACTIVE, JOB_JITTER, JOB_STEP
-from surface.promql import FindingSeries
-from surface.testing import FabricExporter, WebhookReceiver
+from surface.alerting.promql import FindingSeries
+from tests.support.alerting import FabricExporter, WebhookReceiver
 
 LOSSY = FindingSeries("lossy_link", "warning", job="j", node="node1", interface="eth0",
                       tor="tor0", id="abc123")

@@ -15,9 +15,10 @@ import yaml
 
 from fabricscope.errors import UserError
 from fabricscope.schema import measurements
-from surface import dashboards
-from surface.grafana_queries import InfluxQL, PromNames, PromQL, agg, select, tag_values
-from surface.panels import INFLUX, PROMETHEUS, register_sdk_plugins
+from surface.grafana import dashboards
+from surface.grafana.queries import InfluxQL, PromNames, PromQL, agg, select, tag_values
+from surface.grafana.panels import INFLUX, PROMETHEUS
+from tests.support.grafana import query_index, register_sdk_plugins
 
 VARIABLES = ["job", "node", "interface"]
 #: what Grafana's InfluxDB datasource keeps on an InfluxQL annotation target
@@ -59,7 +60,7 @@ def test_checked_in_files_are_what_the_code_generates(tmp_path):
     for path in generated:
         checked_in = dashboards.GRAFANA_DIR / path
         assert checked_in.is_file() and checked_in.read_text() == (tmp_path / path).read_text(), \
-            f"grafana/{path} is stale: run `python -m surface.dashboards`"
+            f"grafana/{path} is stale: run `python -m surface.grafana`"
     assert dashboards.stale() == []
     assert dashboards.main(["--check"]) == 0
 
@@ -99,7 +100,7 @@ def test_dashboards_load_into_the_sdk_model(boards):
 def test_boards_and_their_links(boards):
     assert set(boards) == {"fabricscope-job", "fabricscope-fabric", "fabricscope-collectives",
                            "fabricscope-topology", "fabricscope-findings", "fabricscope-pipeline"}
-    from surface.catalog import BOARDS
+    from surface.alerting.catalog import BOARDS
     assert {uid for uid, _ in BOARDS.values()} <= set(boards)    # alerts link to these
     for board in boards.values():
         ids = [p["id"] for p in board["panels"]]
@@ -124,7 +125,7 @@ def test_every_panel_has_a_datasource_and_queries(boards):
 
 
 def test_every_query_filters_by_the_variables_it_can(boards):
-    index = dashboards.query_index()
+    index = query_index()
     for board in boards.values():
         for p in panels(board):
             for t in p["targets"]:
@@ -171,7 +172,7 @@ def test_annotation_queries_are_well_formed(boards):
 def test_panels_map_fields_their_queries_select(boards):
     """Field names the panels refer to (overrides, transformations, node graph fields)
     are columns or tags of their queries (the live test checks the data)."""
-    index = dashboards.query_index()
+    index = query_index()
     for board in boards.values():
         for p in panels(board):
             queries = [index[t.get("query") or t.get("expr")] for t in p["targets"]]
@@ -195,7 +196,7 @@ def referenced_fields(panel: dict) -> set[str]:
 
 def test_node_graph_frames_have_the_fields_grafana_reads(boards):
     graph = next(p for p in panels(boards["fabricscope-topology"]) if p["type"] == "nodeGraph")
-    index = dashboards.query_index()
+    index = query_index()
     by_ref = {t["refId"]: index[t["query"]] for t in graph["targets"]}
     nodes, edges = by_ref["nodes"], by_ref["edges"]
     assert {"id", "title", "subtitle", "mainstat", "secondarystat"} <= \
@@ -245,3 +246,22 @@ def test_prometheus_names_come_from_the_registries():
     assert {"fabricscope_collector_records_written_total", "fabricscope_agent_spool_bytes",
             "fabricscope_agent_events_lost_total",
             "fabricscope_agent_poll_seconds_count"} <= names
+
+
+def test_the_job_class_panels_show_a_classification_s_columns_in_reading_order():
+    from fabricscope.jobclass import Observation, classify
+    from surface import jobclass
+    from surface.grafana.boards import job_class_panels
+    from surface.grafana.panels import Board
+    ring = [Observation("AllReduce", 1 << 20, s * 10**9 + k * 10**7, s * 10**9 + k * 10**7 + 10**6,
+                        rank=0) for s in range(8) for k in range(2)]
+    row = jobclass.columns(classify(ring))
+    assert list(row) == list(jobclass.COLUMNS) and row["class"] == "data_parallel"
+    # a stored classification would carry these columns; none is stored yet
+    stored = InfluxQL('SELECT "class" FROM "job_class"', "job_class", tuple(row),
+                      result_format="table")
+    board = dashboards.dashboard_json(job_class_panels(Board("t", "t", "t"), stored))
+    (table,) = [p for p in board["panels"] if p["type"] == "table"]
+    assert table["title"] == "Job class and what decided it"
+    (organize,) = table["transformations"]
+    assert list(organize["options"]["indexByName"])[:3] == ["class", "reason", "components"]

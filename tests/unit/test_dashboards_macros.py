@@ -1,4 +1,4 @@
-"""Grafana's macro and variable expansion (surface/grafana_macros.py), case by case.
+"""Grafana's macro and variable expansion (surface/grafana/macros.py), case by case.
 
 Expected values are what Grafana 11 produces for the same input, worked out from
 its code (cited in the module's docstring): the InfluxQL ones are what its InfluxDB
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from surface.grafana_macros import (ALL, ANNOTATION_INTERVAL, Interval, TimeRange, Variable,
-                                    expand_influxql, expand_promql, format_interval,
-                                    go_duration, interval_to_ms, panel_interval,
-                                    replace_variables, round_interval_ms)
+from surface.grafana.macros import (ALL, ANNOTATION_INTERVAL, Interval, TimeRange, Variable,
+                                    expand_influxql, expand_promql, format_interval, go_duration,
+                                    interval_to_ms, panel_interval, replace_variables,
+                                    round_interval_ms)
 
 HOUR = TimeRange(1_700_000_000_000, 1_700_003_600_000)
 NODES = ("node0", "node1", "node2")

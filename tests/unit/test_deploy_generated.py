@@ -7,8 +7,9 @@ import json
 
 import yaml
 
-from surface import dashboards, kubernetes
-from surface.rules import RULES_FILE
+from surface import kubernetes
+from surface.grafana import dashboards
+from surface.alerting.rules import RULES_FILE
 
 ROOT = kubernetes.ROOT
 

@@ -12,7 +12,7 @@ from diagnosis.present import explain, findings_text
 from diagnosis.store import Store
 from fabricscope.schema import validate
 from fabricscope.services import InfluxServer
-from surface.report_html import finding_html
+from surface.report.html_parts import finding_html
 
 DB = "fabricscope"
 START = 1_700_000_025_123_456_789

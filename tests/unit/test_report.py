@@ -1,4 +1,4 @@
-"""The report's page from data built here (surface/report*.py): every section and its
+"""The report's page from data built here (surface/report/): every section and its
 figures, the primary finding first, values escaped, nothing to fetch, the finding
 bands on every time axis, the heatmap, the topology's layout and the compare
 windows."""
@@ -15,11 +15,13 @@ from diagnosis.compare import compare_samples
 from diagnosis.finding import Advice, Evidence, Finding
 from diagnosis.timespan import SECOND, Span
 from fabricscope.errors import UserError
-from surface import report_figures as fig
-from surface.report import render, sections
-from surface.report_data import (Comparison, Edge, Note, Phase, ReportData, Series, Step,
-                                 Vertex, compare_windows, series)
-from surface.grafana_queries import agg, select
+from fabricscope.jobclass import Observation, classify
+from surface.grafana.queries import agg, select
+from surface.report import figures as fig
+from surface.report.data import (Comparison, Edge, Note, Phase, ReportData, Series, Step,
+                                 TrafficModel, Vertex, compare_windows, series,
+                                 without_line_rate)
+from surface.report.page import render, sections
 
 T0 = 1_700_000_000
 JOB = "198.18.0.1:29500"
@@ -55,6 +57,8 @@ def report_data(**changes) -> ReportData:
         JOB, Span(ns(0), ns(60)), ranks, steps=steps, phases=phases,
         notes=[Note(ns(40), "node1 cable replaced", "sre@lab")],
         findings=[lossy(), Finding("microburst", "info", JOB, {}, ns(5), "bursts, normal")],
+        nic_peak=[timed("node0 eth0 tx", [9e8] * 60), timed("node1 eth0 rx", [8e8] * 60),
+                  timed("node1 lo tx", [0.0] * 60)],
         nic_util=[timed("node0 eth0 tx", [0.9] * 60), timed("node1 eth0 rx", [0.8] * 60),
                   timed("node1 lo tx", [0.0] * 60)],
         retrans_kinds=[timed("fast", [0] * 20 + [30] * 20 + [0] * 20),
@@ -130,7 +134,7 @@ def test_every_section_is_there_with_its_figures_and_the_page_fetches_nothing():
     assert all(s["data-empty"] == "false" for s in page.sections.values())
     figures = page.figures()
     assert page.slots == list(figures) == [
-        "fig-steps", "fig-phases", "fig-topology", "fig-nic", "fig-retrans",
+        "fig-steps", "fig-phases", "fig-topology", "fig-nic", "fig-nic-util", "fig-retrans",
         "fig-retrans-ratio", "fig-rtt", "fig-durations", "fig-busbw"]     # no NCCL calls
     assert all(f["data"] for f in figures.values())
     assert page.fetching == []
@@ -182,7 +186,7 @@ def test_values_from_the_store_are_escaped_and_cannot_end_the_scripts():
 
 
 def test_a_section_without_data_says_so():
-    data = report_data(nic_util=[], vertices=[], edges=[], comparison=None)
+    data = report_data(nic_peak=[], nic_util=[], vertices=[], edges=[], comparison=None)
     page = Page(render(data, FAKE_PLOTLY))
     assert "compare" not in page.sections
     assert page.sections["nic"]["data-empty"] == "true"
@@ -218,11 +222,56 @@ def test_the_heatmap_has_a_row_per_busy_interface_and_a_column_per_window():
     data = report_data(nic_util=[timed("node0 eth0 tx", [0.5, 0.7]),
                                  timed("node1 eth0 rx", [0.9], start=1),
                                  timed("node1 lo tx", [0.0, 0.0])])
-    (trace,) = fig.nic_heatmap(data)["data"]
+    (trace,) = fig.nic_util_heatmap(data)["data"]
     assert trace["y"] == ["node0 eth0 tx", "node1 eth0 rx"]
     assert trace["x"] == [fig.iso(ns(0)), fig.iso(ns(1))]
     assert trace["z"] == [[0.5, 0.7], [None, 0.9]]
     assert (trace["zmin"], trace["zmax"]) == (0, 1)
+
+
+def test_the_peak_rate_heatmap_scales_to_the_busiest_bin_not_to_a_line_rate():
+    data = report_data(nic_peak=[timed("node0 veth0 tx", [2e8, 7e8])])
+    (trace,) = fig.nic_heatmap(data)["data"]
+    assert (trace["y"], trace["z"], trace["zmax"]) == (["node0 veth0 tx"], [[2e8, 7e8]], 7e8)
+
+
+def test_links_without_a_line_rate_show_their_peak_rate_and_say_the_line_rate_is_unknown():
+    data = report_data(nic_util=[], line_rate_unknown=["node0 veth0 rx", "node0 veth0 tx"])
+    page = Page(render(data, FAKE_PLOTLY))
+    assert page.sections["nic"]["data-empty"] == "false"
+    assert "fig-nic" in page.figures() and "fig-nic-util" not in page.figures()
+    text = render(data, FAKE_PLOTLY)
+    assert "Line rate unknown (a virtual link, or none configured): node0 veth0 rx, " \
+           "node0 veth0 tx." in text
+
+
+def test_the_line_rate_is_unknown_for_busy_links_no_speed_row_names():
+    peaks = [timed("node0 eth0 rx", [1e8]), timed("node0 veth0 rx", [1e8]),
+             timed("node0 lo rx", [0.0])]
+    speeds = [{"_tags": {"node": "node0", "interface": "eth0", "direction": "rx"},
+               "link_speed_bps": 10**9, "time": 0}]
+    assert without_line_rate(peaks, speeds) == ["node0 veth0 rx"]
+
+
+def test_the_traffic_model_shows_t_b_d_and_b_against_the_line_rate_only_where_known():
+    data = report_data(traffic=[TrafficModel("0", "gloo_ring", 0.62, 1.25e8, 0.5, 0.4),
+                                TrafficModel("1", "gloo_windows", 0.61, 1.0e8, None, 0.45)])
+    text = render(data, FAKE_PLOTLY)
+    rows = re.findall(r"<tr><td>(\d)</td><td>(\w+)</td><td class=num>([^<]*)</td>"
+                      r"<td class=num>([^<]*)</td><td class=num>([^<]*)</td>"
+                      r"<td class=num>([^<]*)</td></tr>", text)
+    assert rows == [("0", "gloo_ring", "0.620", "1000.0", "50%", "40%"),
+                    ("1", "gloo_windows", "0.610", "800.0", "line rate unknown", "45%")]
+
+
+def test_a_job_handed_its_classification_shows_class_and_model_in_the_summary():
+    ring = [Observation("AllReduce", 4 << 20, ns(s) + k * 10**7, ns(s) + k * 10**7 + 5 * 10**6,
+                        rank=r) for s in range(8) for k in range(3) for r in range(2)]
+    text = render(report_data(job_class=classify(ring).to_dict()), FAKE_PLOTLY)
+    assert "<tr><th>job class</th><td>data_parallel: allreduce carries 100% of the exchanged " \
+           "bytes" in text
+    assert "<tr><th>class: message sizes</th><td>p50 4.0 MiB, p90 4.0 MiB</td></tr>" in text
+    assert "job class" not in render(report_data(), FAKE_PLOTLY)
 
 
 def test_phases_are_bars_from_their_start_for_their_length():

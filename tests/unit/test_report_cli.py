@@ -1,5 +1,5 @@
 """`fabricscope report` as a process against a real InfluxDB (surface/cli.py,
-surface/report_data.py): a synthetic job's agent records, the engine's points
+surface/report/data.py): a synthetic job's agent records, the engine's points
 (finding, topology, annotation) and the NIC and collective windows go in through
 the real encoder; the file that comes out holds every section with data, and
 every bad input is one line on stderr with exit status 2."""
@@ -20,8 +20,7 @@ from diagnosis.store import Store
 from fabricscope.records import Record
 from fabricscope.schema import validate
 from fabricscope.services import InfluxServer, free_port
-from tests.unit.test_diagnosis_evidence import (T0, HopPlan, StepPlan, SynthJob, build,
-                                                to_records)
+from tests.unit.test_diagnosis_evidence import (T0, HopPlan, StepPlan, SynthJob, build, to_records)
 from tests.unit.test_report import Page
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,6 +14,9 @@ import pytest
 from diagnosis.evidence import SECOND
 from diagnosis.finding import Finding
 from diagnosis.store import Store
+from fabricscope.errors import UserError
+from fabricscope.jobclass import Observation, classify
+from fabricscope.records import Record
 from fabricscope.services import InfluxServer
 from surface.top import (MIN_HEIGHT, MIN_WIDTH, Collective, Link, RankStep, Reader, TopData,
                          frame, read)
@@ -25,14 +28,17 @@ LONG = ("Lossy link at node1's port: 2.09% of the payload on node1->node0, node2
         "resent with the RTT at its floor (drops independent of load); steps 0.62 -> 1.25 s")
 
 
-def top_data(links: int = 3, findings: int = 2) -> TopData:
+def top_data(links: int = 3, findings: int = 2, virtual: tuple[int, ...] = ()) -> TopData:
+    """`virtual`: the links (by index) without a line rate."""
     found = [Finding("lossy_link", "critical", "job-a", {"node": "node1", "interface": "eth0"},
                      T0 * SECOND, LONG, step_seconds_added=0.61),
              Finding("microburst", "info", "job-a", {}, T0 * SECOND, "bursts, normal")]
     return TopData(
         (T0 + 10) * SECOND, None,
-        links=[Link(f"node{k}", "eth0", 1.6e8, 1.7e8, 1.1, 0.0154 if k == 1 else 0.0002,
-                    2474.0) for k in range(links)],
+        links=[Link(f"node{k}", "eth0", 1.6e8, 1.7e8, peak_bps=1.1e9,
+                    peak_util=None if k in virtual else 1.1,
+                    retrans_ratio=0.0154 if k == 1 else 0.0002, rtt_p90_us=2474.0)
+               for k in range(links)],
         steps=[RankStep("job-a", str(k), f"node{k}", 15, 0.88, 0.94, 170, 3.2) for k in range(3)],
         collectives=[Collective("job-a", "AllReduce", 96, 0.298, 0.802, 0.0192)],
         findings=found[:findings])
@@ -61,7 +67,8 @@ def test_a_wide_terminal_shows_every_row_and_the_summary_to_the_width():
     assert [ln.split()[0] for ln in lines if re.match(r"node\d", ln)] == ["node0", "node1",
                                                                            "node2"]
     node1 = next(ln for ln in lines if ln.startswith("node1"))
-    assert node1.split()[2:] == ["160.0", "170.0", "110%", "1.54%", "2474"]
+    assert node1.split()[2:] == ["160.0", "170.0", "1100.0", "110%", "1.54%", "2474"]
+    assert not any("line rate unknown" in ln for ln in lines)
     (critical,) = [ln for ln in lines if ln.startswith("CRITICAL")]
     assert critical.split()[:4] == ["CRITICAL", "lossy_link", "node1", "(eth0)"]
     assert "+0.61s" in critical and len(critical) == 159
@@ -74,6 +81,28 @@ def test_a_short_terminal_keeps_every_table_and_says_what_it_leaves_out():
     assert "LINKS (last 5 s)  (+5 not shown)" in lines
     assert any(ln.startswith("CRITICAL") for ln in lines)        # findings go first
     assert len(lines) == MIN_HEIGHT
+
+
+def test_a_link_without_a_line_rate_shows_its_peak_rate_and_no_share_of_a_guess():
+    lines = texts(160, 45, top_data(virtual=(2,)))
+    node2 = next(ln for ln in lines if ln.startswith("node2"))
+    assert node2.split()[2:6] == ["160.0", "170.0", "1100.0", "unknown"]
+    assert "%" not in node2.split()[5]
+    assert sum("line rate unknown" in ln for ln in lines) == 1
+
+
+def test_a_job_handed_its_classification_shows_its_class_under_the_header():
+    ring = [Observation("AllReduce", 4 << 20, (T0 + s) * SECOND + k * 10**7,
+                        (T0 + s) * SECOND + k * 10**7 + 5 * 10**6, rank=r)
+            for s in range(8) for k in range(3) for r in range(2)]
+    data = top_data()
+    data.classes["job-a"] = classify(ring)
+    lines = texts(160, 45, data)
+    assert lines[1].startswith("job job-a: data_parallel: allreduce carries 100% of the "
+                               "exchanged bytes")
+    data.classes["job-a"] = {"class": "telepathy"}
+    with pytest.raises(UserError, match="job class 'telepathy' is none of"):
+        texts(160, 45, data)
 
 
 def test_a_terminal_too_small_says_so():
@@ -107,7 +136,8 @@ def test_the_tables_come_from_the_last_seconds_of_the_store(store):
     data = read(store, None, now_ns=(T0 + 40) * SECOND)
     assert [(k.node, k.interface) for k in data.links] == [(f"node{k}", "eth0")
                                                            for k in range(3)]
-    assert all(k.tx_bps == k.rx_bps == 8e6 and k.peak_util == 0.9 for k in data.links)
+    assert all(k.tx_bps == k.rx_bps == 8e6 and k.peak_bps == 9e8 and k.peak_util == 0.9
+               for k in data.links)
     assert data.links[1].retrans_ratio > 0.01 > data.links[0].retrans_ratio
     assert all(k.rtt_p90_us == 300.0 for k in data.links)
     assert [(s.job, s.rank, s.node) for s in data.steps] == [(JOB.job, str(k), f"node{k}")
@@ -121,6 +151,16 @@ def test_the_tables_come_from_the_last_seconds_of_the_store(store):
     assert read(store, JOB.job, now_ns=(T0 + 40) * SECOND).links == data.links
     other = read(store, "other:1", now_ns=(T0 + 40) * SECOND)
     assert (other.steps, other.links, other.findings) == ([], [], [])
+
+
+def test_a_virtual_link_in_the_store_reads_as_a_peak_rate_with_its_share_unknown(store):
+    t = (T0 + 300) * SECOND
+    store.write([Record("nic_window", t, {"node": "node7", "interface": "veth0",
+                                          "direction": direction},
+                        {"bytes": 10**6, "packets": 700, "rate_bps": 8e6, "peak_bps": 5e8,
+                         "link_speed_source": "unknown"}) for direction in ("rx", "tx")])
+    (link,) = read(store, None, now_ns=t + 2 * SECOND).links
+    assert (link.node, link.peak_bps, link.peak_util) == ("node7", 5e8, None)
 
 
 def test_top_with_the_store_unreachable_or_a_bad_interval_is_one_line():

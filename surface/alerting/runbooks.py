@@ -3,16 +3,16 @@ name, so that `runbook_url` (base + '#' + name in lower case) lands on it."""
 
 from __future__ import annotations
 
-from surface.catalog import ALERTS
+from surface.alerting.catalog import ALERTS
 from surface.metrics import COLLECTOR_SCRAPE_JOB
-from surface.model import BOARDS, FROM_FINDING, NONE, Alert, Rule
+from surface.alerting.model import BOARDS, FROM_FINDING, NONE, Alert, Rule
 
 RUNBOOKS_FILE = "docs/runbooks.md"
 
 _INTRO = f"""\
 # fabricscope alert runbooks
 
-Rendered from `surface/catalog.py` by `python -m surface.alerts`; do not edit by
+Rendered from `surface/alerting/catalog.py` by `python -m surface.alerting`; do not edit by
 hand. Every alert's `runbook_url` points at its section here. The rules are in
 `deploy/prometheus/fabricscope-alerts.yaml`, their promtool tests next to them, an
 Alertmanager example in `deploy/alertmanager/`.

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from diagnosis.finding import severity_rank
-from surface.report_data import ReportData, Series
+from surface.report.data import ReportData, Series
 
 FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", Arial, sans-serif'
 SEVERITY_COLORS = {"critical": "#c62828", "warning": "#ef6c00", "info": "#607d8b"}
@@ -158,7 +158,20 @@ def phase_timeline(data: ReportData) -> dict:
 
 
 def nic_heatmap(data: ReportData) -> dict:
-    busy = [s for s in data.nic_util if s.has_data]
+    """The busiest 100 us bin of each window as a rate: every link has it."""
+    top = max((v or 0.0 for s in data.nic_peak for v in s.values), default=0.0)
+    return _heatmap(data, data.nic_peak, top or 1.0, "peak bit/s", "~s",
+                    "%{z:.3s}bit/s")
+
+
+def nic_util_heatmap(data: ReportData) -> dict:
+    """The same bins as a share of the line rate, for the links that have one."""
+    return _heatmap(data, data.nic_util, 1, "peak / line rate", ".0%", "%{z:.0%}")
+
+
+def _heatmap(data: ReportData, series: list[Series], zmax: float, title: str,
+             tickformat: str, value: str) -> dict:
+    busy = [s for s in series if s.has_data]
     times = sorted({t for s in busy for t in s.times_ns})
     column = {t: i for i, t in enumerate(times)}
     z = []
@@ -168,10 +181,10 @@ def nic_heatmap(data: ReportData) -> dict:
             row[column[t]] = v
         z.append(row)
     trace = {"type": "heatmap", "x": [iso(t) for t in times], "y": [s.name for s in busy], "z": z,
-             "zmin": 0, "zmax": 1, "colorscale": UTIL_SCALE, "xgap": 0, "ygap": 2,
-             "colorbar": {"title": {"text": "peak / line rate", "side": "right"},
-                          "tickformat": ".0%", "thickness": 12},
-             "hovertemplate": "%{y}<br>%{x}<br>busiest 100 \u00b5s: %{z:.0%}<extra></extra>"}
+             "zmin": 0, "zmax": zmax, "colorscale": UTIL_SCALE, "xgap": 0, "ygap": 2,
+             "colorbar": {"title": {"text": title, "side": "right"},
+                          "tickformat": tickformat, "thickness": 12},
+             "hovertemplate": f"%{{y}}<br>%{{x}}<br>busiest 100 \u00b5s: {value}<extra></extra>"}
     layout = base_layout(data, "", height=80 + 26 * max(3, len(busy)), legend=False,
                          marks="outlines")
     layout["yaxis"] = {"type": "category", "automargin": True, "autorange": "reversed"}

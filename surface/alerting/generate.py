@@ -1,8 +1,8 @@
 """Write every file made from the alert catalog, or check that they are current.
 
-    python -m surface.alerts            # writes the files below under the repository
-    python -m surface.alerts --check    # exit 2 naming the stale ones, writes nothing
-    python -m surface.alerts --runbook-base https://wiki.example/fabricscope-runbooks
+    python -m surface.alerting            # writes the files below under the repository
+    python -m surface.alerting --check    # exit 2 naming the stale ones, writes nothing
+    python -m surface.alerting --runbook-base https://wiki.example/fabricscope-runbooks
 
 Output is deterministic: the same catalog renders the same bytes.
 """
@@ -14,16 +14,16 @@ import sys
 from pathlib import Path
 
 from fabricscope.errors import UserError
-from surface.alertmanager import EXAMPLE_FILE, render_example
-from surface.catalog import RUNBOOK_BASE
-from surface.promtool_tests import TESTS_FILE, render_tests
-from surface.rules import RULES_FILE, render_prometheus_example, render_rules
-from surface.runbooks import RUNBOOKS_FILE, render_runbooks
+from surface.alerting.alertmanager import EXAMPLE_FILE, render_example
+from surface.alerting.catalog import RUNBOOK_BASE
+from surface.alerting.promtool_tests import TESTS_FILE, render_tests
+from surface.alerting.rules import RULES_FILE, render_prometheus_example, render_rules
+from surface.alerting.runbooks import RUNBOOKS_FILE, render_runbooks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = "deploy/prometheus"
 ALERTMANAGER_DIR = "deploy/alertmanager"
-COMMAND = "python -m surface.alerts"
+COMMAND = "python -m surface.alerting"
 
 
 def outputs(base: str = RUNBOOK_BASE) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The Alertmanager configuration example, and the test configuration built from it.
+"""The Alertmanager configuration example.
 
 Routes: the inhibitor to a receiver that notifies nobody; the pipeline's own
 alerts (scrape jobs fabricscope-collector and fabricscope-agent) to the team that
@@ -11,9 +11,7 @@ alert mutes the warning of the same alert at the same place.
 
 from __future__ import annotations
 
-import copy
-
-from surface.catalog import INFO_INHIBITOR
+from surface.alerting.catalog import GENERATED, INFO_INHIBITOR
 from surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
 from surface.yamlout import dump
 
@@ -25,7 +23,6 @@ PIPELINE_RECEIVER = "fabricscope-pipeline"
 NULL_RECEIVER = "fabricscope-null"
 #: labels that name a place; alerts at one place agree on all of them
 PLACE = ["job", "node", "interface", "tor", "rank"]
-_TIMINGS = ("group_wait", "group_interval", "repeat_interval")
 
 
 def example() -> dict:
@@ -63,27 +60,7 @@ def example() -> dict:
 
 
 def render_example() -> str:
-    return dump(example(), (
+    return dump(example(), GENERATED, (
         "Example Alertmanager configuration for the fabricscope alerts: point the\n"
         "receivers' webhook URLs at your pager, chat or ticket system."))
 
-
-def _set_timings(route: dict, timings: dict[str, str]) -> None:
-    for key in _TIMINGS:
-        if key in route:
-            route[key] = timings[key]
-    for child in route.get("routes", []):
-        _set_timings(child, timings)
-
-
-def config_for_tests(webhook_url: str, group_wait: str = "1s", group_interval: str = "1s",
-                repeat_interval: str = "1h") -> dict:
-    """The example's routes and inhibitions, delivering to `webhook_url`/<receiver>
-    with timings of seconds (a test waits for notifications, not minutes)."""
-    config = copy.deepcopy(example())
-    _set_timings(config["route"], {"group_wait": group_wait, "group_interval": group_interval,
-                                   "repeat_interval": repeat_interval})
-    for receiver in config["receivers"]:
-        for hook in receiver.get("webhook_configs", []):
-            hook["url"] = f"{webhook_url.rstrip('/')}/{receiver['name']}"
-    return config

@@ -1,7 +1,7 @@
 """Every fabricscope alert, as data: the one list the rules, their promtool tests,
 the runbooks, the Alertmanager example and the dashboards are made from.
 
-    from surface.catalog import ALERTS, runbook_url
+    from surface.alerting.catalog import ALERTS, runbook_url
     for alert in ALERTS:
         alert.name, alert.rules[0].expr, alert.causes, runbook_url(alert)
 
@@ -15,17 +15,21 @@ unless a warning or critical alert fires for the same job at the same place.
 from __future__ import annotations
 
 from diagnosis.causes import Cause
-from surface.cases import OPEN
-from surface.catalog_findings import FINDING_ALERTS, GROUP as FINDINGS_GROUP
-from surface.catalog_findings import MICROBURST, NETWORK_BOUND
-from surface.catalog_pipeline import PIPELINE_ALERTS
-from surface.catalog_trends import TREND_ALERTS
-from surface.model import BOARDS, NONE, Alert, Case, Expect, Rule, Runbook
-from surface.promql import FindingSeries
+from surface.alerting.cases import OPEN
+from surface.alerting.finding_alerts import FINDING_ALERTS, GROUP as FINDINGS_GROUP
+from surface.alerting.finding_alerts import MICROBURST, NETWORK_BOUND
+from surface.alerting.pipeline_alerts import PIPELINE_ALERTS
+from surface.alerting.trend_alerts import TREND_ALERTS
+from surface.alerting.model import BOARDS, NONE, Alert, Case, Expect, Rule, Runbook
+from surface.alerting.promql import FindingSeries
+from surface.yamlout import generated_header
 
 #: Where docs/runbooks.md is published; every runbook_url is this plus `#<anchor>`.
-#: `python -m surface.alerts --runbook-base URL` renders a copy for another home.
+#: `python -m surface.alerting --runbook-base URL` renders a copy for another home.
 RUNBOOK_BASE = "https://github.com/fabricscope/fabricscope/blob/main/docs/runbooks.md"
+#: the first lines of every YAML file made from this list
+GENERATED = generated_header("python -m surface.alerting", "surface/alerting/catalog.py",
+                             "what the catalog renders")
 
 
 _FABRICSCOPE = 'alertname=~"Fabricscope.+"'

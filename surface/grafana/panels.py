@@ -16,16 +16,16 @@ from typing import Any
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import (heatmap, nodegraph, prometheus, stat,
-                                             statetimeline, table, text, timeseries, xychart)
-from grafana_foundation_sdk.cog import runtime, variants
+from grafana_foundation_sdk.builders import (heatmap, nodegraph, prometheus, stat, statetimeline,
+                                             table, text, timeseries, xychart)
+from grafana_foundation_sdk.cog import variants
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as heatmap_model
 from grafana_foundation_sdk.models import text as text_model
 from grafana_foundation_sdk.models import xychart as xym
 
-from surface.grafana_queries import InfluxQL, PromQL, tag_values
+from surface.grafana.queries import InfluxQL, PromQL, tag_values
 
 INFLUX = dm.DataSourceRef(type_val="influxdb", uid="fabricscope-influxdb")
 PROMETHEUS = dm.DataSourceRef(type_val="prometheus", uid="fabricscope-prometheus")
@@ -53,14 +53,6 @@ class InfluxTarget(variants.Dataquery):
         return cls(data.get("refId", ""), data.get("query", ""),
                    data.get("resultFormat", "time_series"), data.get("alias", ""),
                    dm.DataSourceRef.from_json(data.get("datasource") or {}))
-
-
-def register_sdk_plugins() -> None:
-    """The SDK's typed panel options, and InfluxTarget for `influxdb` queries."""
-    from grafana_foundation_sdk.cog.plugins import register_default_plugins
-    register_default_plugins()
-    runtime.Runtime().register_dataquery_variant(
-        runtime.DataqueryConfig(identifier="influxdb", from_json_hook=InfluxTarget.from_json))
 
 
 class _Built:
@@ -188,10 +180,13 @@ class Board:
 
     def stat(self, title: str, queries: list, *, description: str, unit: str = "",
              w: int = 6, h: int = 4, thresholds: list[tuple[float | None, str]] = (),
-             calc: str = "lastNotNull") -> "Board":
-        """One number; `calc` reduces the series (lastNotNull, sum, max)."""
+             calc: str = "lastNotNull", no_value: str = "") -> "Board":
+        """One number; `calc` reduces the series (lastNotNull, sum, max); `no_value` is
+        what it says when the store has none (why the field may be absent)."""
         p = (stat.Panel().unit(unit).graph_mode(common.BigValueGraphMode.AREA)
              .reduce_options(cb.ReduceDataOptions().calcs([calc])))
+        if no_value:
+            p = p.no_value(no_value)
         if thresholds:
             p = p.thresholds(db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(
                 [dm.Threshold(value=v, color=c) for v, c in thresholds]))
@@ -231,11 +226,15 @@ class Board:
         return self
 
     def heatmap(self, title: str, queries: list, *, description: str, unit: str,
-                w: int = 24, h: int = 10) -> "Board":
-        """Each series one row of cells, coloured by its value (not bucketed)."""
-        p = (heatmap.Panel().calculate(False).color(heatmap.HeatmapColorOptions()
-             .mode(heatmap_model.HeatmapColorMode.SCHEME).scheme("Turbo").min(0).max(1)
-             .steps(32)).cell_gap(1).y_axis(heatmap.YAxisConfig().unit("").reverse(False))
+                scale_max: float | None = None, w: int = 24, h: int = 10) -> "Board":
+        """Each series one row of cells, coloured by its value (not bucketed) from 0 to
+        scale_max (default: the largest value shown)."""
+        colors = (heatmap.HeatmapColorOptions().mode(heatmap_model.HeatmapColorMode.SCHEME)
+                  .scheme("Turbo").min(0).steps(32))
+        if scale_max is not None:
+            colors = colors.max(scale_max)
+        p = (heatmap.Panel().calculate(False).color(colors).cell_gap(1)
+             .y_axis(heatmap.YAxisConfig().unit("").reverse(False))
              .cell_values(heatmap.CellValues().unit(unit)).show_value(common.VisibilityMode.NEVER))
         return self.add(p, queries, title=title, description=description, w=w, h=h)
 

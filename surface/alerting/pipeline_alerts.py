@@ -8,13 +8,13 @@ fabricscope-agent), which Alertmanager routes to the team that runs fabricscope.
 from __future__ import annotations
 
 from diagnosis.causes import Cause
-from surface.cases import finding_cases
-from surface.catalog_findings import DIAGNOSE, EXPLAIN, FOR
-from surface.metrics import (AGENT_DROPPED, AGENT_LAST_SEEN, AGENT_SCRAPE_JOB,
-                             BATCHES_THROTTLED, COLLECTOR_SCRAPE_JOB, EVENTS_LOST,
-                             RECORDS_DROPPED, RECORDS_REJECTED, SPOOL_OLDEST_AGE)
-from surface.model import FROM_FINDING, Alert, Case, Expect, Rule, Runbook, board
-from surface.promql import FindingSeries, across_replicas, finding_open, selector
+from surface.alerting.cases import finding_cases
+from surface.alerting.finding_alerts import DIAGNOSE, EXPLAIN, FOR
+from surface.metrics import (AGENT_DROPPED, AGENT_LAST_SEEN, AGENT_SCRAPE_JOB, BATCHES_THROTTLED,
+                             COLLECTOR_SCRAPE_JOB, EVENTS_LOST, RECORDS_DROPPED, RECORDS_REJECTED,
+                             SPOOL_OLDEST_AGE)
+from surface.alerting.model import FROM_FINDING, Alert, Case, Expect, Rule, Runbook, board
+from surface.alerting.promql import FindingSeries, across_replicas, finding_open, selector
 
 GROUP = "fabricscope-pipeline"
 SILENT_S = 30             # agents send a batch every second or so

@@ -1,16 +1,16 @@
 """promtool unit tests from the catalog's cases (`promtool test rules FILE`).
 
 Each case is a test group of its own (its own series). Expected annotations are
-rendered by surface/templates.py, so promtool checks Prometheus' Go templates
+rendered by surface/alerting/templates.py, so promtool checks Prometheus' Go templates
 against the Python rendering on real evaluated alerts.
 """
 
 from __future__ import annotations
 
-from surface.catalog import ALERTS, RUNBOOK_BASE, runbook_url
-from surface.model import Alert, Case, Expect
-from surface.rules import RULES_FILE
-from surface.templates import render
+from surface.alerting.catalog import ALERTS, GENERATED, RUNBOOK_BASE, runbook_url
+from surface.alerting.model import Alert, Case, Expect
+from surface.alerting.rules import RULES_FILE
+from surface.alerting.templates import render
 from surface.yamlout import dump
 
 TESTS_FILE = "fabricscope-alerts.test.yaml"
@@ -39,5 +39,5 @@ def case_group(alert: Alert, case: Case, base: str = RUNBOOK_BASE) -> dict:
 def render_tests(base: str = RUNBOOK_BASE) -> str:
     doc = {"rule_files": [RULES_FILE], "evaluation_interval": "1s",
            "tests": [case_group(a, c, base) for a in ALERTS for c in a.cases]}
-    return dump(doc, f"promtool test rules {TESTS_FILE}: for every alert, cases that fire "
-                     "(labels and\nrendered annotations) and cases that stay quiet.")
+    return dump(doc, GENERATED, f"promtool test rules {TESTS_FILE}: for every alert, cases "
+                "that fire (labels and\nrendered annotations) and cases that stay quiet.")

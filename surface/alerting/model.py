@@ -2,7 +2,7 @@
 
 An `Alert` is one name (`Fabricscope<Condition>`) with one or more `Rule`s, each a
 PromQL condition in one severity band; its summary and description are Python
-format strings over the alert's labels (surface/templates.py turns them into Go
+format strings over the alert's labels (surface/alerting/templates.py turns them into Go
 templates for Prometheus and renders them for the promtool tests). `Case`s are the
 promtool unit tests of the alert: input series, a time, and the alerts that must
 be firing then (none: it stays quiet).
@@ -19,7 +19,7 @@ FROM_FINDING = "from_finding"
 NONE = "none"
 
 #: Grafana boards an alert sends its reader to: key -> (uid, title), as
-#: surface/boards.py and boards_ops.py build them
+#: surface/grafana/boards.py and boards_ops.py build them
 BOARDS = {
     "job": ("fabricscope-job", "fabricscope / Training job"),
     "fabric": ("fabricscope-fabric", "fabricscope / Fabric"),
@@ -89,7 +89,7 @@ class Case:
 @dataclass(frozen=True)
 class Alert:
     name: str
-    group: str                     # the rule group (surface/rules.py)
+    group: str                     # the rule group (surface/alerting/rules.py)
     summary: str
     description: str
     rules: tuple[Rule, ...]

@@ -11,8 +11,9 @@ lists them all; fabricscope shows the telemetry pipeline itself.
 from __future__ import annotations
 
 from diagnosis.finding import PLACE_KEYS
-from surface.grafana_queries import PromNames, agg, raw, select
-from surface.panels import Board, influx_annotation
+from surface import jobclass
+from surface.grafana.queries import InfluxQL, PromNames, agg, raw, select
+from surface.grafana.panels import Board, influx_annotation
 
 PHASE_COLORS = {"grad_sync": "red", "compute": "green", "data_load": "blue",
                 "checkpoint": "purple", "param_broadcast": "orange"}
@@ -37,6 +38,18 @@ def open_findings(columns: list[str]):
     """Open findings, however long ago they started: open is a state of now."""
     return select("finding", [raw(c) for c in columns], by_time=False, time_filter=False,
                   where=('"open" = true',), result_format="table")
+
+
+def job_class_panels(b: Board, classification: InfluxQL) -> Board:
+    """The job's class and the model that decided it, from a query whose columns are
+    surface/jobclass.py's COLUMNS (a stored classification). No component stores one
+    yet, so training_job() does not call it: once one is, one line there adds it."""
+    b.row("What kind of job")
+    b.table("Job class and what decided it", [classification], order=list(jobclass.COLUMNS),
+            description="The class from the collectives alone (fabricscope/jobclass.py): "
+                        "the exchange family carrying most bytes, the message sizes, and "
+                        "the period or the arrival rate.")
+    return b
 
 
 def training_job() -> Board:
@@ -91,13 +104,25 @@ def training_job() -> Board:
         bars=True, description="Segments the ranks retransmitted, per step window.")
     b.row("Traffic model and what to change")
     b.stat("T: sync period", [select("traffic_model", [agg("mean", "period_s")])], unit="s",
-           w=8, description="Mean time between burst onsets (the step time seen on the wire). "
-                            "Needs the agents' gloo_buffer_hooks.")
+           w=6, no_value="no period found",
+           description="Mean time between burst onsets (the step time seen on the wire), "
+                       "fitted to the series the traffic_model's `series` tag names: "
+                       "gloo_sent (payload sent), gloo_ring (the ring model's bytes) or "
+                       "gloo_windows (time in collectives). Absent when no period shows.")
     b.stat("B: burst bandwidth", [select("traffic_model", [agg("mean", "burst_bytes_per_s")])],
-           unit="Bps", w=8, description="Bandwidth during the bursts.")
+           unit="Bps", w=6, no_value="no NIC bins in the bursts",
+           description="The NIC's busiest 100 us received bin inside each collective "
+                       "window, as a rate (median over the windows), on burst_interface.")
+    b.stat("B against the line rate", [select("traffic_model", [agg("mean", "burst_util")])],
+           unit="percentunit", w=6, no_value="line rate unknown",
+           thresholds=[(None, "green"), (0.9, "orange")],
+           description="B / the interface's line rate; a link with none (a virtual link: "
+                       "veth, bridge) says \"line rate unknown\" rather than a share of "
+                       "a guess.")
     b.stat("D: duty cycle", [select("traffic_model", [agg("mean", "duty_cycle")])],
-           unit="percentunit", w=8, thresholds=[(None, "green"), (0.5, "red")],
-           description="Time in bursts / time; above 0.5 communication dominates.")
+           unit="percentunit", w=6, thresholds=[(None, "green"), (0.5, "red")],
+           description="Time with a collective in flight / time; above 0.5 communication "
+                       "dominates.")
     b.table("Open findings: what to change", [open_findings(FINDING_ORDER)],
             order=FINDING_ORDER, json_columns=("advice", "evidence", "ruled_out", "victims"),
             description="Summary and advice first; the evidence and the causes ruled out "
@@ -117,12 +142,20 @@ def fabric() -> Board:
               "Every NIC's 100 us peaks, bursts, queues and drops, and what TCP saw: "
               "retransmits by kind, RTT, ECN.")
     b.annotate(*annotations()).row("NICs")
-    b.heatmap("NIC peak utilization (busiest 100 us bin per window)", [
+    b.heatmap("NIC peak rate (busiest 100 us bin per window)", [
+        select("nic_window", [agg("max", "peak_bps")], by_tags=("node", "interface", "direction"),
+               fill="0", alias="$tag_node $tag_interface $tag_direction")],
+        unit="bps",
+        description="One row per node, interface and direction; every link has it, with a "
+                    "line rate or without. Training shows as synchronized stripes; a hot "
+                    "row alone is a hot port.")
+    b.heatmap("NIC peak utilization, where the line rate is known", [
         select("nic_window", [agg("max", "peak_util")], by_tags=("node", "interface", "direction"),
                fill="0", alias="$tag_node $tag_interface $tag_direction")],
-        unit="percentunit",
-        description="One row per node, interface and direction; 1.0 is line rate. Training "
-                    "shows as synchronized stripes; a hot row alone is a hot port.")
+        unit="percentunit", scale_max=1,
+        description="The peak rate / the link's line rate; 1.0 is line rate. A link whose "
+                    "line rate is unknown (a virtual link: veth, bridge, tun) has no row: "
+                    "its peaks are in the rate above, never a share of a guess.")
     b.timeseries("Throughput", [
         select("nic_window", [agg("mean", "rate_bps")], by_tags=("node", "interface", "direction"),
                alias="$tag_node $tag_interface $tag_direction")],

@@ -7,8 +7,9 @@ from an e-mail, an incident ticket or a laptop with no network. Sections, the
 primary finding first: summary, findings (every one with its evidence, the
 causes it rules out and the advice), compare (with --compare), timeline (steps
 per rank, phases, findings as bands), topology coloured by health, the NICs' 100
-us utilization heatmap, TCP (retransmits by kind, per node, RTT) and collectives
-(durations, bus bandwidth, NCCL enqueue times when there are any).
+us peaks (as a rate on every link, as a share of the line rate where the link has
+one), TCP (retransmits by kind, per node, RTT) and collectives (the traffic model
+T, B, D, durations, bus bandwidth, NCCL enqueue times when there are any).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from dataclasses import dataclass, field
 from html import escape
 
 from fabricscope.errors import UserError
-from surface import report_figures as fig
-from surface.report_data import ReportData, collect, comparison
-from surface.report_html import compare_html, findings_html, links_html, summary
+from surface.report import figures as fig
+from surface.report.data import ReportData, collect, comparison
+from surface.report.html_parts import (compare_html, findings_html, line_rate_html, links_html,
+                                       summary, traffic_html)
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
        "img-src data: blob:; font-src data:")
@@ -76,10 +78,14 @@ def sections(data: ReportData) -> list[Section]:
                 [Figure("fig-topology", "Fabric graph", fig.topology(data))],
                 html=links_html(data) if data.edges else "",
                 empty="The engine drew no topology in the window."),
-        Section("nic", "NIC utilization", "The busiest 100 \u00b5s bin of each window, per "
-                "node, interface and direction, as a share of line rate. Training shows as "
-                "synchronized stripes; a hot row alone is a hot port.",
-                [Figure("fig-nic", "Peak 100 \u00b5s utilization", fig.nic_heatmap(data))],
+        Section("nic", "NIC peaks", "The busiest 100 \u00b5s bin of each window, per "
+                "node, interface and direction, as a rate, and as a share of the line rate "
+                "where the link has one. Training shows as synchronized stripes; a hot row "
+                "alone is a hot port.",
+                [Figure("fig-nic", "Peak 100 \u00b5s rate", fig.nic_heatmap(data)),
+                 Figure("fig-nic-util", "Peak 100 \u00b5s utilization",
+                        fig.nic_util_heatmap(data))],
+                html=line_rate_html(data),
                 empty="No NIC windows of the job's nodes in the window."),
         Section("tcp", "TCP", "Retransmitted segments by kind (fast: recovery; rto: timeouts, "
                 "200 ms each at least; tlp: tail loss probes), each node's resent share, and "
@@ -90,13 +96,13 @@ def sections(data: ReportData) -> list[Section]:
                            fig.retransmit_ratio(data)),
                     Figure("fig-rtt", "RTT percentiles", fig.rtt(data))],
                 empty="No TCP windows of the job's nodes in the window."),
-        Section("collectives", "Collectives", "Durations and bus bandwidth (nccl-tests "
-                "conventions) of the job's collectives; NCCL enqueue times when the job "
-                "uses NCCL.", [
+        Section("collectives", "Collectives", "The job's traffic as a square wave (T, B, D), "
+                "durations and bus bandwidth (nccl-tests conventions) of its collectives; "
+                "NCCL enqueue times when the job uses NCCL.", [
                     Figure("fig-durations", "Collective durations", fig.durations(data)),
                     Figure("fig-busbw", "Bus bandwidth by op", fig.busbw(data)),
                     Figure("fig-nccl", "NCCL enqueue time", fig.nccl(data))],
-                empty="No collectives in the window.")]
+                html=traffic_html(data), empty="No collectives in the window.")]
     return out
 
 

@@ -10,9 +10,9 @@ finding's own, except for microburst and network_bound, which are context (info)
 from __future__ import annotations
 
 from diagnosis.causes import Cause
-from surface.cases import finding_cases
-from surface.model import FROM_FINDING, Alert, Case, Expect, Rule, Runbook, board
-from surface.promql import FindingSeries, finding_open
+from surface.alerting.cases import finding_cases
+from surface.alerting.model import FROM_FINDING, Alert, Case, Expect, Rule, Runbook, board
+from surface.alerting.promql import FindingSeries, finding_open
 
 FOR = "10s"
 GROUP = "fabricscope-findings"
@@ -78,9 +78,9 @@ BUFFER_SATURATION = _on_finding(
         "grow. Unlike a lossy link it depends on load: smaller or paced bursts stop it.",
         (EXPLAIN,
          "In the evidence: the place's hops lose segments and their RTT is far above the "
-         "job's floor (`tcp_flow`), in seconds at or near line rate (`hot_bins` and "
-         "`peak_util` of `nic_window`), with qdisc drops or backlog where the queue is "
-         "visible (`nic_qdisc`).",
+         "job's floor (`tcp_flow`), in seconds of peak rates (`peak_bps` of `nic_window`) "
+         "at or near line rate where the link has one (`hot_bins`, `peak_util`), with qdisc "
+         "drops or backlog where the queue is visible (`nic_qdisc`).",
          DIAGNOSE,
          f"{board('topology')}: the ToR or uplink edge is red. {board('fabric')}: "
          "microbursts at line rate when the retransmits happen."),

@@ -10,7 +10,8 @@ from html import escape
 
 from diagnosis.compare import VERDICT_RULE
 from diagnosis.finding import Finding, ordered, primary, severity_rank, taken_over_note
-from surface.report_data import ReportData
+from surface import jobclass
+from surface.report.data import ReportData
 
 SECOND = 1_000_000_000
 
@@ -68,6 +69,8 @@ def summary(data: ReportData) -> str:
              *((k, escape(v)) for k, v in step_numbers(data)),
              ("findings", f"{len(data.findings)} ({open_} open, {len(serious)} warning or "
                           "critical)")]
+    if data.job_class is not None:
+        facts += [(k, escape(v)) for k, v in job_class_facts(data.job_class)]
     if data.other_jobs:
         facts.append(("other jobs in the window", escape(", ".join(data.other_jobs))
                       + " (pick one with --job)"))
@@ -76,6 +79,13 @@ def summary(data: ReportData) -> str:
             '<div class="primary healthy"><h3>No warning or critical findings</h3><p>Every '
             "signal of the job stayed within its own baseline in this window.</p></div>") \
         + f'<table class="facts">{rows}</table>'
+
+
+def job_class_facts(classification) -> list[tuple[str, str]]:
+    """The summary's rows for the job's classification (surface/jobclass.py): its class
+    and the rule that decided it, then the model (mix, sizes, timing)."""
+    view = jobclass.read(classification)
+    return [("job class", view.headline)] + [(f"class: {k}", v) for k, v in view.facts]
 
 
 def primary_card(f: Finding) -> str:
@@ -188,3 +198,36 @@ def links_html(data: ReportData) -> str:
         for e in sorted(data.edges, key=lambda e: (e.health, e.kind, e.source, e.target)))
     return ('<table class="rows links"><tr><th>link</th><th>kind</th><th>health</th>'
             "<th>resent</th><th>RTT p90 (\u00b5s)</th></tr>" + rows + "</table>")
+
+
+def line_rate_html(data: ReportData) -> str:
+    """Which links show no utilization because their line rate is unknown."""
+    if not data.line_rate_unknown:
+        return ""
+    return ('<p class="note line-rate-unknown">Line rate unknown (a virtual link, or none '
+            "configured): " + escape(", ".join(data.line_rate_unknown))
+            + ". Their peaks show as a rate only, not as a share of a guess.</p>")
+
+
+def traffic_html(data: ReportData) -> str:
+    """The traffic model per rank: T, B, B's share of the line rate where there is one, D."""
+    if not data.traffic:
+        return ""
+    rows = "".join(
+        f"<tr><td>{escape(m.rank)}</td><td>{escape(m.series)}</td>"
+        f"<td class=num>{num(m.period_s, '.3f')}</td>"
+        f"<td class=num>{_mbit(m.burst_bytes_per_s)}"
+        f"</td><td class=num>{_share(m.burst_util)}</td>"
+        f"<td class=num>{num(m.duty_cycle, '.0%')}</td></tr>"
+        for m in sorted(data.traffic, key=lambda m: (m.rank, m.series)))
+    return ('<h4>Traffic model</h4><table class="rows traffic"><tr><th>rank</th>'
+            "<th>fitted to</th><th>T: period (s)</th><th>B: burst (Mbit/s)</th>"
+            "<th>B / line rate</th><th>D: duty cycle</th></tr>" + rows + "</table>")
+
+
+def _mbit(bytes_per_s: float | None) -> str:
+    return "-" if bytes_per_s is None else f"{bytes_per_s * 8 / 1e6:.1f}"
+
+
+def _share(util: float | None) -> str:
+    return "line rate unknown" if util is None else f"{util:.0%}"

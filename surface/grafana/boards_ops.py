@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from surface.boards import FINDING_ORDER, PLACE, annotations, open_findings
-from surface.grafana_queries import Col, PromNames, agg, raw, select
+from surface.grafana.boards import FINDING_ORDER, PLACE, annotations, open_findings
+from surface.grafana.queries import Col, PromNames, agg, raw, select
 from surface.metrics import AGENT_SCRAPE_JOB
-from surface.panels import Board
+from surface.grafana.panels import Board
 
 
 def board_alerts(uid: str, *, finding_alerts: bool = False) -> list:
-    """The alerts of the alert list (surface/catalog.py) that send their reader to the
+    """The alerts of the alert list (surface/alerting/catalog.py) that send their reader to the
     board `uid`, or, with finding_alerts, every alert that pages on a finding's cause.
     Empty while there is no catalog (the alert panels then list every firing alert)."""
     try:
-        from surface import catalog
+        from surface.alerting import catalog
     except ImportError:
         return []
     return [a for a in catalog.ALERTS
@@ -23,12 +23,12 @@ def board_alerts(uid: str, *, finding_alerts: bool = False) -> list:
 def alert_panels(b: Board, alerts: list, prom: PromNames) -> None:
     """What pages for this board (names, runbooks) and which of it fires now."""
     if alerts:
-        from surface.catalog import runbook_url
+        from surface.alerting.catalog import runbook_url
         # summaries are templates: `{place}` is filled in when the alert fires
         rows = "\n".join(f"| [{a.name}]({runbook_url(a)}) | "
                          f"{a.summary.replace('{', '<').replace('}', '>')} |" for a in alerts)
         b.text("Alerts", "| alert | when |\n|---|---|\n" + rows,
-               description="The alert rules of surface/catalog.py that lead here.")
+               description="The alert rules of surface/alerting/catalog.py that lead here.")
     names = "|".join(a.name for a in alerts) or "Fabricscope.+"
     b.table("Firing alerts", [prom.query(f'ALERTS{{alertstate="firing",alertname=~"{names}"}}',
                                          "ALERTS", instant=True, legend="{{alertname}}")],

@@ -3,10 +3,10 @@ that scrapes what the rules read."""
 
 from __future__ import annotations
 
-from surface.catalog import ALERTS, RUNBOOK_BASE, runbook_url
+from surface.alerting.catalog import ALERTS, GENERATED, RUNBOOK_BASE, runbook_url
 from surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
-from surface.model import Alert, Rule, static_labels
-from surface.templates import to_go
+from surface.alerting.model import Alert, Rule, static_labels
+from surface.alerting.templates import to_go
 from surface.yamlout import dump
 
 RULES_FILE = "fabricscope-alerts.yaml"
@@ -32,7 +32,7 @@ def groups(base: str = RUNBOOK_BASE) -> list[dict]:
 
 
 def render_rules(base: str = RUNBOOK_BASE) -> str:
-    return dump({"groups": groups(base)},
+    return dump({"groups": groups(base)}, GENERATED,
                 "Alerts on the collector's /metrics (findings, job gauges, pipeline health)\n"
                 "and the agents'. Runbooks: docs/runbooks.md.")
 
@@ -56,7 +56,7 @@ def render_prometheus_example() -> str:
                                 for node in EXAMPLE_NODES]},
         ],
     }
-    return dump(doc, (
+    return dump(doc, GENERATED, (
         "Example Prometheus configuration for the fabricscope alerts (deploy/kubernetes/).\n"
         f"{COLLECTOR_SCRAPE_JOB} keeps the exported labels (honor_labels): the `job` of a\n"
         "finding or job gauge is the training job, not the scrape job. Every collector\n"

@@ -16,8 +16,8 @@ from diagnosis.compare import Result
 from diagnosis.finding import Finding
 from diagnosis.timespan import Span
 from fabricscope.errors import UserError
-from surface.grafana_macros import ALL, TimeRange, Variable, expand_influxql, panel_interval
-from surface.grafana_queries import Col, InfluxQL, agg, raw, select
+from surface.grafana.macros import ALL, TimeRange, Variable, expand_influxql, panel_interval
+from surface.grafana.queries import Col, InfluxQL, agg, raw, select
 
 #: a report plot is about 1200 px wide: at most this many points per series
 MAX_POINTS = 600
@@ -89,6 +89,19 @@ class Edge:
 
 
 @dataclass
+class TrafficModel:
+    """The job's traffic as a square wave (traffic_model), one rank's mean over the
+    window; B's share of the line rate only where the link has one."""
+
+    rank: str
+    series: str                      # what T is fitted to: gloo_sent, gloo_ring, gloo_windows
+    period_s: float | None           # T
+    burst_bytes_per_s: float | None  # B
+    burst_util: float | None         # B / line rate; None: line rate unknown
+    duty_cycle: float | None         # D
+
+
+@dataclass
 class Comparison:
     label: str                       # what split the windows, for a person
     before: Span
@@ -106,7 +119,13 @@ class ReportData:
     phases: list[Phase] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    nic_util: list[Series] = field(default_factory=list)
+    nic_peak: list[Series] = field(default_factory=list)       # bit/s, every link
+    nic_util: list[Series] = field(default_factory=list)       # links with a line rate
+    line_rate_unknown: list[str] = field(default_factory=list)  # nic_peak names without
+    traffic: list[TrafficModel] = field(default_factory=list)
+    #: the job's classification (surface/jobclass.py); none is stored yet, so collect()
+    #: leaves it None
+    job_class: object | None = None
     retrans_kinds: list[Series] = field(default_factory=list)
     retrans_ratio: list[Series] = field(default_factory=list)
     rtt: list[Series] = field(default_factory=list)
@@ -133,8 +152,18 @@ STEPS = _by("gloo_step", [raw("seconds"), raw("sync_seconds"), raw("retrans_segs
 PHASES = _by("gloo_phase", [raw("phase"), raw("seconds")], "rank", by_time=False)
 NOTES = select("annotation", [raw("text"), raw("author"), raw("job")], by_time=False,
                wildcards={"job": "-"})
+NIC_PEAK = _by("nic_window", [agg("max", "peak_bps")], "node", "interface", "direction",
+               fill="0")
 NIC_UTIL = _by("nic_window", [agg("max", "peak_util")], "node", "interface", "direction",
                fill="0")
+# links with a line rate: a virtual link's windows carry no link_speed_bps
+NIC_SPEED = _by("nic_window", [agg("max", "link_speed_bps")], "node", "interface",
+                "direction", by_time=False)
+TRAFFIC = _by("traffic_model", [agg("mean", "period_s", "T"),
+                                agg("mean", "burst_bytes_per_s", "B"),
+                                agg("mean", "burst_util", "B_util"),
+                                agg("mean", "duty_cycle", "D")],
+              "rank", "series", by_time=False)
 RETRANS_KINDS = select("tcp_node", [agg("sum", f"{k}_segs", k) for k in RETRANSMIT_KINDS])
 RETRANS_NODES = _by("tcp_node", [agg("sum", "retrans_segs"), agg("sum", "segs_out")], "node")
 RTT = select("tcp_flow", [agg("mean", "rtt_p50_us", "p50"), agg("mean", "rtt_p90_us", "p90"),
@@ -257,7 +286,12 @@ def collect(store, span: Span, job: str | None = None) -> ReportData:
                    if r.get("phase")]
     data.notes = [Note(int(r["time"]), r.get("text") or "", r.get("author") or "")
                   for r in scope.rows(store, NOTES)]
+    data.nic_peak = series(scope.rows(store, NIC_PEAK), NIC_PEAK)
     data.nic_util = series(scope.rows(store, NIC_UTIL), NIC_UTIL)
+    data.line_rate_unknown = without_line_rate(data.nic_peak, scope.rows(store, NIC_SPEED))
+    data.traffic = [TrafficModel(r["_tags"].get("rank", "-"), r["_tags"].get("series", ""),
+                                 r.get("T"), r.get("B"), r.get("B_util"), r.get("D"))
+                    for r in scope.rows(store, TRAFFIC)]
     data.retrans_kinds = series(scope.rows(store, RETRANS_KINDS), RETRANS_KINDS)
     data.retrans_ratio = ratio_series(scope.rows(store, RETRANS_NODES), *RETRANS_NODES.columns)
     data.rtt = series(scope.rows(store, RTT), RTT)
@@ -273,6 +307,14 @@ def collect(store, span: Span, job: str | None = None) -> ReportData:
                        r.get("retrans_ratio"), r.get("rtt_p90_us"))
                   for r in scope.rows(store, EDGES)]
     return data
+
+
+def without_line_rate(peaks: list[Series], speeds: list[dict]) -> list[str]:
+    """The names of the busy links among `peaks` that no row of NIC_SPEED gives a line
+    rate: their utilization is unknown, not zero."""
+    known = {" ".join(r["_tags"][t] for t in NIC_SPEED.group_tags if r["_tags"].get(t))
+             for r in speeds if r.get("link_speed_bps")}
+    return [s.name for s in peaks if s.has_data and s.name not in known]
 
 
 def _health(row: dict) -> float:

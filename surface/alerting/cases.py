@@ -5,8 +5,8 @@ closes, and ignores findings of other causes."""
 from __future__ import annotations
 
 from diagnosis.causes import Cause
-from surface.model import Case, Expect
-from surface.promql import FindingSeries
+from surface.alerting.model import Case, Expect
+from surface.alerting.promql import FindingSeries
 
 #: samples 1 s apart; long enough for every evaluation time below
 OPEN = "1x90"

@@ -1,11 +1,12 @@
-"""Test parts for the alerting pipeline: what pages go to, and what they come from.
+"""Test parts for the alerting pipeline: what pages go to, and what they come from
+(test support; not part of the product).
 
 `WebhookReceiver` is where Alertmanager delivers (its webhook JSON, version 4),
 recorded with the time each POST arrived. `alerting_pipeline(scrape)` runs the
 whole paging path on loopback: a real Prometheus scraping `scrape` every second
 and evaluating the generated rules (deploy/prometheus/fabricscope-alerts.yaml), a
 real Alertmanager with the example's routes and inhibitions at timings of seconds
-(surface/alertmanager.py config_for_tests), delivering to a WebhookReceiver.
+(config_for_tests), delivering to a WebhookReceiver.
 `FabricExporter` serves on /metrics what a collector replica exports for the
 rules: the finding and job gauges of surface/metrics.py, set by the test. It
 stands in for the diagnosis engine, which sets them in the collector (the
@@ -16,6 +17,7 @@ real lab scrapes the collector instead (tests/kernel/test_alerting_lab.py).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import threading
 import time
@@ -26,16 +28,39 @@ from typing import Callable, Iterator
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from fabricscope.services import AlertmanagerServer, PrometheusServer
-from surface.alertmanager import config_for_tests
-from surface.alerts import PROMETHEUS_DIR, ROOT
+from surface.alerting.alertmanager import example
+from surface.alerting.generate import PROMETHEUS_DIR, ROOT
 from surface.metrics import (FINDING_ACTIVE, FINDING_LABELS, JOB_GRAD_SYNC_SLOWDOWN, JOB_JITTER,
                              JOB_JITTER_BASELINE, JOB_RETRANSMIT_AMPLIFICATION,
                              JOB_RETRANSMIT_RATIO, JOB_STEP)
-from surface.promql import FindingSeries
-from surface.rules import RULES_FILE
+from surface.alerting.promql import FindingSeries
+from surface.alerting.rules import RULES_FILE
 
 #: the generated rules, as deployed
 RULES = ROOT / PROMETHEUS_DIR / RULES_FILE
+_TIMINGS = ("group_wait", "group_interval", "repeat_interval")
+
+
+def config_for_tests(webhook_url: str, group_wait: str = "1s", group_interval: str = "1s",
+                     repeat_interval: str = "1h") -> dict:
+    """The example's routes and inhibitions (surface/alerting/alertmanager.py), delivering
+    to `webhook_url`/<receiver> with timings of seconds (a test waits for notifications,
+    not minutes)."""
+    config = copy.deepcopy(example())
+    _set_timings(config["route"], {"group_wait": group_wait, "group_interval": group_interval,
+                                   "repeat_interval": repeat_interval})
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = f"{webhook_url.rstrip('/')}/{receiver['name']}"
+    return config
+
+
+def _set_timings(route: dict, timings: dict[str, str]) -> None:
+    for key in _TIMINGS:
+        if key in route:
+            route[key] = timings[key]
+    for child in route.get("routes", []):
+        _set_timings(child, timings)
 
 
 @dataclass

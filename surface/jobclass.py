@@ -1,0 +1,95 @@
+"""A job's class (fabricscope/jobclass.py `classify`) as every view shows it.
+
+    view = read(classify(observations))          # or read(a_classification.to_dict())
+    view.headline     # "data_parallel: allreduce carries 97% of the exchanged bytes: ..."
+    view.facts        # [("mix", "allreduce 97% of bytes (120 calls), ..."), ...]
+
+Each view has one small function that takes a classification (a Classification or
+its to_dict(), the shape a stored record would carry) and draws it:
+`fabricscope top` (surface/top.py class_lines), the report's summary
+(surface/report/html_parts.py job_class_facts) and the Training job board
+(surface/grafana/boards.py job_class_panels, with the columns of `columns`). No
+component writes a classification to the store yet, so the views are handed
+none: wiring one in is a line where each view reads its job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fabricscope.errors import UserError
+from fabricscope.jobclass import Classification, JobClass
+
+#: the scalar parts of a classification, in the order a person reads them; the columns
+#: a stored classification would carry (mix and components are nested, shown as text)
+COLUMNS = ("class", "reason", "components", "p50_bytes", "p90_bytes", "period_s",
+           "collectives_per_step", "arrival_rate_per_s", "gap_spread", "observations")
+
+
+@dataclass(frozen=True)
+class JobClassView:
+    job_class: JobClass
+    headline: str                         # the class and the rule that decided it
+    facts: list[tuple[str, str]]          # the model: mix, sizes, timing, observations
+
+
+def _as_dict(classification) -> dict:
+    if isinstance(classification, Classification):
+        return classification.to_dict()
+    if isinstance(classification, dict):
+        return classification
+    raise UserError(f"a job classification is a {type(classification).__name__}, not a "
+                    "Classification or its to_dict()", "pass fabricscope.jobclass.classify's "
+                    "result or its to_dict()")
+
+
+def read(classification) -> JobClassView:
+    """The view of one classification; a one-line UserError for one that is not."""
+    d = _as_dict(classification)
+    try:
+        job_class = JobClass(d.get("class"))
+    except ValueError:
+        raise UserError(f"job class {d.get('class')!r} is none of "
+                        f"{', '.join(c.value for c in JobClass)}",
+                        "pass a classification fabricscope.jobclass.classify made") from None
+    facts = [("mix", _mix(d.get("mix") or {}))]
+    if d.get("p50_bytes") is not None:
+        facts.append(("message sizes", f"p50 {_bytes(d['p50_bytes'])}, "
+                                       f"p90 {_bytes(d.get('p90_bytes'))}"))
+    if d.get("period_s") is not None:
+        per_step = d.get("collectives_per_step")
+        facts.append(("period", f"{d['period_s'] * 1e3:.1f} ms"
+                      + (f", {per_step:.1f} collectives per step and rank"
+                         if per_step is not None else "")))
+    elif d.get("arrival_rate_per_s") is not None:
+        facts.append(("arrivals", f"{d['arrival_rate_per_s']:.1f}/s (no period)"))
+    if d.get("gap_spread") is not None:
+        facts.append(("gap spread", f"{d['gap_spread']:.2f} (a step loop ~0, Poisson 1.58)"))
+    dropped = d.get("dropped") or {}
+    facts.append(("observations", f"{d.get('observations', 0)} used"
+                  + (", dropped: " + ", ".join(f"{k} {v}" for k, v in sorted(dropped.items()))
+                     if dropped else "")))
+    return JobClassView(job_class, f"{job_class.value}: {d.get('reason', '')}", facts)
+
+
+def columns(classification) -> dict:
+    """The classification as flat columns (COLUMNS): what a board's table shows."""
+    d = _as_dict(classification)
+    out = {k: d.get(k) for k in COLUMNS}
+    out["components"] = ", ".join(d.get("components") or ())
+    return out
+
+
+def _mix(mix: dict) -> str:
+    shares = sorted(mix.items(), key=lambda kv: -kv[1].get("bytes_share", 0.0))
+    return ", ".join(f"{family} {s.get('bytes_share', 0.0):.0%} of bytes ({s.get('count', 0)} "
+                     "calls)" for family, s in shares) or "no collectives"
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
