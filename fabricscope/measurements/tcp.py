@@ -96,7 +96,8 @@ MEASUREMENTS = [
     Measurement(
         name="tcp_flow",
         doc="One flow over one window (config tcp_window_s), for flows that received "
-            "segments or retransmitted in it. RTT is the kernel's smoothed RTT (srtt, as "
+            "segments or retransmitted in it (or, by their tcp_info, received data or "
+            "out-of-order packets: agent/probes/tcp/rx_sampler.py). RTT is the kernel's smoothed RTT (srtt, as "
             "`ss -ti` shows it) sampled on each segment that found snd_una advanced, "
             "aggregated in the kernel as a log2 histogram (percentiles interpolated "
             "inside the bucket, clamped to min/max). Time: the window's start.",
@@ -131,6 +132,18 @@ MEASUREMENTS = [
                                            "segs in the window)"),
             "retrans_bytes": _i("bytes", "payload bytes retransmitted"),
             "timeouts": _i("events", "retransmission timeouts (kind rto or syn)"),
+            "rx_data_segs": _i("segments", "data segments received (the socket's "
+                                           "tcpi_data_segs_in over the window, read with "
+                                           "sock_diag at the cuts; absent in a socket's "
+                                           "first window and with tcp_rx_info off)"),
+            "rx_ooo_pkts": _i("packets", "of them, packets queued out of order "
+                                         "(tcpi_rcv_ooopack, Linux 5.4+): every segment "
+                                         "arriving behind a hole until the retransmit fills "
+                                         "it, so loss on the way in even when the sender "
+                                         "runs no agent (reordering counts too)"),
+            "rcv_rtt_us": _i("us", "the receiver's RTT estimate at the window's end "
+                                   "(tcpi_rcv_rtt; present when data came in and the "
+                                   "kernel has an estimate)"),
         },
     ),
     Measurement(

@@ -5,7 +5,9 @@ retransmit (TcpRetransmitProbe: retransmits and their kind), flows (TcpFlowsProb
 everything retransmit does plus per-flow windows, opens, closes, transfers,
 resets), flow_layout and common (the C structs' ctypes mirrors), window (flow
 windows into records), hooks (which tracepoints, raw or regular), sweep (closes
-the kernel skipped, found with sock_diag), owners (which process owns a flow).
+the kernel skipped, found with sock_diag), owners (which process owns a flow),
+rx_sampler, rx_diag and tcp_info (receive-side counters of each socket, from its
+tcp_info through sock_diag, added to the flow windows).
 """
 
 PROBES = {"tcp_retransmit": "agent.probes.tcp.retransmit:TcpRetransmitProbe",

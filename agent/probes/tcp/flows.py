@@ -16,6 +16,9 @@ wall-clock multiple of it):
    finished generation, delete entries idle for a whole window;
 4. write one tcp_flow record per flow with traffic and one tcp_node record; the
    retransmits of a window are those whose kernel timestamp precedes the bump.
+   With tcp_rx_info, each flow also gets its receive-side counters, read from its
+   socket's tcp_info at the cut (agent/probes/tcp/rx_sampler.py): the loss of flows
+   whose sender runs no agent.
 The window in progress when the agent stops is cut short and written (its
 `seconds` says how long it was), in the poll after detach.
 
@@ -63,6 +66,7 @@ from agent.probes.tcp.flow_layout import (FLOW_DTYPE, FLOW_STATS, SOCK_DTYPE, ST
                                           decode_flow_event)
 from agent.probes.tcp.hooks import MAX_FLOW_MAP_BYTES, FlowSettings, hook_cflags
 from agent.probes.tcp.retransmit import STATS, TcpRetransmitProbe, record_flow
+from agent.probes.tcp.rx_sampler import RxSampler, merge_into
 from agent.probes.tcp.sweep import Sweeper, live_cookies, replay_destroy
 from agent.probes.tcp.window import (FlowRetrans, NodeTally, flow_fields, flow_record,
                                      merge_slots, node_record, retrans_only_fields)
@@ -94,6 +98,7 @@ class TcpFlowsProbe(TcpRetransmitProbe):
                         "flow_table_full": 0, "flow_decode_errors": 0, "sweep_errors": 0}
         self._sweeper = Sweeper()
         self._destroy_fd = None            # raw tcp_destroy_sock program: the sweep replays it
+        self._rx = RxSampler(ctx.addresses) if self.settings.rx_info else None
 
     # --- attach -------------------------------------------------------------------------
 
@@ -126,6 +131,8 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         except KeyError:
             self._destroy_fd = None
         self._cut(self._now_ns(), first=True)
+        if self._rx is not None:
+            self._rx.sample()               # the counters the first window's deltas start from
 
     def _now_ns(self) -> int:
         """Wall ns on the events' clock (monotonic + the agent's fixed offset), so that
@@ -201,7 +208,7 @@ class TcpFlowsProbe(TcpRetransmitProbe):
                 pass
 
     def _window_records(self, gen: int, start_ns: int, seconds: float,
-                        cut_ns: int) -> list[Record]:
+                        cut_ns: int, rx: dict) -> list[Record]:
         keys, values = self._read_flows()
         self._counts["flows_read"] += len(keys)
         if len(keys) >= self._max_flows:
@@ -231,6 +238,7 @@ class TcpFlowsProbe(TcpRetransmitProbe):
                 bytes_acked += int(merged["acked"][i])
         for key in retrans:
             fields_by_flow.setdefault(key, retrans_only_fields(seconds))
+        merge_into(fields_by_flow, rx, seconds)
         owners = self.owners.resolve(list(fields_by_flow))
         out = [flow_record(key, f, retrans.get(key), start_ns,
                            owners[key].tags() if key in owners else {})
@@ -286,6 +294,8 @@ class TcpFlowsProbe(TcpRetransmitProbe):
             return out
         now_ns = self._now_ns()
         finished = self._cut(now_ns) if final or now_ns / 1e9 >= self._next_due else None
+        # read at the cut, so that the sockets' counters and the flow map share a window
+        rx = self._rx.sample() if finished is not None and self._rx is not None else {}
         if finished is not None and self._destroy_fd is not None:
             self._sweep()
         # Drained after the cut: every event stamped before it is in the buffers now.
@@ -298,7 +308,7 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         self._closed.update(record_flow(r) for r in out if r.measurement == "tcp_flow_close")
         if finished is not None:
             gen, start_ns, seconds = finished
-            out += self._window_records(gen, start_ns, seconds, now_ns)
+            out += self._window_records(gen, start_ns, seconds, now_ns, rx)
         return out
 
     def detach(self) -> None:
@@ -321,4 +331,6 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         out["lost"] = out.get("lost", 0) + flow.pop("flow_events_lost")
         out.update(flow)
         out.update(self._counts)
+        if self._rx is not None:
+            out.update(self._rx.counts)
         return out

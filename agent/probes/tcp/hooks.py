@@ -40,6 +40,7 @@ class FlowSettings:
     transfer_gap_us: int = 2000
     transfer_min_bytes: int = 65536
     transfer_tail_us: int = 20000
+    rx_info: bool = True
 
     @classmethod
     def from_config(cls, cfg) -> "FlowSettings":
@@ -48,7 +49,7 @@ class FlowSettings:
             return cls()
         return cls(float(cfg.tcp_window_s), int(cfg.tcp_max_flows), tuple(cfg.tcp_flow_hooks),
                    int(cfg.tcp_transfer_gap_us), int(cfg.tcp_transfer_min_bytes),
-                   int(cfg.tcp_transfer_tail_us))
+                   int(cfg.tcp_transfer_tail_us), bool(cfg.tcp_rx_info))
 
     def transfer_cflags(self) -> list[str]:
         return [f"-DFS_TRANSFER_GAP_NS={self.transfer_gap_us * 1000}",
