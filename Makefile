@@ -30,13 +30,14 @@ fabricscope/v1/telemetry_pb2.py: proto/fabricscope/v1/telemetry.proto
 	touch fabricscope/v1/__init__.py
 
 # Rendered documentation and generated operator files (tests fail when these are stale);
-# docs/DIAGNOSIS.md holds `python -m diagnosis.thresholds`' table.
+# docs/DIAGNOSIS.md's generated blocks come from `python -m diagnosis.docs`.
 docs:
 	$(PY) -m fabricscope.schema > docs/SCHEMA.md
 	$(PY) -m fabricscope.config > docs/config.md
-	$(PY) -m surface.alerts
-	$(PY) -m surface.dashboards
+	$(PY) -m surface.alerting
+	$(PY) -m surface.grafana
 	$(PY) -m surface.kubernetes
+	$(PY) -m diagnosis.docs
 
 # Remove every fabricscope lab left on this machine (normally never needed).
 clean-labs:

@@ -3,6 +3,7 @@ over scenarios drawn from the space of bench/scenario_space.py.
 
     fabricscope bench diagnosis-matrix [--set dev|eval] [--runs N] [--first K] [--json]
     python -m bench.diagnosis_matrix --set eval --runs 60
+    python -m bench.diagnosis_matrix --render bench/results/diagnosis-eval.json
 
 Run i of a set is drawn from its own seed (the set's base + i) and printed with
 its parameters. Runs of one lab shape (nodes, ToRs) share one lab, stack and
@@ -32,8 +33,8 @@ import sys
 from collections import Counter
 
 from bench.harness import percentile
-from bench.scenario_space import SetName, draw, seeds
-from bench.scenarios import run_scenario, running_bench
+from bench.scenario_space import SET_BASE, SetName, draw, seeds
+from bench.scenarios import SENSITIVITY, run_scenario, running_bench
 from fabricscope.errors import UserError
 
 NONE = "none"
@@ -124,6 +125,88 @@ def text(summary: dict, outcomes) -> str:
     return "\n".join(rows)
 
 
+def read_results(path: str) -> dict:
+    """A results file as `--json` writes it: {"summary": ..., "runs": [...]}."""
+    fix = f"write it with `python -m bench.diagnosis_matrix --set dev --json {path}`"
+    try:
+        with open(path) as fh:
+            results = json.load(fh)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}", fix) from exc
+    except ValueError as exc:
+        raise UserError(f"{path} is not JSON ({exc})", fix) from exc
+    if not isinstance(results, dict) or not isinstance(results.get("summary"), dict) \
+            or not isinstance(results.get("runs"), list) or not results["runs"]:
+        raise UserError(f"{path} holds no runs of bench.diagnosis_matrix (it needs "
+                        "'summary' and 'runs')", fix)
+    return results
+
+
+def set_of(seed: int) -> SetName:
+    """The set a seed was drawn for (the highest base at or below it)."""
+    return max((s for s in SetName if SET_BASE[s] <= seed), key=SET_BASE.__getitem__,
+               default=SetName.DEV)
+
+
+def markdown(results: dict, path: str) -> str:
+    """The accuracy table of one results file, with the command that measures it again
+    (docs/DIAGNOSIS.md embeds one per set)."""
+    s, runs = results["summary"], results["runs"]
+    seeds = sorted(r["seed"] for r in runs if r.get("seed") is not None)
+    the_set = set_of(seeds[0]) if seeds else SetName.DEV
+    first = seeds[0] - SET_BASE[the_set] if seeds else 0
+    command = (f"python -m bench.diagnosis_matrix --set {the_set.value} --runs {len(runs)}"
+               + (f" --first {first}" if first else "") + f" --json {path}")
+    seed_text = f", seeds {seeds[0]}-{seeds[-1]}" if seeds else ""
+
+    def must(r):
+        return [e.get("required", True) for e in r.get("expected", [])]
+    faulty = [r for r in runs if any(must(r))]
+
+    def pct(v, of: str = "") -> str:
+        return "-" if v is None else f"{v:.1%}" + (f" ({of})" if of else "")
+
+    def of_faulty(key: str) -> str:
+        return f"{sum(bool(r.get(key)) for r in faulty)} of {len(faulty)}"
+    named = sum(n for r in runs for n, m in zip(r.get("named", []), must(r)) if m)
+    lat = "-" if s.get("latency_median_s") is None else \
+        f"{s['latency_median_s']:.2f} / {s['latency_p95_s']:.2f} s"
+    rows = [
+        (f"right: the primary warning names a fault, every fault that cost >= "
+         f"{SENSITIVITY * 100:g} % is named, nothing else is warned of",
+         pct(s["right"], of_faulty("ok"))),
+        ("the primary warning's cause is a fault's", pct(s["cause_accuracy"],
+                                                          of_faulty("cause_ok"))),
+        ("the primary warning's cause and place are a fault's",
+         pct(s["place_accuracy"], of_faulty("primary_ok"))),
+        ("precision: warnings that name a fault", pct(
+            s["precision"], f"{sum(r.get('right_warnings', 0) for r in runs)} of "
+                            f"{sum(r.get('warnings', 0) for r in runs)}")),
+        ("recall: faults that had to be named and were", pct(
+            s["recall"], f"{named} of {sum(sum(must(r)) for r in runs)}")),
+        ("warnings on healthy runs", str(s["healthy_warnings"])),
+        ("faulty runs whose named cause or place moved after it was first raised",
+         pct(s["changed"])),
+        ("runs with two faults that named both", pct(s["both_of_two"])),
+        ("onset -> first_seen, median / p95", lat),
+        ("runs that failed to run", str(s["errors"]))]
+    out = [f"{s['runs']} runs of the {the_set.value} set{seed_text} ({s['faulty']} with a "
+           f"fault to name, {s['healthy']} healthy, {s['mild']} with a fault that cost under "
+           f"{SENSITIVITY * 100:g} % of the step), measured with `{command}`:", "",
+           "| measure | result |", "|---|---|"]
+    out += [f"| {name} | {value} |" for name, value in rows]
+    out += ["", "| kind | runs | with a fault to name | right |", "|---|---|---|---|"]
+    for kind in sorted({r["scenario"] for r in runs}):
+        of_kind = [r for r in runs if r["scenario"] == kind]
+        must_name = [r for r in of_kind if any(must(r))]
+        out.append(f"| {kind} | {len(of_kind)} | {len(must_name)} | "
+                   f"{sum(bool(r.get('ok')) for r in must_name)} |")
+    confusion = ", ".join(f"{k}: {v}" for k, v in s.get("confusion", {}).items())
+    out += ["", f"Fault -> primary warning: {confusion or '-'}.", "",
+            f"Goal: {Matrix.goal}."]
+    return "\n".join(out) + "\n"
+
+
 class Matrix:
     name = "diagnosis-matrix"
     description = "diagnosis accuracy, false alarms and latency over drawn scenarios"
@@ -150,7 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=12)
     p.add_argument("--first", type=int, default=0, help="the set's first run to draw")
     p.add_argument("--json", help="also write the runs and the summary to this file")
+    p.add_argument("--render", metavar="FILE.json",
+                   help="run nothing; print the markdown accuracy table of a --json file")
     args = p.parse_args(argv)
+    if args.render:
+        try:
+            sys.stdout.write(markdown(read_results(args.render), args.render))
+        except UserError as exc:
+            print(exc.one_line(), file=sys.stderr)
+            return exc.exit_code
+        return 0
     if args.runs < 1 or args.first < 0:
         p.error("--runs must be at least 1 and --first at least 0")
     try:

@@ -26,7 +26,7 @@ class Cause(enum.StrEnum):
     RDMA_MISCONFIG = "rdma_misconfig"
 
 
-#: what each cause means (docs/DIAGNOSIS.md has the evidence and thresholds of each)
+#: what each cause means
 MEANING = {
     Cause.LOSSY_LINK: "a port or cable drops frames independent of load",
     Cause.BUFFER_SATURATION: "a switch buffer overflows under the job's synchronized bursts",
@@ -40,6 +40,118 @@ MEANING = {
     Cause.TELEMETRY_GAP: "the engine lacks data for a node or a job",
     Cause.UNEXPLAINED_SLOWDOWN: "steps are slower than the job's baseline; no cause explains it",
     Cause.RDMA_MISCONFIG: "RDMA transport misconfigured (reserved: needs the RDMA signals)",
+}
+
+#: when each cause is raised at which severity (docs/DIAGNOSIS.md renders the dicts
+#: below with MEANING; a `name` in backquotes is a threshold (diagnosis/thresholds.py) or a module's
+#: constant (`engine.NAME`), and the rendered table shows its value)
+SEVERITY_RULE = {
+    Cause.LOSSY_LINK: "warning; critical when it costs `critical_share` of each step",
+    Cause.BUFFER_SATURATION: "warning; critical when it costs `critical_share` of each step",
+    Cause.MICROBURST: "info",
+    Cause.STRAGGLER_COMPUTE: "warning; critical when it costs `critical_share` of each step",
+    Cause.STRAGGLER_NETWORK: "warning; critical when it costs `critical_share` of each step",
+    Cause.INPUT_STALL: "warning; critical when it costs `critical_share` of each step",
+    Cause.JITTER_ACCUMULATION: "warning",
+    Cause.NETWORK_BOUND: "info; warning when D rose and nothing else explains slow steps",
+    Cause.TELEMETRY_GAP: "warning for a silent agent; info for records dropped",
+    Cause.UNEXPLAINED_SLOWDOWN: "info; warning from twice the baseline step, or for hops "
+                                "no place explains",
+    Cause.RDMA_MISCONFIG: "not raised",
+}
+
+#: the evidence each cause is named on, and why that evidence means this cause
+EVIDENCE = {
+    Cause.LOSSY_LINK:
+        "the hops through one place resend at least `loss_ratio` of their payload "
+        "(`loss_min_segs` segments at least) with their RTT at the job's floor, and no "
+        "traffic through the place was spared where its clean hops carried enough to "
+        "tell: frames die independent of load, with no queue in front of the drop",
+    Cause.BUFFER_SATURATION:
+        "the lossy hops through one place also queue: most of those whose delay can be "
+        "judged show a median RTT `rtt_inflation` x the floor and `rtt_excess_us` above "
+        "it. Or, with no queue shown, the loss spares the place's clean hops (they resent "
+        "at most `spared_share` of what the lossy hops' ratio predicts, an expectation of "
+        "`spared_min_segs` segments at least): a buffer drops only what arrives while it "
+        "overflows under the synchronized bursts",
+    Cause.MICROBURST:
+        "100 us bins at `microburst_util` of line rate or more, with no hop lossy or "
+        "delayed and no qdisc drops: the synchronized bursts of training, which cost "
+        "nothing",
+    Cause.STRAGGLER_COMPUTE:
+        "one rank's compute outside storage I/O is `straggler_ratio` x the others' "
+        "median and late by `straggler_min_share` of the baseline step, in each of its "
+        "last `straggler_steps` steps, while the others wait inside the collectives "
+        "(their grad sync grew by half its lateness at least); the step it is in counts "
+        "while the others wait in theirs. A rank that is not late is named when its CPU "
+        "limit sets its pace: the most throttled rank by far, under one standing limit "
+        "through those steps or throttled through `starved_share` of each, runs the "
+        "collectives at its quota's pace too",
+    Cause.STRAGGLER_NETWORK:
+        "hops through one node's port are delayed without loss anywhere in the job, on a "
+        "row or column of the matrix that no clean hop through the port contradicts, "
+        "and grad sync grew by `slowdown` over the baseline: a slow link holds the ring "
+        "at its pace",
+    Cause.INPUT_STALL:
+        "the ranks' data loading per step (the span of a step's reads, first byte to "
+        "last, the read still streaming included) is `input_ratio` x its baseline, adds "
+        "`input_min_share` of the baseline step, and grew more than grad sync: the "
+        "steps wait on the store",
+    Cause.JITTER_ACCUMULATION:
+        "a one-sided CUSUM of log(step-time spread / the job's own spread), the spread "
+        "being the MAD of `jitter_window_steps` steps without checkpoints, crosses "
+        "`jitter_alarm` with an allowance of `jitter_allowance`: the spread stays above "
+        "the job's own, the longer the smaller the excess; the hop whose RTT varies "
+        "most is named where one stands out",
+    Cause.NETWORK_BOUND:
+        "the duty cycle D = grad sync / step time exceeds `duty_cycle`, shown with T "
+        "(the step time) and B (the nodes' busiest 100 us bin received): the fabric, "
+        "not compute, sets the step time. A warning when D rose `duty_rise` over the "
+        "baseline while the steps have been slow and unexplained",
+    Cause.TELEMETRY_GAP:
+        "a node of a stepping job sends no window for `silent_seconds` while the job's "
+        "other nodes report (an agent writes one every second, zero when idle); or its "
+        "agent's count of dropped records (agent_loss) grows",
+    Cause.UNEXPLAINED_SLOWDOWN:
+        "steps `slowdown` over the baseline for `engine.UNEXPLAINED_AFTER_S` s of steps "
+        "that the causes named explain less than `explains` of; or bad hops that the "
+        "places found explain less than `place_explains` of. The finding says where the time went "
+        "and keeps the evidence",
+    Cause.RDMA_MISCONFIG:
+        "reserved for the RDMA counters (retries, sequence errors, PFC pauses, ECN and "
+        "CNPs), which the engine does not read yet",
+}
+
+#: the causes each cause's evidence rules out, and why
+RULES_OUT = {
+    Cause.LOSSY_LINK:
+        "buffer_saturation: an overflowing buffer queues before it drops and spares "
+        "what arrives between bursts; straggler_compute: the ranks' compute is normal",
+    Cause.BUFFER_SATURATION:
+        "lossy_link: a link that drops independent of load neither queues nor spares "
+        "any flow through it",
+    Cause.MICROBURST:
+        "buffer_saturation and lossy_link: the bursts lose nothing and leave no queue",
+    Cause.STRAGGLER_COMPUTE:
+        "the network causes: its hops resend nothing, and a rank whose own port is a "
+        "network finding's place waits on its link; input_stall: its lateness is "
+        "counted without its storage I/O",
+    Cause.STRAGGLER_NETWORK:
+        "straggler_compute: a rank late to compute answers late too, so delay on its "
+        "hops proves nothing; input_stall: ranks that wait on reads reach the "
+        "collectives apart, which stretches grad sync without a slow link",
+    Cause.INPUT_STALL:
+        "the network causes: grad sync grew less than data loading; straggler_compute: "
+        "every rank reads slowly alike",
+    Cause.JITTER_ACCUMULATION:
+        "a named fault: the trend is not raised while one explains the job's state, and "
+        "starts over after it; a job merely slow, whose spread stays its own",
+    Cause.NETWORK_BOUND:
+        "compute: most of the step is spent inside the collectives",
+    Cause.TELEMETRY_GAP:
+        "silence read as health: no finding must never mean no data",
+    Cause.UNEXPLAINED_SLOWDOWN: "-",
+    Cause.RDMA_MISCONFIG: "-",
 }
 
 #: causes a fault of the fabric is named by, found by tomography over the hops

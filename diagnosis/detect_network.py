@@ -27,7 +27,7 @@ from diagnosis.causes import Cause
 from diagnosis.evidence import CellTotals
 from diagnosis.finding import Evidence
 from diagnosis.localize import BadCell, Located, PortRates, locate, told_apart
-from diagnosis.snapshot import Snapshot, resends_as_lossy, rtt_inflated
+from diagnosis.snapshot import Snapshot, read_rates, resends_as_lossy, rtt_inflated
 
 MIN_RTO_S = 0.2           # Linux's minimum retransmission timeout (TCP_RTO_MIN)
 #: a second of a fault follows another within this many seconds (port_rates)
@@ -37,12 +37,27 @@ ONSET_LOOKBACK_S = 2
 def bad_cells(snap: Snapshot) -> list[BadCell]:
     """The hops of the window that resent (lossy) or queued (delayed). A hop that lost
     nothing is bad only where its delay also stands out from its own usual RTT
-    (_delay_stands_out)."""
+    (_delay_stands_out). And the flows from peers outside the job into a node whose
+    receiver found holes in what came (_lost_inbound): only the receiver of such a
+    flow, a read from storage, sees what the way in drops."""
     lossy = {id(c) for c in snap.lossy}
     delayed = {id(c) for c in snap.delayed}
     timed = {id(c) for c in snap.timed}
+    t = snap.thresholds
     return [BadCell(c, id(c) in lossy, id(c) in delayed, id(c) in timed) for c in snap.cells
-            if id(c) in lossy or (id(c) in delayed and _delay_stands_out(snap, c))]
+            if id(c) in lossy or (id(c) in delayed and _delay_stands_out(snap, c))] + \
+        [BadCell(c, True, False, timed=False, inbound=True) for c in snap.cells
+         if c.peer_node is None and _lost_inbound(c, t)]
+
+
+def _lost_inbound(c: CellTotals, t) -> bool:
+    """The node's sockets to the peer received at least loss_min_segs packets out of
+    order, loss_ratio of the data segments they received or more: each is a segment
+    that came after a hole, so a lost frame shows as many of them (the more, the more
+    was in flight), and a path that drops at loss_ratio shows at least as many. A
+    flow within the job is not judged so: its sender's resends say the same."""
+    return c.rx_ooo_pkts >= t.loss_min_segs and \
+        c.rx_ooo_pkts >= t.loss_ratio * max(1, c.rx_data_segs)
 
 
 def _delay_stands_out(snap: Snapshot, c: CellTotals) -> bool:
@@ -128,23 +143,67 @@ def port_rates(snap: Snapshot, tor_of, bad: list[BadCell]) -> PortRates:
             return "narrowed"
         return "kept" if len(shares) >= 2 and min(shares) >= t.kept_share else None
 
+    reads = _read_shares(snap, tor_of, job_nodes)
     narrowed, kept = set(), set()
-    for node in judged & nodes:
-        verdict = rate(node, (fed_from_outside.get(node, set()) |
-                              fed_in_rack.get(node, set())) & fault_seconds[node])
+    for node in nodes:
+        verdict = _share_verdict(reads.get(("in", node)), t)
+        if verdict is None and node in judged:
+            verdict = rate(node, (fed_from_outside.get(node, set()) |
+                                  fed_in_rack.get(node, set())) & fault_seconds[node])
         if verdict is not None:
             (kept if verdict == "kept" else narrowed).add(("in", node))
-    for rack in racks:
-        faulty = set().union(*(fault_seconds[n] for n in nodes if tor_of(n) == rack))
-        verdicts = [v for v in (rate(n, fed_from_outside.get(n, set()) & faulty)
-                                for n in sorted(judged) if tor_of(n) == rack) if v]
-        if "kept" in verdicts:
-            kept.add(("down", rack))
-        elif len(verdicts) >= 2 and all(v == "narrowed" for v in verdicts):
+    for rack in racks | {tor_of(n) for n in nodes} - {None}:
+        verdict = _share_verdict(reads.get(("down", rack)), t)
+        if verdict is None:
+            faulty = set().union(*(fault_seconds[n] for n in nodes if tor_of(n) == rack))
+            verdicts = [v for v in (rate(n, fed_from_outside.get(n, set()) & faulty)
+                                    for n in sorted(judged) if tor_of(n) == rack) if v]
             # a downlink paces all its rack receives: one node narrowed is as much
             # its own port's doing
-            narrowed.add(("down", rack))
+            verdict = "kept" if "kept" in verdicts else "narrowed" if len(verdicts) >= 2 \
+                and all(v == "narrowed" for v in verdicts) else None
+        if verdict is not None:
+            (kept if verdict == "kept" else narrowed).add(("down", rack))
     return PortRates(frozenset(narrowed), frozenset(kept))
+
+
+def _share_verdict(share: float | None, t) -> str | None:
+    if share is None:
+        return None
+    return "narrowed" if share <= t.narrowed_share else "kept" if share >= t.kept_share \
+        else None
+
+
+def _read_shares(snap: Snapshot, tor_of, job_nodes: set[str]) -> dict[tuple, float]:
+    """The rate of the reads into the nodes behind each element, against their usual
+    (snapshot.read_rates over the window and the baseline), relative to the same
+    share of the job's nodes not behind it: a node's port (`in`) against its
+    rack-mates (the other nodes where it has none), a ToR's downlink (`down`) by the
+    least slowed node of its rack against the other racks' nodes. Reads cross the
+    element in front of the node and nothing of the fabric the job's ring hops
+    share, so a narrowed element slows them and a queue upstream of it does not;
+    relative, since a slow store slows every node's reads alike. A node without reads
+    in the window, or without usual ones, says nothing."""
+    usual = snap.usual_read_bps
+    now = read_rates(snap.evidence, snap.window.start_ns, snap.window.end_ns)
+    shares = {n: now[n] / usual[n] for n in job_nodes if n in now and usual.get(n)}
+    if len(shares) < 2:
+        return {}
+    out: dict[tuple, float] = {}
+    for node, share in shares.items():
+        # against its rack-mates, whose reads share its ToR's downlink and not its port;
+        # a node alone in its rack against every other node
+        mates = [v for n, v in shares.items() if n != node and tor_of(n) == tor_of(node)]
+        others = mates or [v for n, v in shares.items() if n != node]
+        out[("in", node)] = share / statistics.median(others)
+    for rack in {tor_of(n) for n in shares} - {None}:
+        inside = [v for n, v in shares.items() if tor_of(n) == rack]
+        outside = [v for n, v in shares.items() if tor_of(n) != rack]
+        # a downlink paces every node of its rack: the least slowed one says how fast
+        # it passes reads, and one node alone is as much its own port
+        if outside and (len(inside) >= 2 or max(inside) >= statistics.median(outside)):
+            out[("down", rack)] = max(inside) / statistics.median(outside)
+    return out
 
 
 def _faulty_second(c, usual_rtt_us: float | None, t) -> bool:
@@ -279,7 +338,8 @@ def _finding(snap: Snapshot, located: Located, share: float,
     amplification = ((snap.sync_s / b.sync_s - 1) / ratio) if (b and snap.sync_s and ratio > 0
                                                                 and b.sync_s > 0) else None
     cells = [x.cell for x in located.cells]
-    lossy = [x.cell for x in located.cells if x.lossy]
+    lossy = [x.cell for x in located.cells if x.lossy and not x.inbound]
+    inbound = [x.cell for x in located.cells if x.inbound]
     delayed = [x.cell for x in located.cells if x.delayed]
     where = _where(located)
     place = located.place.as_dict()
@@ -287,7 +347,11 @@ def _finding(snap: Snapshot, located: Located, share: float,
                    if located.place.kind == "node" and n == located.place.name)
     if len(ranks) == 1:
         place["rank"] = ranks[0]
-    evidence = _evidence(snap, located, lossy, delayed)
+    evidence = _evidence(snap, located, lossy, delayed) + [
+        Evidence("tcp_flow", f"packets received out of order on {c.key.peer}->{c.key.node} "
+                 "(after a lost frame; its sender is outside the job)",
+                 round(100 * c.rx_ooo_pkts / max(1, c.rx_data_segs), 3), "%",
+                 snap.window.start_ns, snap.window.end_ns, [c.key.node]) for c in inbound]
     if amplification is not None:
         evidence.append(Evidence("gloo_step", "grad sync slowdown per share of bytes resent "
                                  "(retransmit amplification)", round(amplification, 1), "x",
@@ -304,7 +368,8 @@ def _finding(snap: Snapshot, located: Located, share: float,
                                  f"hops' ratio {steady.expected_segs:.0f} segments)",
                                  round(steady.steady_ratio * 100, 4), "%",
                                  snap.window.start_ns, snap.window.end_ns))
-    summary = _summary(cause, where, lossy, delayed, snap, added, share_of_step, steady)
+    summary = _summary(cause, where, lossy, delayed, snap, added, share_of_step, steady,
+                       [f"{c.key.peer}->{c.key.node}" for c in inbound])
     # a place in series with this one on every path between the job's nodes: no hop of
     # the job can tell them apart, so the finding says which (the engine still waits for
     # a checkpoint or a read to, as for any tie: meanwhile the queue's delay shows too)
@@ -403,7 +468,7 @@ def _evidence(snap: Snapshot, located: Located, lossy, delayed) -> list[Evidence
                                 w.start_ns, w.end_ns))
     n_bad = len(located.cells)
     out.append(Evidence("tcp_flow", f"bad hops through {_where(located)}", n_bad, "hops",
-                        w.start_ns, w.end_ns, sorted({b.src for b in located.cells})))
+                        w.start_ns, w.end_ns, sorted({b.cell.key.node for b in located.cells})))
     if located.contradicting:
         out.append(Evidence("tcp_flow", f"clean hops through {_where(located)}",
                             len(located.contradicting), "hops", w.start_ns, w.end_ns))
@@ -414,10 +479,17 @@ def _evidence(snap: Snapshot, located: Located, lossy, delayed) -> list[Evidence
     return out
 
 
-def _summary(cause, where, lossy, delayed, snap, added, share, steady=None) -> str:
+def _summary(cause, where, lossy, delayed, snap, added, share, steady=None,
+             inbound=()) -> str:
+    """The finding's sentence; `inbound`: the hops from outside the job whose receiver
+    found holes, as 'peer->node'."""
     b = snap.baseline
     cost = (f"; steps {b.step_s:.2f} -> {snap.step_s:.2f} s, {added:.2f} s of each step "
             f"({share:.0%})") if b and snap.step_s else ""
+    if cause == Cause.LOSSY_LINK and not lossy:
+        return (f"Lossy link at {where}: what its nodes receive from outside the job "
+                f"arrives with holes ({', '.join(inbound)}) and no queue stands before "
+                f"the drop (drops independent of load){cost}")
     if cause == Cause.LOSSY_LINK:
         return (f"Lossy link at {where}: {_ratio(lossy):.2%} of the payload on "
                 f"{', '.join(hop(c) for c in lossy)} resent with the RTT at its floor "

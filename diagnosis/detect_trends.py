@@ -7,7 +7,8 @@ BASE_WINDOWS windows after the baseline). A one-sided CUSUM (Page 1954) on
 log(spread / baseline) with an allowance of log(jitter_allowance) sums the
 excess step by step: it stays at 0 while the spread wanders around the
 baseline, and crosses `jitter_alarm` only when the spread stays above it, the
-longer the smaller the excess. A static threshold on step time would miss a
+longer the smaller the excess; each step's excess counts 1/jitter_window_steps,
+since a window of steps overlaps the next in all but one. A static threshold on step time would miss a
 spread that creeps up, and fire on a job that is merely slow.
 
 Telemetry: each agent writes tcp_node every window, zero when idle, so a node
@@ -87,9 +88,13 @@ class JitterTracker:
             if floor is None:
                 self.first_spreads.append(self.last_spread)
                 continue
+            # each step's spread shares all but one step with the last one's: a step's
+            # excess is counted once over the windows it is in, as in a CUSUM of
+            # windows that do not overlap (Page's sums assume independent terms)
             z = math.log(max(self.last_spread, floor) / floor)
             before = self.cusum
-            self.cusum = max(0.0, self.cusum + z - math.log(t.jitter_allowance))
+            self.cusum = max(0.0, self.cusum + (z - math.log(t.jitter_allowance))
+                             / t.jitter_window_steps)
             if before == 0.0 and self.cusum > 0.0:
                 self.alarm_from_ns = step.time_ns
 

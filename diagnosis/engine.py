@@ -33,6 +33,7 @@ from diagnosis.evidence import SECOND, CellTotals, JobEvidence
 from diagnosis.finding import Finding, severity_rank
 from diagnosis.localize import Hops, Place, elements, path
 from diagnosis.snapshot import (Baseline, Snapshot, classify_cells, median_or_none,
+                                read_rates,
                                 phase_seconds, recent_ranks)
 from diagnosis.thresholds import DEFAULT, Thresholds
 
@@ -121,6 +122,7 @@ class JobEngine:
     hops_of: dict = field(default_factory=dict)     # open network key -> its hops (elements)
     usual_rtt_us: dict = field(default_factory=dict)  # cell key -> its RTT in the baseline
     usual_rx_peak: dict = field(default_factory=dict)  # node -> its peak received, baseline
+    usual_read_bps: dict = field(default_factory=dict)  # node -> its reads' rate, baseline
     pruned_s: int = 0
 
     def __post_init__(self) -> None:
@@ -157,7 +159,7 @@ class JobEngine:
 
     def _trace(self, snap: Snapshot, bad: list, candidates: list[Candidate],
                now_ns: int) -> None:
-        hops = [f"{b.src}>{b.dst or b.cell.key.peer}{'L' if b.lossy else ''}"
+        hops = [f"{b.src or b.cell.key.peer}>{b.dst or b.cell.key.peer}{'L' if b.lossy else ''}"
                 f"{'D' if b.delayed else ''} {(b.cell.rtt_p50_us or 0) / 1000:.1f}ms"
                 for b in bad]
         line = {"job": self.job, "now_ns": now_ns, "window_end_s": snap.window.end_s,
@@ -184,10 +186,13 @@ class JobEngine:
             if self.baseline is not None:
                 self.usual_rtt_us = self._usual_rtts(self.baseline)
                 self.usual_rx_peak = self._usual_rx_peaks(self.baseline)
+                self.usual_read_bps = read_rates(self.ev, self.baseline.start_ns,
+                                                 self.baseline.end_ns)
         snap = Snapshot(self.job, end_s * SECOND, window, cells, data, lossy, delayed,
                         self.rtt_floor_us, window.nodes(), ranks, self.baseline, self.ev, t,
                         notes={"tor_of": self.tor_of}, timed=timed,
-                        usual_rtt_us=self.usual_rtt_us, usual_rx_peak=self.usual_rx_peak)
+                        usual_rtt_us=self.usual_rtt_us, usual_rx_peak=self.usual_rx_peak,
+                        usual_read_bps=self.usual_read_bps)
         if ranks:
             snap.step_s = statistics.median(r.seconds for r in ranks.values())
             snap.sync_s = statistics.median(r.sync for r in ranks.values())
@@ -287,6 +292,16 @@ class JobEngine:
         strag = [c for c in strag if c.place.get("node") not in culprits]
         inp, r3 = detect_steps.input_stall(snap)
         ruled += r1 + r3
+        # ranks that wait on a slow store reach each collective apart, and those that
+        # come first wait inside it: grad sync grows with no slow link, so delay alone
+        # (a slow link's only evidence) proves nothing while an input stall is named
+        if inp or any(f.cause == Cause.INPUT_STALL and f.severity != "info"
+                      for f in self.open.values()):
+            ruled += [RuledOut(Cause.STRAGGLER_NETWORK, f"{c.place.get('node')}'s hops are "
+                               "delayed without loss while the ranks wait on their reads: "
+                               "their grad sync grows by their staggered arrival")
+                      for c in net if c.cause == Cause.STRAGGLER_NETWORK]
+            net = [c for c in net if c.cause != Cause.STRAGGLER_NETWORK]
         causal = [c for c in net + strag + inp if c.cause in EXPLAINING_CAUSES]
         network_open = any(c.cause in NETWORK_CAUSES for c in net) or \
             any(f.cause in NETWORK_CAUSES for f in self.open.values())

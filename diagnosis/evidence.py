@@ -33,6 +33,8 @@ class CellSecond(NamedTuple):
     rtt_p50_us: float | None = None
     rtt_p90_us: float | None = None
     rtt_samples: int = 0
+    rx_data_segs: int = 0          # data segments the node's sockets to the peer received
+    rx_ooo_pkts: int = 0           # ... of them queued out of order (a hole before them)
 
 
 class CellKey(NamedTuple):
@@ -358,6 +360,8 @@ class CellTotals:
     rtt_p90_us: float | None = None
     rtt_samples: int = 0
     seconds: int = 0
+    rx_data_segs: int = 0
+    rx_ooo_pkts: int = 0
 
     @property
     def loss_ratio(self) -> float:
@@ -408,8 +412,8 @@ class Window:
             secs = [c for c in map(table.get, seconds) if c is not None]
             if not secs:
                 continue
-            acked, received, retrans, retrans_bytes, timeouts, _p50, _p90, samples = \
-                zip(*secs)
+            acked, received, retrans, retrans_bytes, timeouts, _p50, _p90, samples, \
+                rx_segs, rx_ooo = zip(*secs)
             # weighted by samples: a second of a few RTT samples (a quiet moment, a
             # checkpoint's pause) must not outvote seconds of thousands
             sampled = [s for s in secs if s.rtt_p50_us is not None and s.bytes_acked
@@ -420,7 +424,7 @@ class Window:
                 weighted_median([(s.rtt_p50_us, s.rtt_samples) for s in sampled]),
                 weighted_median([(s.rtt_p90_us, s.rtt_samples) for s in sampled
                                  if s.rtt_p90_us is not None]),
-                sum(samples), len(secs)))
+                sum(samples), len(secs), sum(rx_segs), sum(rx_ooo)))
         return out
 
     def nodes(self) -> dict[str, NodeTotals]:

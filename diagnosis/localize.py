@@ -63,14 +63,17 @@ class BadCell:
     lossy: bool
     delayed: bool
     timed: bool = True        # its delay was judged (a floor and RTT samples): see _cause
+    #: its loss was seen by the node receiving from a peer outside the job (holes in
+    #: what it received): the frames died on their way from the peer into the node
+    inbound: bool = False
 
     @property
-    def src(self) -> str:
-        return self.cell.key.node
+    def src(self) -> str | None:
+        return None if self.inbound else self.cell.key.node
 
     @property
     def dst(self) -> str | None:
-        return self.cell.peer_node
+        return self.cell.key.node if self.inbound else self.cell.peer_node
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,12 @@ def elements(place: Place) -> set[tuple[str, str]]:
 
 def implicated(bad: BadCell, tor_of) -> set[tuple[str, str]]:
     """A lossy cell's data path (frames die where they travel; one element there also
-    explains its delay, if any); a delayed cell's data path and its ACKs' path back."""
+    explains its delay, if any); a delayed cell's data path and its ACKs' path back;
+    an inbound lossy cell the way from its outside peer into its node."""
+    if bad.inbound:
+        node, tor = bad.cell.key.node, tor_of(bad.cell.key.node)
+        return {("in", node), ("ext", bad.cell.key.peer)} | (
+            {("down", tor)} if tor is not None else set())
     fwd = path(bad.src, bad.dst, tor_of, bad.cell.key.peer)
     if bad.delayed and not bad.lossy and bad.dst is not None:
         return fwd | path(bad.dst, bad.src, tor_of)
@@ -216,9 +224,14 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
                 if queue else set()
             narrow = bool(queued_at & narrowed)
             full_rate = bool(queued_at) and queued_at <= kept
-            scored.append(((sum(b.lossy for b in mine), len(before), holds, narrow,
-                            not full_rate, len(mine), -len(against), place in prefer, sides,
-                            guess),
+            lossy = sum(b.lossy for b in mine)
+            # a queue delays all that crosses it, so every bad hop is its evidence; a
+            # drop independent of load delays nothing, so a lossy place without a queue
+            # is placed by its lossy hops alone (the ring's other hops, held back by the
+            # lossy one, and busy hosts' hops run late without saying where frames die)
+            support = len(mine) if queue or not lossy else lossy
+            scored.append(((lossy, len(before), holds, support, narrow, not full_rate,
+                            -len(against), place in prefer, sides, guess),
                            place, mine, against, before))
         scored.sort(key=lambda s: s[0], reverse=True)
         best_key, place, mine, against, before = scored[0]
@@ -278,6 +291,8 @@ def _plausible_side(place: Place, bad: BadCell, tor_of) -> int:
     sender's port or the sending ToR's uplink."""
     if place.kind == "peer":
         return 1
+    if bad.src is None:     # from outside the job: the way out of its peer is the peer's
+        return 0
     if place.kind == "node":
         if bad.delayed:
             return int(bad.dst == place.name)

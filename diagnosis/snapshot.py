@@ -9,6 +9,7 @@ Detectors read a Snapshot and return candidates; none reads the store.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import statistics
 from collections.abc import Iterable, Iterator
@@ -88,8 +89,10 @@ class Snapshot:
     timed: list[CellTotals] = field(default_factory=list)
     #: each hop's median RTT in the job's baseline (cell key -> us; empty before it)
     usual_rtt_us: dict = field(default_factory=dict)
-    #: each node's usual busiest 100 us bin received (node -> fraction of line rate)
+    #: each node's usual busiest 100 us bin received (node -> bit/s)
     usual_rx_peak: dict = field(default_factory=dict)
+    #: each node's usual rate of its reads from outside the job (node -> bytes/s)
+    usual_read_bps: dict = field(default_factory=dict)
 
     @property
     def step_added_s(self) -> float:
@@ -336,6 +339,27 @@ def classify_cells(cells: list[CellTotals], floor_of, t: Thresholds):
         if rtt_inflated(c.rtt_p50_us, floor, t):
             delayed.append(c)
     return data, lossy, delayed, timed
+
+
+def read_rates(ev: JobEvidence, t0_ns: int, t1_ns: int) -> dict[str, float]:
+    """Each node's reads from peers outside the job in the steps its ranks began in
+    [t0, t1): the median over those steps of the step's read rate, its bytes over its
+    span from first byte to last (phase_seconds: a read paced by a slow path comes in
+    pieces, each fast, with the pauses between them). A read of a sample takes many
+    round trips and lasts far longer than a shaper's bucket drains, so its rate is
+    the path's sustained rate into the node, which a 100 us peak is not."""
+    rates: dict[str, list[float]] = {}
+    for rank, node in ev.node_of_rank.items():
+        times = ev.step_times(rank)
+        table = ev.steps.get(rank, {})
+        for t_ns in times[bisect.bisect_left(times, t0_ns):bisect.bisect_left(times, t1_ns)]:
+            step = table[t_ns]
+            end = t_ns + int(step.seconds * SECOND) if step.seconds is not None else t1_ns
+            pieces = ev.phases_between(rank, "data_load", t_ns, end)
+            span = _spanned(pieces) if pieces else 0.0
+            if span > 0:
+                rates.setdefault(node, []).append(sum(p.bytes for p in pieces) / span)
+    return {node: statistics.median(r) for node, r in rates.items()}
 
 
 def median_or_none(values) -> float | None:

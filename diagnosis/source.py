@@ -328,10 +328,11 @@ def _combine_cells(rows: list[tuple]) -> tuple:
         # server's read and checkpoint flows), every field set
         a, b = rows
         return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4],
-                _middle(a[5], b[5]), _middle(a[6], b[6]), a[7] + b[7])
+                _middle(a[5], b[5]), _middle(a[6], b[6]), a[7] + b[7], a[8] + b[8],
+                a[9] + b[9])
     cols = list(zip(*rows))
     return (*(_total(cols[i]) for i in range(5)), _median(cols[5]), _median(cols[6]),
-            _total(cols[7]))
+            *(_total(cols[i]) for i in (7, 8, 9)))
 
 
 def _combine_sums(rows: list[tuple]) -> tuple:

@@ -149,17 +149,20 @@ class Thresholds:
     jitter_window_steps: int = field(default=10, metadata=why(
         "steps over which the spread (median absolute deviation) of step time is taken",
         "steps"))
-    jitter_floor: float = field(default=0.05, metadata=why(
-        "the baseline spread is at least this share of the baseline step: below it, "
-        "spread is timer resolution, not jitter", "fraction"))
+    jitter_floor: float = field(default=0.10, metadata=why(
+        "the baseline spread is at least this share of the baseline step: steps that "
+        "vary by less than a tenth of a step cost the job less than a tenth of its time, "
+        "the bar below which no fault need be named; a quieter start would make a "
+        "spread of a few per cent later look like a trend", "fraction"))
     jitter_allowance: float = field(default=2.0, metadata=why(
         "CUSUM allowance: spread up to this factor over the baseline adds nothing "
         "(log-ratio cusum, Page 1954): the MAD of ten steps varies by about +-40 % "
         "by chance alone, so up to twice the baseline is that sampling noise (the "
         "alert's trend rule uses the same factor)", "x"))
     jitter_alarm: float = field(default=2.0, metadata=why(
-        "CUSUM threshold on the summed log-ratio excess: a spread three times the "
-        "baseline for five steps, four times for three", ""))
+        "CUSUM threshold on the summed log-ratio excess, each step counting a window's "
+        "share: a spread three times the baseline for five windows of steps, four times "
+        "for three", ""))
     duty_cycle: float = field(default=0.5, metadata=why(
         "D = grad-sync time / step time above this: communication dominates the step "
         "(the seed model's network-bound criterion)", "fraction"))

@@ -36,10 +36,14 @@ def at(second: float) -> int:
     return int((T0 + second) * SECOND)
 
 
-def slowed_sync(until: float = 1e9, since: float = FAULT):
-    """Grad sync 0.3 -> 0.8 s (steps 1.0 -> 1.5 s) while the network misbehaves."""
+def slowed_sync(until: float = 1e9, since: float = FAULT, no_reads: bool = False):
+    """Grad sync 0.3 -> 0.8 s (steps 1.0 -> 1.5 s) while the network misbehaves;
+    no_reads: the ranks read nothing from outside the job."""
+    load = 0.0 if no_reads else StepPlan().data_load
+
     def step(i, t):
-        return StepPlan(seconds=1.5, sync=0.8) if since <= t < until else StepPlan()
+        return StepPlan(seconds=1.5, sync=0.8, data_load=load) if since <= t < until \
+            else StepPlan(data_load=load)
     return step
 
 
@@ -88,8 +92,10 @@ def test_a_lossy_node_is_a_lossy_link_at_that_node_with_its_cost_against_the_bas
 
 
 def test_rtt_inflated_lossy_cells_are_a_saturated_buffer_at_the_tor_uplink():
-    engine, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=uplink_queue),
-                           tor_of=TWO_TORS)
+    """No rank reads from outside the job: nothing but the ring's hops crosses the
+    racks' links, and they cross tor0's uplink and tor1's downlink alike."""
+    engine, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(no_reads=True),
+                                    hop=uplink_queue), tor_of=TWO_TORS)
     assert [(f.cause, f.where) for f in serious(findings)] == [("buffer_saturation",
                                                                 "tor0 uplink")]
     f = serious(findings)[0]
@@ -170,8 +176,11 @@ def test_a_queue_into_a_node_is_placed_by_the_peak_its_nic_receives(port, reads,
 
     def rx_peak(s, k):
         return 0.1 if port == "narrowed" and s >= FAULT and k == 3 else 0.5
-    engine, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop,
-                                    rx_peak=rx_peak,
+
+    def read_slow(s, k):          # a narrowed port paces node3's reads as well
+        return 5.0 if port == "narrowed" and s >= FAULT and k == 3 else 1.0
+    engine, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(no_reads=not reads),
+                                    hop=hop, rx_peak=rx_peak, read_slow=read_slow,
                                     reads=lambda s, k: 2_000_000 if reads else 0),
                            tor_of=TWO_TORS)
     (f,) = serious(findings)
@@ -186,12 +195,14 @@ def test_a_port_is_judged_only_by_data_that_crossed_no_other_racks_uplink(fed):
     other rack's uplink meanwhile (its reads; its ring neighbour's hop where node0
     shares its rack); data from node0 in the other rack arrives at the pace of tor0's
     uplink, which may be what narrows it, and an idle node (its training over) lost
-    and received nothing: neither says anything about the port."""
+    and received nothing: neither says anything about the port. The ranks read
+    nothing from outside the job (no data_load phases): the port is judged by its NIC
+    peaks alone."""
     def hop(s, src, dst):
         if s >= FAULT and dst == 3:
             return HopPlan(bytes=0) if fed == "idle" else HopPlan(loss=0.01, rtt_us=6000.0)
         return HopPlan()
-    spec = SynthJob(nodes=4, seconds=60, hop=hop,
+    spec = SynthJob(nodes=4, seconds=60, hop=hop, step=lambda i, t: StepPlan(data_load=0.0),
                     rx_peak=lambda s, k: 0.01 if s >= FAULT and k == 3 else 0.5,
                     reads=lambda s, k: 2_000_000 if fed == "reads" and k == 3 else 0)
     # node3's ring neighbour is node0 (k -> k-1): in its rack, or in the other one
@@ -205,6 +216,52 @@ def test_a_port_is_judged_only_by_data_that_crossed_no_other_racks_uplink(fed):
     assert ("in", "node3") not in rates.kept
 
 
+@pytest.mark.parametrize("slowed, narrowed, kept", [
+    ({3}, {("in", "node3")}, set()),
+    ({2, 3}, {("down", "tor1")}, set()),
+    (set(), set(), {("in", "node3"), ("down", "tor1")})],
+    ids=["port", "downlink", "upstream"])
+def test_the_reads_into_a_node_say_whether_the_way_in_is_narrowed(slowed, narrowed, kept):
+    """0 -> 3 queues and resends while the NIC peaks say nothing (a shaper's bucket lets
+    100 us bursts through at line rate). The reads from storage cross only the way
+    into their node: node3's alone slowed four times (its port), node2's and node3's
+    (tor1's downlink, the least slowed of its rack), or none (the queue is upstream:
+    both are kept), each against the other nodes' reads."""
+    def hop(s, src, dst):
+        return HopPlan(loss=0.01, rtt_us=6000.0) if s >= FAULT and (src, dst) == (0, 3) \
+            else HopPlan()
+    spec = SynthJob(nodes=4, seconds=FAULT + 4, hop=hop,
+                    read_slow=lambda s, k: 4.0 if s >= FAULT - 1 and k in slowed else 1.0)
+    engine = JobEngine(spec.job, tor_of=TWO_TORS)
+    replay(engine, build(spec), spec.t0_s, spec.end_s)
+    snap = engine.snapshot(spec.end_s)
+    rates = port_rates(snap, TWO_TORS, bad_cells(snap))
+    assert narrowed <= rates.narrowed and not narrowed & rates.kept
+    assert kept <= rates.kept
+
+
+@pytest.mark.parametrize("holes_into, named", [
+    ({2, 3}, "tor1 uplink"), ({3}, "node3"), (set(), "node0")],
+    ids=["rack", "node", "none"])
+def test_holes_in_what_nodes_receive_from_outside_place_a_lossy_way_in(holes_into, named):
+    """0 -> 3, the ring's one hop into rack tor1, loses 1 % at the RTT floor: node0's
+    port, tor0's uplink, tor1's downlink and node3's port all lie on it. The nodes'
+    reads from storage come only through the way into their rack and node, and only
+    their receivers see what it drops: holes in the reads of node2 and node3 put the
+    drop on tor1's link, in node3's alone on its port; without them the hop alone
+    leaves the guess for random loss: the port the frames leave through."""
+    def hop(s, src, dst):
+        return HopPlan(loss=0.01) if s >= FAULT and (src, dst) == (0, 3) else HopPlan()
+    spec = SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop,
+                    reads=lambda s, k: 2_000_000,
+                    read_holes=lambda s, k: 80 if s >= FAULT and k in holes_into else 0)
+    engine, findings = run(spec, tor_of=TWO_TORS)
+    (f,) = serious(findings)
+    assert (f.cause, f.where) == ("lossy_link", named)
+    if holes_into:
+        assert any("out of order" in e.what for e in f.evidence)
+
+
 def test_a_second_whose_nic_peak_has_not_come_is_not_judged():
     """Node3 receives its reads while the hop into it resends, but its nic_window of
     the fault's seconds has not reached the store (its tcp_node has): those seconds
@@ -212,6 +269,7 @@ def test_a_second_whose_nic_peak_has_not_come_is_not_judged():
     def hop(s, src, dst):
         return HopPlan(loss=0.05, rtt_us=6000.0) if s >= FAULT and dst == 3 else HopPlan()
     spec = SynthJob(nodes=4, seconds=FAULT + 4, hop=hop,
+                    step=lambda i, t: StepPlan(data_load=0.0),   # judged by its peaks alone
                     rx_peak=lambda s, k: 0.0 if s >= FAULT and k == 3 else 0.5,
                     reads=lambda s, k: 2_000_000 if k == 3 else 0)
     engine = JobEngine(spec.job, tor_of=TWO_TORS)
@@ -234,6 +292,7 @@ def test_a_port_is_judged_over_the_seconds_of_the_fault_after_its_first():
     def rx_peak(s, k):
         return 0.2 if s > FAULT and k == 3 else 0.5
     spec = SynthJob(nodes=4, seconds=FAULT + 3, hop=hop, rx_peak=rx_peak,
+                    step=lambda i, t: StepPlan(data_load=0.0),   # judged by its peaks alone
                     reads=lambda s, k: 2_000_000 if k == 3 else 0)
     engine = JobEngine(spec.job, tor_of=TWO_TORS)
     replay(engine, build(spec), spec.t0_s, spec.end_s)
@@ -903,8 +962,10 @@ def test_jitter_cusum_stays_at_zero_while_the_spread_holds():
 
 
 def test_jitter_cusum_rises_on_a_growing_spread_and_raises_a_warning():
+    """A spread that grows from 6 % to 40 % of the step: each step adds a window's share
+    of its excess, so the sum crosses the alarm some windows after the spread doubled."""
     grow = 40
-    engine, series = cusum_series(SynthJob(seconds=90, step=spread_steps(
+    engine, series = cusum_series(SynthJob(seconds=130, step=spread_steps(
         lambda t: 0.06 if t < grow else min(0.4, 0.06 + 0.01 * (t - grow)))))
     assert set(series[:grow]) == {0.0}
     rising = series[grow:]

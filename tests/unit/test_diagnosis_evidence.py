@@ -79,6 +79,12 @@ class SynthJob:
     #: (second since the start, node index) -> bytes it read from STORAGE in that second
     #: (its flow to the store: a peer outside the job; 0: no such flow)
     reads: Callable[[int, int], int] = lambda s, k: 0
+    #: (second since the start, node index) -> how many times longer its ranks' reads
+    #: (data_load phases) take than the step's plan says: a narrowed way into the node
+    read_slow: Callable[[int, int], float] = lambda s, k: 1.0
+    #: (second since the start, node index) -> packets its reads from STORAGE received
+    #: out of order in that second (after frames lost on their way in)
+    read_holes: Callable[[int, int], int] = lambda s, k: 0
     job: str = "198.18.0.1:29500"
     t0_s: int = T0
     first_node: int = 0               # the job's rank k runs on node(first_node + k)
@@ -131,7 +137,9 @@ def build(spec: SynthJob) -> JobEvidence:
                 ev.cells.setdefault(CellKey(spec.node(src), spec.addr(src), STORAGE, str(src)),
                                     {})[second] = CellSecond(
                     bytes_acked=20_000, bytes_received=spec.reads(s, src), rtt_p50_us=300.0,
-                    rtt_p90_us=450.0, rtt_samples=10)
+                    rtt_p90_us=450.0, rtt_samples=10,
+                    rx_data_segs=spec.reads(s, src) // SEGMENT,
+                    rx_ooo_pkts=spec.read_holes(s, src))
     i, t = 0, 0.0
     while True:
         plan = spec.step(i, t)
@@ -160,7 +168,8 @@ def _add_step(ev: JobEvidence, spec: SynthJob, k: int, t_ns: int, plan: StepPlan
                                   None if throttled is None
                                   else throttled * so_far / plan.seconds))
     phases = ev.phases.setdefault(rank, {})
-    read = plan.data_load_of.get(rank, plan.data_load)
+    read = plan.data_load_of.get(rank, plan.data_load) * spec.read_slow(
+        t_ns // SECOND - spec.t0_s, k)
     if read:
         at = t_ns + SECOND // 100
         phases[(at, "data_load")] = Phase(rank, where, at, "data_load", read, 1 << 20, STORAGE)
