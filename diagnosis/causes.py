@@ -83,7 +83,9 @@ EVIDENCE = {
         "median and late by `straggler_min_share` of the baseline step, in each of its "
         "last `straggler_steps` steps, while the others wait inside the collectives "
         "(their grad sync grew by half its lateness at least); the step it is in counts "
-        "while the others wait in theirs. A rank that is not late is named when its CPU "
+        "while the others wait in theirs. A step of a rank that reads every step is "
+        "judged once its read is in: a read slowed on its way in is no compute. A rank "
+        "that is not late is named when its CPU "
         "limit sets its pace: the most throttled rank by far, under one standing limit "
         "through those steps or throttled through `starved_share` of each, runs the "
         "collectives at its quota's pace too",

@@ -62,15 +62,18 @@ def _every_step_late(top, rest, count: int, base_sync: float | None) -> bool:
     collective: snapshot.recent_ranks) is held against their recent compute."""
     for i, (step, cpu) in enumerate(zip(top.steps[-count:], top.step_cpu[-count:]),
                                     start=1 - count):
+        if cpu is None:                   # its read has not come: not known to be late
+            return False
         if i == 0 and top.in_progress:
             ref = statistics.median(r.cpu_compute for r in rest)
             waited = None                 # they are waiting now: recent_ranks checked it
         else:
-            same = [(r, s) for r in rest if (s := _same_step(step, r.steps)) is not None]
+            same = [(r, s, c) for r in rest if (s := _same_step(step, r.steps)) is not None
+                    and (c := r.cpu_of(s)) is not None]
             if not same:
                 return False
-            ref = statistics.median(r.cpu_of(s) for r, s in same)
-            waited = statistics.median(s.sync_seconds for _, s in same) - base_sync \
+            ref = statistics.median(c for _, _, c in same)
+            waited = statistics.median(s.sync_seconds for _, s, _ in same) - base_sync \
                 if base_sync is not None else None
         late = cpu - ref
         if late < ref or (waited is not None and waited < late / 2):

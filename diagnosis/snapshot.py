@@ -32,16 +32,17 @@ class RankRecent:
     throttled: float | None = None   # seconds its CPU cgroup was throttled per step
     #                                  (capped at the step; None: unread)
     in_progress: bool = False   # the last of `steps` is the one it is in (so far)
-    #: cpu_compute() of each of `steps`, in their order
-    step_cpu: list[float] = field(default_factory=list)
+    #: cpu_compute() of each of `steps`, in their order (None: its read not in yet)
+    step_cpu: list[float | None] = field(default_factory=list)
 
     @property
     def cpu_compute(self) -> float:
-        """Its compute outside storage I/O per step (the median of step_cpu)."""
-        return _median(list(self.step_cpu)) if self.step_cpu else 0.0
+        """Its compute outside storage I/O per step (the median of step_cpu known)."""
+        known = [c for c in self.step_cpu if c is not None]
+        return _median(known) if known else 0.0
 
-    def cpu_of(self, step: Step) -> float:
-        """cpu_compute() of one of its steps."""
+    def cpu_of(self, step: Step) -> float | None:
+        """cpu_compute() of one of its steps (None: not known yet)."""
         return self.step_cpu[self.steps.index(step)]
 
     @property
@@ -201,6 +202,8 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
         done, in_progress = _with_open_step(now, done, until_ns) \
             if 2 * (len(waiting) - (rank in waiting)) > others else (done, False)
         phases = _StepPhases(ev, rank)
+        reads = _reads_every_step(phases, itertools.islice(
+            _latest_first(table, times, until_ns), PHASE_LOOKBACK_STEPS))
         out[rank] = RankRecent(
             rank, done[-1].node, done,
             _median([s.seconds for s in done]),
@@ -208,8 +211,20 @@ def recent_ranks(ev: JobEvidence, until_ns: int, count: int) -> dict[str, RankRe
             _median([max(0.0, s.seconds - s.sync_seconds) for s in done]),
             _data_load(phases, itertools.islice(_latest_first(table, times, until_ns),
                                                 PHASE_LOOKBACK_STEPS), now),
-            _throttled(done), in_progress, [phases.cpu_compute(s) for s in done])
+            _throttled(done), in_progress,
+            [phases.cpu_compute(s) if not reads or phases.seconds(s, "data_load") > 0
+             else None for s in done])
     return out
+
+
+def _reads_every_step(phases: "_StepPhases", steps: Iterable[Step]) -> bool:
+    """Whether most of the rank's recent steps read from outside the job: then a step
+    whose read has not come is one whose compute is not known yet (the agent reports
+    a read once its flow settles, up to a poll after the step's end, and a read slowed
+    on its way in would otherwise count as compute: a rank behind a congested
+    downlink looked a straggler a second after the queue came)."""
+    steps = list(steps)
+    return 2 * sum(phases.seconds(s, "data_load") > 0 for s in steps) > len(steps)
 
 
 def _with_open_step(p: Progress | None, done: list[Step],

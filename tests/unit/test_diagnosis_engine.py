@@ -1022,3 +1022,28 @@ def test_a_read_still_coming_in_pieces_counts_with_what_has_come_of_it():
                                              "198.18.0.254:9000")
     recent = recent_ranks(ev, 1 << 62, 3)["0"]
     assert recent.data_load == pytest.approx(0.5 + 0.05)      # 6 pieces: 0.5 s + a piece
+
+
+def test_a_step_whose_read_has_not_come_is_not_judged_for_lateness():
+    """Every rank reads every step; rank 2's reads come to take 0.8 s (a congested way
+    in), the others waiting for it, and its last two steps' reads have not reached the
+    engine yet (the agent reports a read
+    once its flow settles). Those steps' compute is not known, so rank 2 is not a
+    straggler on them; once its reads are in, its compute is its own again."""
+    from diagnosis.snapshot import recent_ranks
+    def step(i, t):     # from 15 s rank 2 reads for 0.8 s a step and the others wait
+        if t < 15:
+            return StepPlan(seconds=0.5, sync=0.3, data_load=0.02)
+        return StepPlan(seconds=1.0, sync=0.9, data_load=0.02, data_load_of={"2": 0.8},
+                        sync_of={"2": 0.1})
+    spec = SynthJob(nodes=4, seconds=30, step=step)
+    ev = build(spec)
+    late = sorted(ev.steps["2"])[-2:]
+    for k in [k for k in ev.phases["2"] if k[0] >= late[0] and k[1] == "data_load"]:
+        del ev.phases["2"][k]
+    ranks = recent_ranks(ev, spec.end_s * SECOND, 3)
+    assert ranks["2"].step_cpu[-2:] == [None, None]
+    engine = JobEngine(spec.job)
+    engine.feed(ev)
+    engine.evaluate(spec.end_s * SECOND)
+    assert not [f for f in engine.findings() if f.cause == "straggler_compute"]
