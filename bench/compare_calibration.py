@@ -1,7 +1,7 @@
 """How often compare invents a change, and how often it sees a real one.
 
-    FABRICSCOPE_MATRIX_DUMP=/tmp/dump python -m pytest tests/kernel/test_diagnosis_matrix.py
-    python -m bench.compare_calibration /tmp/dump/healthy-*.json /tmp/dump/cleared-*.json
+    FABRICSCOPE_MATRIX_DUMP=/tmp/dump python -m bench.diagnosis_matrix --set dev --runs 12
+    python -m bench.compare_calibration /tmp/dump/*-healthy.json.gz /tmp/dump/*-cleared.json.gz
 
 From matrix dumps (bench/scenarios._dump), the step times of each job's reference
 rank (its lowest), as compare reads them:
@@ -22,6 +22,7 @@ Every figure is a count over RUNS draws with a fixed seed, so a rerun gives the 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from contextlib import contextmanager
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dumps = []
     for path in args.dumps:
-        with open(path) as fh:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as fh:
             dumps.append(json.load(fh))
     rng = np.random.default_rng(1)
     healthy = [d for d in dumps if d["outcome"]["scenario"] == "healthy"]

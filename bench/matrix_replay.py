@@ -1,9 +1,9 @@
 """Replay a diagnosis-matrix dump through the engine as it is now.
 
-    FABRICSCOPE_MATRIX_DUMP=/tmp/dump python -m pytest tests/kernel/test_diagnosis_matrix.py
-    python -m bench.matrix_replay /tmp/dump/*.json
+    FABRICSCOPE_MATRIX_DUMP=/tmp/dump python -m bench.diagnosis_matrix --set dev --runs 12
+    python -m bench.matrix_replay /tmp/dump/*.json.gz
 
-A dump (bench/scenarios._dump) holds a scenario's raw measurements as the store
+A dump (bench/scenarios._dump_data, gzipped JSON) holds a scenario's raw measurements as the store
 answered them, the lab's node-to-ToR map and the fault's onset. Each is loaded
 into a fresh influxd on loopback (every column typed by fabricscope.schema, tags
 apart from fields), `diagnose --recompute`'s engine runs over it, and its

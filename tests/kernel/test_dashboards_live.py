@@ -16,7 +16,8 @@ The collector's diagnosis engine is off here (`--no-diagnosis`), so that the fin
 and the fabric graph the panels map are known ones: the `finding`, `annotation` and
 `topology_*` points are written by the test, from diagnosis.finding.Finding.to_record
 and Records of the schema, through the real encoder (fabricscope.lineproto) into that
-InfluxDB. What the live engine writes is asserted in test_diagnosis_matrix.py.
+InfluxDB. What the live engine writes is asserted in test_diagnosis_smoke.py and, on
+recorded runs, in tests/unit/test_diagnosis_corpus.py.
 """
 
 from __future__ import annotations
