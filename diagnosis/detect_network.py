@@ -37,17 +37,24 @@ ONSET_LOOKBACK_S = 2
 def bad_cells(snap: Snapshot) -> list[BadCell]:
     """The hops of the window that resent (lossy) or queued (delayed). A hop that lost
     nothing is bad only where its delay also stands out from its own usual RTT
-    (_delay_stands_out). And the flows from peers outside the job into a node whose
-    receiver found holes in what came (_lost_inbound): only the receiver of such a
-    flow, a read from storage, sees what the way in drops."""
+    (_delay_stands_out)."""
     lossy = {id(c) for c in snap.lossy}
     delayed = {id(c) for c in snap.delayed}
     timed = {id(c) for c in snap.timed}
-    t = snap.thresholds
     return [BadCell(c, id(c) in lossy, id(c) in delayed, id(c) in timed) for c in snap.cells
-            if id(c) in lossy or (id(c) in delayed and _delay_stands_out(snap, c))] + \
-        [BadCell(c, True, False, timed=False, inbound=True) for c in snap.cells
-         if c.peer_node is None and _lost_inbound(c, t)]
+            if id(c) in lossy or (id(c) in delayed and _delay_stands_out(snap, c))]
+
+
+def inbound_holes(snap: Snapshot) -> list[BadCell]:
+    """The flows from peers outside the job into a node whose receiver found holes in
+    what came (_lost_inbound): only the receiver of such a flow, a read from storage,
+    sees what the way in drops. Out of order is also what a path that reorders gives
+    (a veth whose sender moved to another CPU does), so they name no place of their
+    own: they rank the places that explain the job's lossy hops, as the recent loss
+    does (localize.locate's `recent`)."""
+    t = snap.thresholds
+    return [BadCell(c, True, False, timed=False, inbound=True) for c in snap.cells
+            if c.peer_node is None and _lost_inbound(c, t)]
 
 
 def _lost_inbound(c: CellTotals, t) -> bool:
@@ -237,7 +244,8 @@ def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
     clean = [c for c in snap.data_cells if id(c) not in bad_ids]
     keys = {b.cell.key for b in bad}
     found, unexplained = locate(bad, clean, tor_of, prefer=prefer,
-                                recent=[b for b in recent if b.cell.key not in keys],
+                                recent=[b for b in recent if b.cell.key not in keys]
+                                + inbound_holes(snap),
                                 rates=port_rates(snap, tor_of, bad))
     t = snap.thresholds
     explained = sum(len(f.cells) for f in found)
@@ -338,8 +346,7 @@ def _finding(snap: Snapshot, located: Located, share: float,
     amplification = ((snap.sync_s / b.sync_s - 1) / ratio) if (b and snap.sync_s and ratio > 0
                                                                 and b.sync_s > 0) else None
     cells = [x.cell for x in located.cells]
-    lossy = [x.cell for x in located.cells if x.lossy and not x.inbound]
-    inbound = [x.cell for x in located.cells if x.inbound]
+    lossy = [x.cell for x in located.cells if x.lossy]
     delayed = [x.cell for x in located.cells if x.delayed]
     where = _where(located)
     place = located.place.as_dict()
@@ -347,11 +354,7 @@ def _finding(snap: Snapshot, located: Located, share: float,
                    if located.place.kind == "node" and n == located.place.name)
     if len(ranks) == 1:
         place["rank"] = ranks[0]
-    evidence = _evidence(snap, located, lossy, delayed) + [
-        Evidence("tcp_flow", f"packets received out of order on {c.key.peer}->{c.key.node} "
-                 "(after a lost frame; its sender is outside the job)",
-                 round(100 * c.rx_ooo_pkts / max(1, c.rx_data_segs), 3), "%",
-                 snap.window.start_ns, snap.window.end_ns, [c.key.node]) for c in inbound]
+    evidence = _evidence(snap, located, lossy, delayed)
     if amplification is not None:
         evidence.append(Evidence("gloo_step", "grad sync slowdown per share of bytes resent "
                                  "(retransmit amplification)", round(amplification, 1), "x",
@@ -368,8 +371,7 @@ def _finding(snap: Snapshot, located: Located, share: float,
                                  f"hops' ratio {steady.expected_segs:.0f} segments)",
                                  round(steady.steady_ratio * 100, 4), "%",
                                  snap.window.start_ns, snap.window.end_ns))
-    summary = _summary(cause, where, lossy, delayed, snap, added, share_of_step, steady,
-                       [f"{c.key.peer}->{c.key.node}" for c in inbound])
+    summary = _summary(cause, where, lossy, delayed, snap, added, share_of_step, steady)
     # a place in series with this one on every path between the job's nodes: no hop of
     # the job can tell them apart, so the finding says which (the engine still waits for
     # a checkpoint or a read to, as for any tie: meanwhile the queue's delay shows too)
@@ -479,17 +481,10 @@ def _evidence(snap: Snapshot, located: Located, lossy, delayed) -> list[Evidence
     return out
 
 
-def _summary(cause, where, lossy, delayed, snap, added, share, steady=None,
-             inbound=()) -> str:
-    """The finding's sentence; `inbound`: the hops from outside the job whose receiver
-    found holes, as 'peer->node'."""
+def _summary(cause, where, lossy, delayed, snap, added, share, steady=None) -> str:
     b = snap.baseline
     cost = (f"; steps {b.step_s:.2f} -> {snap.step_s:.2f} s, {added:.2f} s of each step "
             f"({share:.0%})") if b and snap.step_s else ""
-    if cause == Cause.LOSSY_LINK and not lossy:
-        return (f"Lossy link at {where}: what its nodes receive from outside the job "
-                f"arrives with holes ({', '.join(inbound)}) and no queue stands before "
-                f"the drop (drops independent of load){cost}")
     if cause == Cause.LOSSY_LINK:
         return (f"Lossy link at {where}: {_ratio(lossy):.2%} of the payload on "
                 f"{', '.join(hop(c) for c in lossy)} resent with the RTT at its floor "
