@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from bench.scenario_space import Drawn, Element, FaultKind, LabShape
-from bench.scenario_space import Fault as SpaceFault
+from bench.scenario_space import Fault
 from diagnosis.evidence import SECOND
 from diagnosis.finding import Finding, primary, severity_rank
 
@@ -39,15 +39,6 @@ WARMUP_STEPS = 2         # start-up steps left out of the cost's baseline
 #: evidence that comes only every few steps (checkpoints every 10, reads) fit in it
 MIN_FAULT_S = 20.0
 MAX_STEPS = 3000          # a cap on a job's steps after its onset (it is stopped sooner)
-
-
-@dataclass
-class Fault:
-    """A fault as the judge knows it: what it is, and where (for the replayed dumps
-    of older shapes: kind loss/shape/uplink/cpu/storage, target, value)."""
-    kind: str
-    target: str | int | None
-    value: str | float
 
 
 @dataclass
@@ -145,7 +136,7 @@ def running_bench(shape: LabShape = LabShape(4, 2, 8), replicas: int = 2,
         yield Bench(lab, stack, data_server, Store(stack.influx.url), shape)
 
 
-def apply(lab, fault: SpaceFault) -> None:
+def apply(lab, fault: Fault) -> None:
     from lab import faults
     if fault.kind is FaultKind.CPU:
         faults.cpu(lab, fault.node_index, fault.value)

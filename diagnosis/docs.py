@@ -31,7 +31,7 @@ from pathlib import Path
 
 from diagnosis.causes import EVIDENCE, MEANING, RULES_OUT, SEVERITY_RULE, Cause
 from diagnosis.thresholds import DEFAULT, render_markdown
-from fabricscope.errors import UserError
+from fabricscope.errors import UserError, exit_code_of
 
 COMMAND = "python -m diagnosis.docs"
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,11 +185,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(argv)
-    except UserError as exc:
-        print(exc.one_line(), file=sys.stderr)
-        return exc.exit_code
+    return exit_code_of(lambda: run(argv))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Callable
+
 
 class UserError(Exception):
     """An error the user can fix. The CLI prints `fabricscope: <cause>; fix: <fix>`."""
@@ -18,3 +21,13 @@ class UserError(Exception):
         if self.fix:
             text += f"; fix: {self.fix}"
         return text.replace("\n", " ")
+
+
+def exit_code_of(run: Callable[[], int]) -> int:
+    """run() for a `python -m` entry point: a UserError becomes its one line on stderr
+    and its exit code, never a traceback."""
+    try:
+        return run()
+    except UserError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        return exc.exit_code

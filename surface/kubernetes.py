@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from fabricscope.errors import UserError
+from fabricscope.errors import UserError, exit_code_of
 from surface.grafana import dashboards
 from surface.alerting.catalog import RUNBOOK_BASE
 from surface.alerting.rules import groups
@@ -135,11 +135,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(argv)
-    except UserError as exc:
-        print(exc.one_line(), file=sys.stderr)
-        return exc.exit_code
+    return exit_code_of(lambda: run(argv))
 
 
 if __name__ == "__main__":

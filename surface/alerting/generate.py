@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fabricscope.errors import UserError
+from fabricscope.errors import UserError, exit_code_of
 from surface.alerting.alertmanager import EXAMPLE_FILE, render_example
 from surface.alerting.catalog import RUNBOOK_BASE
 from surface.alerting.promtool_tests import TESTS_FILE, render_tests
@@ -88,11 +88,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(argv)
-    except UserError as exc:
-        print(exc.one_line(), file=sys.stderr)
-        return exc.exit_code
+    return exit_code_of(lambda: run(argv))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ def test_a_finding_found_twice_counts_from_its_first_and_ends_with_its_last():
     """A gray-zone straggler named, closed between its late steps, then named again:
     how fast the fault was found is the first finding's, its end the last one's, and
     neither is a false alarm."""
-    from bench.scenarios import Expect, Fault, Outcome, Scenario, judge
+    from bench.scenario_space import Fault, FaultKind
+    from bench.scenarios import Expect, Outcome, Scenario, judge
     from diagnosis.finding import Finding
     onset = 1000 * SECOND
 
@@ -51,7 +52,7 @@ def test_a_finding_found_twice_counts_from_its_first_and_ends_with_its_last():
                        onset, "late", first_seen_ns=onset + int(first_s * SECOND),
                        end_ns=onset + int(end_s * SECOND), id=fid)
     out = Outcome("cpu", "", "j", onset_ns=onset, clear_ns=onset + 30 * SECOND)
-    sc = Scenario("cpu", [Fault("cpu", 3, 8)], [Expect("straggler_compute", {"node": "node3"})],
+    sc = Scenario("cpu", [Fault(FaultKind.CPU, None, "node3", 8)], [Expect("straggler_compute", {"node": "node3"})],
                   cleared=True)
     judge(out, sc, [straggler(22.5, 33.0, "b"), straggler(3.5, 10.0, "a")])
     assert out.ok and out.false_alarms == [] and out.moved == []
