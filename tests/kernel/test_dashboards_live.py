@@ -183,9 +183,15 @@ def _await_stored(stack, lab) -> None:
     await_condition(lambda: all(stack.agent_metric(n.index, "fabricscope_agent_queue_records")
                                 == 0 for n in lab.nodes), 60, "the agents' queues to drain")
     # each rank's process has exited: its agent writes its last traffic model then
-    await_condition(lambda: len(stack.influx.query(
-        'SHOW TAG VALUES FROM "traffic_model" WITH KEY = "rank"', db="fabricscope"))
-        == len(lab.nodes), 60, "every rank's traffic model in InfluxDB", 0.5)
+    ranks = {str(n.index) for n in lab.nodes}
+
+    def modelled() -> set[str]:
+        return {row["value"] for row in stack.influx.query(
+            'SHOW TAG VALUES FROM "traffic_model" WITH KEY = "rank"', db="fabricscope")}
+    try:
+        await_condition(lambda: modelled() >= ranks, 60, "every rank's traffic model", 0.5)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}: ranks modelled {sorted(modelled())} of {sorted(ranks)}")
     await_stable(lambda: (count("SELECT count(seconds) FROM gloo_phase"),
                           count("SELECT count(duty_cycle) FROM traffic_model")),
                  quiet_s=3.0, timeout_s=60, what="phases in InfluxDB")

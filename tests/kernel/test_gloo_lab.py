@@ -29,6 +29,10 @@ from fabricscope.records import Record
 STEPS = 60
 MODEL_MB = 8
 NODES = 3
+# Each poll reports the step in progress (gloo_progress). 60 steps of this model take
+# 2-3 s here, so at the default 1 s a run held as few as two reports; at 0.1 s even a
+# run ten times faster holds enough to test.
+POLL_S = 0.1
 
 
 @dataclass
@@ -65,8 +69,8 @@ def collect(tmp: Path, steps: int = STEPS, extra_agent_args: tuple = (),
             if not node.cgroup:
                 pytest.skip("the host has no cgroup hierarchy with the cpu controller")
             faults.cpu(lab, 0, cpu_pct)
-        with jsonl_agent(lab, node, tmp, "--probes", "gloo,markers",
-                         "--gloo-model-interval-s", "1", "--gloo-model-window-s", "60",
+        with jsonl_agent(lab, node, tmp, "--probes", "gloo,markers", "--poll-interval-s",
+                         str(POLL_S), "--gloo-model-interval-s", "1", "--gloo-model-window-s", "60",
                          *extra_agent_args, attached="running probes: gloo, markers") as agent:
             job = f"{node.address}:{29400 + os.getpid() % 500}"
             with start_training(lab, steps, model_mb=MODEL_MB,
