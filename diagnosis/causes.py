@@ -44,7 +44,7 @@ MEANING = {
 
 #: when each cause is raised at which severity (docs/DIAGNOSIS.md renders the dicts
 #: below with MEANING; a `name` in backquotes is a threshold (diagnosis/thresholds.py) or a module's
-#: constant (`engine.NAME`), and the rendered table shows its value)
+#: constant (`module.NAME`), and the rendered table shows its value)
 SEVERITY_RULE = {
     Cause.LOSSY_LINK: "warning; critical when it costs `critical_share` of each step",
     Cause.BUFFER_SATURATION: "warning; critical when it costs `critical_share` of each step",
@@ -115,7 +115,7 @@ EVIDENCE = {
         "other nodes report (an agent writes one every second, zero when idle); or its "
         "agent's count of dropped records (agent_loss) grows",
     Cause.UNEXPLAINED_SLOWDOWN:
-        "steps `slowdown` over the baseline for `engine.UNEXPLAINED_AFTER_S` s of steps "
+        "steps `slowdown` over the baseline for `evaluation.UNEXPLAINED_AFTER_S` s of steps "
         "that the causes named explain less than `explains` of; or bad hops that the "
         "places found explain less than `place_explains` of. The finding says where the time went "
         "and keeps the evidence",

@@ -46,7 +46,7 @@ _UNSHOWN = {"", "fraction", "x", "segments", "steps"}
 
 def value_of(module: str | None, name: str) -> str:
     """What a name in backquotes stands for: a threshold's value and unit, or the value
-    of a diagnosis module's constant (`engine.UNEXPLAINED_AFTER_S`)."""
+    of a diagnosis module's constant (`evaluation.UNEXPLAINED_AFTER_S`)."""
     if module is None:
         fields = {f.name: f for f in dataclasses.fields(DEFAULT)}
         if name not in fields:

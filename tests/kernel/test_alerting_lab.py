@@ -227,7 +227,7 @@ def _lossy_link(live: Live) -> tuple[float, float]:
 def _await_no_explaining_finding(live: Live) -> None:
     """The engine starts its jitter trend over while a finding that explains the steps
     is open (diagnosis/engine.py): phase 3 starts once the loss's findings closed."""
-    from diagnosis.engine import EXPLAINING_CAUSES
+    from diagnosis.causes import EXPLAINING_CAUSES
     for _ in live.new_steps():
         if not [c for c, severity in live.open_findings()
                 if c in EXPLAINING_CAUSES and severity != "info"]:

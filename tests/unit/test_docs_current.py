@@ -36,7 +36,7 @@ def test_every_cause_has_its_severity_evidence_and_what_it_rules_out():
 def test_a_threshold_a_cause_names_is_shown_with_its_value_and_unit():
     assert docs.with_values("at least `loss_ratio` resent") == "at least `loss_ratio` (0.002) resent"
     assert docs.with_values("`rtt_excess_us` above") == "`rtt_excess_us` (1000 us) above"
-    assert docs.with_values("for `engine.UNEXPLAINED_AFTER_S` s") == \
+    assert docs.with_values("for `evaluation.UNEXPLAINED_AFTER_S` s") == \
         "for `UNEXPLAINED_AFTER_S` (5) s"
 
 
