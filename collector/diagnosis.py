@@ -1,14 +1,29 @@
 """The collector's wiring of the diagnosis engine (diagnosis/live.py): its store, its
-replica id, its topology and its metrics in the collector's registry."""
+replica id, its topology and its metrics in the collector's registry; and, after each
+of its ticks, the classes of the jobs it owns (collector/jobclass.py)."""
 
 from __future__ import annotations
 
 import socket
 
+from collector.jobclass import JobClassAnalyzer
 from diagnosis.live import LiveDiagnosis
 from diagnosis.metrics import DiagnosisMetrics
 from diagnosis.store import Store
 from fabricscope.topology import load_topology
+
+
+class _ClassifyingDiagnosis(LiveDiagnosis):
+    """LiveDiagnosis whose ticks also write the owned jobs' job_class points: the owner
+    of a job is the one replica that reads it back, so it classifies it too."""
+
+    job_class: JobClassAnalyzer | None = None
+
+    def tick(self):
+        found = super().tick()
+        if self.job_class is not None:
+            self.store.write(self.job_class.records(list(self.engines), self.clock()))
+        return found
 
 
 def start_diagnosis(config, registry, grpc_port: int) -> LiveDiagnosis:
@@ -18,5 +33,8 @@ def start_diagnosis(config, registry, grpc_port: int) -> LiveDiagnosis:
     replica = config.replica_id or f"{socket.gethostname()}:{grpc_port}"
     store = Store(config.influx_url, config.influx_db, config.influx_token,
                   config.influx_timeout_s)
-    return LiveDiagnosis(store, DiagnosisMetrics(registry), replica, tor_of,
-                         config.diagnosis_interval_s)
+    live = _ClassifyingDiagnosis(store, DiagnosisMetrics(registry), replica, tor_of,
+                                 config.diagnosis_interval_s)
+    if config.job_class:
+        live.job_class = JobClassAnalyzer(store, registry)
+    return live

@@ -55,7 +55,8 @@ def register(sub) -> None:
     _store_args(p)
     add_window_arguments(p)
     p.add_argument("--job", help="only this job")
-    p.add_argument("--json", action="store_true", help='one object {"findings": [...]}')
+    p.add_argument("--json", action="store_true",
+                   help='one object {"job_class": {job: point}, "findings": [...]}')
     p.add_argument("--recompute", action="store_true",
                    help="run the engine over the raw measurements instead of reading findings")
     p.add_argument("--explain", action="store_true", help="the chain of evidence of each")
@@ -154,9 +155,14 @@ def diagnose(args) -> int:
     findings = [] if args.recompute else recorded(store, span, args.job)
     if not findings:
         findings = recompute(store, span, args.job, _tor_of(args))
+    from collector.jobclass import class_line, job_classes
+    classes = job_classes(store, span.start_ns, span.end_ns, args.job, {f.job for f in findings})
     if args.json:
-        print(json.dumps({"findings": [f.to_json() for f in findings]}, indent=1))
-    elif args.explain:
+        print(json.dumps({"job_class": classes, "findings": [f.to_json() for f in findings]},
+                         indent=1))
+        return 0
+    sys.stdout.write("".join(class_line(j, p) + "\n" for j, p in sorted(classes.items())))
+    if args.explain:
         for f in findings:
             sys.stdout.write(explain_one(f) + "\n")
     else:

@@ -8,9 +8,10 @@ Each view has one small function that takes a classification (a Classification o
 its to_dict(), the shape a stored record would carry) and draws it:
 `fabricscope top` (surface/top.py class_lines), the report's summary
 (surface/report/html_parts.py job_class_facts) and the Training job board
-(surface/grafana/boards.py job_class_panels, with the columns of `columns`). No
-component writes a classification to the store yet, so the views are handed
-none: wiring one in is a line where each view reads its job.
+(surface/grafana/boards.py job_class_panels, with the columns of `columns`). The
+collector writes each owned job's class as a `job_class` point
+(collector/jobclass.py) and `fabricscope diagnose` prints it; the board, `top` and
+the report do not read that point yet.
 """
 
 from __future__ import annotations

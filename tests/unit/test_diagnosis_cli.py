@@ -98,7 +98,7 @@ def test_diagnose_json_gives_the_recorded_findings(influx):
     proc = fabricscope("diagnose", *at(influx), *WINDOW, "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert list(out) == ["findings"]
+    assert list(out) == ["job_class", "findings"]
     assert [f["id"] for f in out["findings"]] == [RECORDED.id]
     assert Finding.from_json(out["findings"][0]).summary == RECORDED.summary
     # only this job's, and none of a window before it
