@@ -82,8 +82,11 @@ def _judged(dump: dict, found: list, onset_ns: int, store, end_ns: int):
     again on its samples."""
     from bench.scenarios import Expect, Outcome, Scenario, assess
     o = dump["outcome"]
-    sc = Scenario(o["scenario"], [], [Expect(e["cause"], e["place"], e.get("required", True))
-                                      for e in o["expected"]],
+    # of two faults only the first must be named (bench/scenarios.py: the cost of each
+    # alone is not measured), whatever the dump's judge of the time required
+    sc = Scenario(o["scenario"], [], [Expect(e["cause"], e["place"],
+                                             e.get("required", True) and i == 0)
+                                      for i, e in enumerate(o["expected"])],
                   cleared=o["scenario"] == "cleared" or bool(o.get("clear_ns")))
     out = Outcome(o["scenario"], o["params"], o["job"], onset_ns=onset_ns,
                   clear_ns=o.get("clear_ns") or 0, seed=o.get("seed"), lab=o.get("lab", {}),

@@ -70,9 +70,9 @@ EVIDENCE = {
     Cause.BUFFER_SATURATION:
         "the lossy hops through one place also queue: most of those whose delay can be "
         "judged show a median RTT `rtt_inflation` x the floor and `rtt_excess_us` above "
-        "it. Or, with no queue shown, the loss spares the place's clean hops (they resent "
-        "at most `spared_share` of what the lossy hops' ratio predicts, an expectation of "
-        "`spared_min_segs` segments at least): a buffer drops only what arrives while it "
+        "it. Or, with no queue shown, the loss spares the place's clean hops (they meet "
+        "at most `spared_share` of the loss episodes the lossy hops' rate predicts, an "
+        "expectation of `spared_min_episodes` at least): a buffer drops only what arrives while it "
         "overflows under the synchronized bursts",
     Cause.MICROBURST:
         "100 us bins at `microburst_util` of line rate or more, with no hop lossy or "
@@ -113,7 +113,8 @@ EVIDENCE = {
     Cause.TELEMETRY_GAP:
         "a node of a stepping job sends no window for `silent_seconds` while the job's "
         "other nodes report (an agent writes one every second, zero when idle); or its "
-        "agent's count of dropped records (agent_loss) grows",
+        "agent's count of dropped records (agent_loss) grows; or NCCL's RAS reports a rank "
+        "dead or unresponsive at its latest poll of the rank's communicator",
     Cause.UNEXPLAINED_SLOWDOWN:
         "steps `slowdown` over the baseline for `evaluation.UNEXPLAINED_AFTER_S` s of steps "
         "that the causes named explain less than `explains` of; or bad hops that the "

@@ -19,6 +19,7 @@ Bursts at line rate with neither loss nor queueing are `microburst`, info only.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -269,29 +270,40 @@ class Spared:
     lossy_ratio: float        # share of the lossy hops' payload resent
     steady_ratio: float       # share of the clean hops' payload resent
     steady_bytes: int         # what the clean hops carried through the place
-    expected_segs: float      # what they would have resent at lossy_ratio
+    expected_episodes: float  # loss episodes they would have met at the lossy hops' rate
+
+
+#: the most payload one dropped frame takes with it: a segmentation-offload frame (TSO,
+#: GSO; a veth or a bridge drops it whole) carries up to 64 KiB
+MAX_FRAME_BYTES = 65536
+
+
+def loss_episodes(c: CellTotals) -> int:
+    """The fewest separate drops that explain what a hop resent: one per second in
+    which it resent anything, and one per MAX_FRAME_BYTES of what it resent."""
+    return max(c.loss_seconds, math.ceil(c.retrans_bytes / MAX_FRAME_BYTES))
 
 
 def spared(located: Located, t) -> Spared | None:
     """The place's clean hops (`contradicting`: they carried data through the elements
-    its lossy hops implicate) resent at most spared_share of what the lossy hops'
-    ratio predicts for their payload, an expectation of at least spared_min_segs
-    segments; None otherwise."""
+    its lossy hops implicate) met loss in at most spared_share of the episodes the
+    lossy hops' rate predicts for their payload, an expectation of at least
+    spared_min_episodes; None otherwise. The rate is the lossy hops' episodes
+    (loss_episodes: a lower bound, so the expectation errs low) per byte carried."""
     lossy = [b.cell for b in located.cells if b.lossy]
     clean = located.contradicting
     sent = sum(c.bytes_acked + c.retrans_bytes for c in lossy)
-    if not lossy or not clean or not sent:
+    episodes = sum(loss_episodes(c) for c in lossy)
+    if not lossy or not clean or not sent or not episodes:
         return None
-    ratio = sum(c.retrans_bytes for c in lossy) / sent
     steady = sum(c.bytes_acked for c in clean)
-    expected_bytes = steady * ratio / max(1e-9, 1 - ratio)
-    seg = sum(c.retrans_bytes for c in lossy) / max(1, sum(c.retrans_segs for c in lossy))
-    expected = expected_bytes / max(1.0, seg)
-    resent = sum(c.retrans_bytes for c in clean)
-    if expected < t.spared_min_segs or resent > t.spared_share * expected_bytes:
+    expected = steady * episodes / sent
+    met = sum(loss_episodes(c) for c in clean)
+    if expected < t.spared_min_episodes or met > t.spared_share * expected:
         return None
-    return Spared(ratio, resent / (steady + resent) if steady + resent else 0.0, steady,
-                  expected)
+    resent = sum(c.retrans_bytes for c in clean)
+    return Spared(sum(c.retrans_bytes for c in lossy) / sent,
+                  resent / (steady + resent) if steady + resent else 0.0, steady, expected)
 
 
 def _cause(located: Located, t) -> tuple[str, Spared | None]:
@@ -356,8 +368,9 @@ def _finding(snap: Snapshot, located: Located, share: float,
         place["rank"] = ranks[0]
     evidence = _evidence(snap, located, lossy, delayed)
     if amplification is not None:
-        evidence.append(Evidence("gloo_step", "grad sync slowdown per share of bytes resent "
-                                 "(retransmit amplification)", round(amplification, 1), "x",
+        evidence.append(Evidence(snap.evidence.step_source().sync, "grad sync slowdown per "
+                                 "share of bytes resent (retransmit amplification)",
+                                 round(amplification, 1), "x",
                                  snap.window.start_ns, snap.window.end_ns))
     timeouts = sum(c.timeouts for c in cells)
     if timeouts:
@@ -368,7 +381,7 @@ def _finding(snap: Snapshot, located: Located, share: float,
     if steady is not None:
         evidence.append(Evidence("tcp_flow", f"payload resent on the clean hops through "
                                  f"{where} ({steady.steady_bytes / 1e6:.1f} MB; at the lossy "
-                                 f"hops' ratio {steady.expected_segs:.0f} segments)",
+                                 f"hops' rate {steady.expected_episodes:.0f} loss episodes)",
                                  round(steady.steady_ratio * 100, 4), "%",
                                  snap.window.start_ns, snap.window.end_ns))
     summary = _summary(cause, where, lossy, delayed, snap, added, share_of_step, steady)
@@ -475,7 +488,7 @@ def _evidence(snap: Snapshot, located: Located, lossy, delayed) -> list[Evidence
         out.append(Evidence("tcp_flow", f"clean hops through {_where(located)}",
                             len(located.contradicting), "hops", w.start_ns, w.end_ns))
     if snap.baseline and snap.sync_s:
-        out.append(Evidence("gloo_step", "grad sync per step (baseline "
+        out.append(Evidence(snap.evidence.step_source().sync, "grad sync per step (baseline "
                             f"{snap.baseline.sync_s:.3f} s)", round(snap.sync_s, 3), "s",
                             w.start_ns, w.end_ns))
     return out

@@ -11,7 +11,9 @@ each of its last steps, or it was throttled through nearly all of each
 (starved_share): a quota that comes and goes throttles neighbouring steps as
 well, which then vary (jitter) rather than run at its pace.
 
-A step of one rank (gloo_step) is its grad-sync time (a gradient AllReduce in
+A step of one rank (gloo_step, or nccl_step with the NCCL profiler's kernel windows:
+diagnosis/source.py; the Evidence names the measurement its Step.source says) is
+its grad-sync time (a gradient AllReduce in
 flight) and its compute (the rest: forward, backward outside the buckets'
 AllReduce, optimizer, data loading). In a ring, a rank that computes slowly
 enters every collective late and the others wait inside it: their grad sync
@@ -212,6 +214,7 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
             if b and snap.step_s else "")
     limit = next((s.cpu_limit for s in reversed(top.steps) if s.cpu_limit is not None), None)
     evidence = []
+    src = top.steps[-1].source          # the measurements its steps and grad sync came from
     facts = {"late_s": late, "compute_s": top.cpu_compute, "others_s": others,
              "starved": starved}
     if starved:
@@ -227,30 +230,30 @@ def straggler(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
                    f"so it enters every collective {late:.3f} s late and the other ranks "
                    f"wait inside them; its network is clean{cost}")
     evidence += [
-        Evidence("gloo_step", f"compute per step of rank {top.rank} (step minus grad sync and storage I/O)",
+        Evidence(src.sync, f"compute per step of rank {top.rank} (step minus grad sync and storage I/O)",
                  round(top.cpu_compute, 4), "s", lo, hi, [top.node]),
-        Evidence("gloo_step", "median compute per step of the other ranks",
+        Evidence(src.sync, "median compute per step of the other ranks",
                  round(others, 4), "s", lo, hi, sorted(r.node for r in rest))]
     if throttled is not None:
         facts.update(throttled_s=throttled, limit_cpus=limit)
         evidence += [
-            Evidence("gloo_step", f"CPU throttled per step of rank {top.rank} (its cgroup's "
+            Evidence(src.steps, f"CPU throttled per step of rank {top.rank} (its cgroup's "
                      "CFS quota; cpu.stat)", round(throttled, 4), "s", lo, hi, [top.node]),
-            Evidence("gloo_step", "median CPU throttled per step of the other ranks",
+            Evidence(src.steps, "median CPU throttled per step of the other ranks",
                      round(held[1], 4), "s", lo, hi, sorted(r.node for r in rest))]
         if limit is not None:
-            evidence.append(Evidence("gloo_step", f"CPU limit of rank {top.rank}'s cgroup",
+            evidence.append(Evidence(src.steps, f"CPU limit of rank {top.rank}'s cgroup",
                                      round(limit, 3), "CPUs", lo, hi, [top.node]))
     now = snap.evidence.open_step(top.rank) if top.in_progress else None
     if now is not None:
         waiting = sum(snap.evidence.in_collective(r.rank) for r in rest)
         evidence.append(Evidence(
-            "gloo_progress", f"step in progress of rank {top.rank}: computing, "
+            src.progress, f"step in progress of rank {top.rank}: computing, "
             f"{now.seconds:.3f} s so far" + (f", while {waiting} of the others are "
                                               "inside a collective" if waiting else ""),
             round(now.seconds, 4), "s", now.time_ns, now.time_ns + int(now.seconds * 1e9),
             [top.node]))
-    evidence.append(Evidence("gloo_step", f"grad sync per step of the others (they wait for "
+    evidence.append(Evidence(src.sync, f"grad sync per step of the others (they wait for "
                              f"rank {top.rank})", round(statistics.median(r.sync for r in rest),
                                                         4), "s", lo, hi))
     rtts = [c.rtt_p50_us for c in snap.delayed if top.node in (c.key.node, c.peer_node)]
@@ -295,7 +298,7 @@ def input_stall(snap: Snapshot) -> tuple[list[Candidate], list[RuledOut]]:
                  round(snap.data_load_s, 4), "s", lo, hi),
         Evidence("gloo_phase", "data loading per step, baseline", round(b.data_load_s, 4), "s",
                  b.start_ns, b.end_ns),
-        Evidence("gloo_step", "grad sync per step (unchanged: not the network)",
+        Evidence(snap.evidence.step_source().sync, "grad sync per step (unchanged: not the network)",
                  round(snap.sync_s or 0.0, 4), "s", lo, hi)]
     reads = [p for phases in snap.evidence.phases.values() for p in phases.values()
              if p.phase == "data_load" and lo <= p.time_ns < hi and p.seconds > 0]
@@ -339,10 +342,11 @@ def network_bound(snap: Snapshot, may_warn: bool) -> list[Candidate]:
     summary = (f"Network-bound: grad sync takes {duty:.0%} of each {snap.step_s:.2f} s step "
                f"(T = {snap.step_s:.2f} s, D = {duty:.2f}, {b_text}{trend}): the fabric, "
                "not compute, sets the step time")
+    src = snap.evidence.step_source()
     evidence = [
-        Evidence("gloo_step", "duty cycle D (grad sync / step)", round(duty, 3), "fraction",
+        Evidence(src.sync, "duty cycle D (grad sync / step)", round(duty, 3), "fraction",
                  lo, hi),
-        Evidence("gloo_step", "sync period T (step time)", round(snap.step_s, 4), "s", lo, hi)]
+        Evidence(src.steps, "sync period T (step time)", round(snap.step_s, 4), "s", lo, hi)]
     if burst_bps:
         evidence.append(Evidence("nic_window", "burst bandwidth B per node (median of the "
                                  "nodes' busiest 100 us bin received)",
@@ -368,12 +372,13 @@ def slowdown(snap: Snapshot, explained: float) -> list[Candidate]:
                f"{snap.step_s:.2f} s), mostly in the {part} (+{max(sync_added, 0):.3f} s "
                f"grad sync, +{max(compute_added, 0):.3f} s compute per step); no cause's "
                "evidence explains it")
+    src = snap.evidence.step_source()
     return [Candidate(Cause.UNEXPLAINED_SLOWDOWN, severity, {}, summary, lo, hi, evidence=[
-        Evidence("gloo_step", "step time (median of the ranks)", round(snap.step_s, 4), "s",
+        Evidence(src.steps, "step time (median of the ranks)", round(snap.step_s, 4), "s",
                  lo, hi),
-        Evidence("gloo_step", "baseline step time", round(b.step_s, 4), "s", b.start_ns,
+        Evidence(src.steps, "baseline step time", round(b.step_s, 4), "s", b.start_ns,
                  b.end_ns),
-        Evidence("gloo_step", "grad sync added per step", round(sync_added, 4), "s", lo, hi),
-        Evidence("gloo_step", "compute added per step", round(compute_added, 4), "s", lo, hi)],
+        Evidence(src.sync, "grad sync added per step", round(sync_added, 4), "s", lo, hi),
+        Evidence(src.sync, "compute added per step", round(compute_added, 4), "s", lo, hi)],
         step_seconds_added=round(snap.step_added_s, 4),
         share_of_step=round(snap.step_added_s / snap.step_s, 4))]

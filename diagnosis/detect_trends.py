@@ -14,7 +14,9 @@ spread that creeps up, and fire on a job that is merely slow.
 Telemetry: each agent writes tcp_node every window, zero when idle, so a node
 whose latest window is `silent_seconds` older than its job's freshest while the
 job still steps has gone silent; an agent that dropped records says so in
-agent_loss. "No finding" must never mean "no data".
+agent_loss. "No finding" must never mean "no data". A rank that NCCL's RAS reports
+dead or unresponsive at its latest poll (nccl_ras_rank) is one the job's collectives
+wait for in vain: the engine has no steps of it to judge, and the job hangs on it.
 """
 
 from __future__ import annotations
@@ -104,18 +106,19 @@ class JitterTracker:
             return []
         floor = self.base_spread(b, t)
         _place, hop = _contributor(snap)     # named in the text; the finding is the job's
+        src = snap.evidence.step_source().steps
         summary = (f"Jitter accumulating: step-time spread {self.last_spread * 1000:.0f} ms "
                    f"against {floor * 1000:.0f} ms at the start (CUSUM {self.cusum:.1f} over "
                    f"{t.jitter_alarm})" + (f"; the hop that varies most is {hop}" if hop else ""))
         return [Candidate(Cause.JITTER_ACCUMULATION, "warning", {}, summary, self.alarm_from_ns,
                           self.done_ns, evidence=[
-                              Evidence("gloo_step", "step-time spread (MAD of the last "
+                              Evidence(src, "step-time spread (MAD of the last "
                                        f"{t.jitter_window_steps} steps)",
                                        round(self.last_spread, 4), "s", self.alarm_from_ns,
                                        self.done_ns),
-                              Evidence("gloo_step", "baseline spread", round(floor, 4), "s",
+                              Evidence(src, "baseline spread", round(floor, 4), "s",
                                        b.start_ns, b.end_ns),
-                              Evidence("gloo_step", "CUSUM of log(spread / baseline)",
+                              Evidence(src, "CUSUM of log(spread / baseline)",
                                        round(self.cusum, 2), "", self.alarm_from_ns,
                                        self.done_ns)],
                           facts={"spread_s": self.last_spread, "hop": hop})]
@@ -142,7 +145,7 @@ def telemetry(snap: Snapshot, lost_before: dict[str, int],
     """known_ns: when the engine first knew each node (a node whose agent has not
     sent a window yet is silent only from then on)."""
     ev, t = snap.evidence, snap.thresholds
-    out = []
+    out = ras_hanging(snap)
     nodes = sorted(set(ev.node_of_rank.values()))
     if not ev.last_seen_ns or not nodes:
         return out
@@ -172,4 +175,24 @@ def telemetry(snap: Snapshot, lost_before: dict[str, int],
                 "gap is counted in agent_loss", snap.window.start_ns, snap.window.end_ns,
                 evidence=[Evidence("agent_loss", "records lost (cumulative)", lost, "records",
                                    snap.window.start_ns, snap.window.end_ns, [node])]))
+    return out
+
+
+def ras_hanging(snap: Snapshot) -> list[Candidate]:
+    """A telemetry_gap at each rank RAS's latest poll of its communicator reports dead
+    or unresponsive (JobEvidence.ras_hanging): placed at the rank's node where the job's
+    steps name it, else at the host RAS knows it by."""
+    ev = snap.evidence
+    out = []
+    for r in ev.ras_hanging():
+        node = ev.node_of_rank.get(r.rank) or r.host
+        out.append(Candidate(
+            Cause.TELEMETRY_GAP, "warning", {"node": node, "rank": r.rank},
+            f"NCCL's RAS reports rank {r.rank} of communicator {r.comm} ({node}) {r.state}: "
+            "the job's collectives wait for it, so the job hangs unless it comes back; "
+            "the engine cannot judge that rank", r.time_ns, r.time_ns,
+            evidence=[Evidence("nccl_ras_rank", f"rank {r.rank} {r.state} at RAS's latest "
+                               f"poll of communicator {r.comm}", 1, "ranks", r.time_ns,
+                               r.time_ns, [node])],
+            facts={"state": r.state, "comm": r.comm, "host": r.host}))
     return out

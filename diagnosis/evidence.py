@@ -11,6 +11,7 @@ live engine and `diagnose --recompute` aggregate with the same code.
 from __future__ import annotations
 
 import bisect
+import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -64,8 +65,33 @@ class NodeSecond(NamedTuple):
     rx_peak_bps: float = 0.0
 
 
+class StepSource(enum.StrEnum):
+    """Where a job's steps come from (diagnosis/source.py reads one per job). The value
+    is the measurement of the steps; `sync` names the one their grad sync comes from."""
+
+    GLOO = "gloo_step"                  # the gloo probe: steps, grad sync, progress
+    NCCL = "nccl_step"                  # NCCL calls' enqueue times: no grad sync split
+    NCCL_PROFILED = "nccl_step+ncclprof"  # ... with the profiler plugin's kernel windows
+
+    @property
+    def steps(self) -> str:
+        """The measurement the step times come from."""
+        return "gloo_step" if self is StepSource.GLOO else "nccl_step"
+
+    @property
+    def sync(self) -> str:
+        """The measurement the grad sync (time inside the collectives) comes from."""
+        return {StepSource.GLOO: "gloo_step", StepSource.NCCL: "nccl_step",
+                StepSource.NCCL_PROFILED: "ncclprof_collective"}[self]
+
+    @property
+    def progress(self) -> str:
+        """The measurement of the steps in progress (only gloo reports them)."""
+        return "gloo_progress"
+
+
 class Step(NamedTuple):
-    """One inferred training step of one rank (gloo_step)."""
+    """One inferred training step of one rank (from the measurement `source` names)."""
 
     rank: str
     node: str
@@ -78,6 +104,7 @@ class Step(NamedTuple):
     throttled_seconds: float | None = None   # its CPU cgroup's throttled time (None: unread)
     cpu_limit: float | None = None           # that cgroup's quota in CPUs (None: none)
     cpu_limit_held: bool = False             # the same quota from the step's start to end
+    source: StepSource = StepSource.GLOO
 
     @property
     def end_ns(self) -> int:
@@ -115,6 +142,30 @@ class Phase(NamedTuple):
     peer: str
 
 
+class RasState(enum.StrEnum):
+    """A rank's trouble as NCCL's RAS reports it (nccl_ras_rank's `state` tag)."""
+
+    DEAD = "dead"                      # silent for ~60 s
+    UNRESPONSIVE = "unresponsive"      # did not answer RAS's status collective
+    MISSING = "missing"
+    ERROR = "error"
+    ABORTED = "aborted"
+
+
+#: the states that say the rank no longer takes part: its job hangs on it
+RAS_HANGING = frozenset({RasState.DEAD, RasState.UNRESPONSIVE})
+
+
+class RasRank(NamedTuple):
+    """One rank of a communicator in trouble at one RAS status poll (nccl_ras_rank)."""
+
+    comm: str
+    rank: str                          # its rank in the communicator
+    time_ns: int                       # the poll
+    state: str                         # a RasState value (unknown ones are kept as read)
+    host: str
+
+
 class Reports(NamedTuple):
     """JobEvidence.latest_reports: rank -> its latest step start and phase start (ns)."""
 
@@ -134,6 +185,8 @@ class JobEvidence:
     addr_node: dict[str, str] = field(default_factory=dict)                 # address -> node
     last_seen_ns: dict[str, int] = field(default_factory=dict)              # node -> latest window
     lost_records: dict[str, int] = field(default_factory=dict)              # node -> agent_loss
+    ras_polls: dict[str, int] = field(default_factory=dict)       # comm -> its latest RAS poll
+    ras_ranks: dict[tuple, RasRank] = field(default_factory=dict)  # (comm, rank) -> latest
     # the order of each rank's steps and phases, as evaluations walk them every tick:
     # kept up by merge and prune, rebuilt when a table was replaced or resized
     _order: dict = field(default_factory=dict, repr=False, compare=False)
@@ -199,6 +252,30 @@ class JobEvidence:
             self.last_seen_ns[node] = max(ns, self.last_seen_ns.get(node, 0))
         for node, n in other.lost_records.items():
             self.lost_records[node] = max(n, self.lost_records.get(node, 0))
+        self.take_ras(other.ras_polls, other.ras_ranks.values())
+
+    def take_ras(self, polls: dict[str, int], ranks) -> None:
+        """RAS polls of communicators and their ranks' troubles; later ones win."""
+        for comm, ns in polls.items():
+            self.ras_polls[comm] = max(ns, self.ras_polls.get(comm, 0))
+        for r in ranks:
+            old = self.ras_ranks.get((r.comm, r.rank))
+            if old is None or r.time_ns >= old.time_ns:
+                self.ras_ranks[(r.comm, r.rank)] = r
+
+    def ras_hanging(self) -> list[RasRank]:
+        """The ranks RAS's latest poll of their communicator reports dead or
+        unresponsive (a rank missing from a later poll's troubles has recovered)."""
+        return sorted((r for r in self.ras_ranks.values()
+                       if r.state in RAS_HANGING and r.time_ns >= self.ras_polls.get(r.comm, 0)),
+                      key=lambda r: (r.comm, _rank_order(r.rank)))
+
+    def step_source(self) -> StepSource:
+        """Where this job's steps come from (one source per job: diagnosis/source.py)."""
+        for table in self.steps.values():
+            for step in table.values():
+                return step.source
+        return StepSource.GLOO
 
     def take_progress(self, p: Progress) -> None:
         """A rank's report of a step in progress (one per step: a later report of the
@@ -362,6 +439,7 @@ class CellTotals:
     seconds: int = 0
     rx_data_segs: int = 0
     rx_ooo_pkts: int = 0
+    loss_seconds: int = 0                # seconds in which it resent anything
 
     @property
     def loss_ratio(self) -> float:
@@ -424,7 +502,8 @@ class Window:
                 weighted_median([(s.rtt_p50_us, s.rtt_samples) for s in sampled]),
                 weighted_median([(s.rtt_p90_us, s.rtt_samples) for s in sampled
                                  if s.rtt_p90_us is not None]),
-                sum(samples), len(secs), sum(rx_segs), sum(rx_ooo)))
+                sum(samples), len(secs), sum(rx_segs), sum(rx_ooo),
+                sum(1 for r in retrans if r)))
         return out
 
     def nodes(self) -> dict[str, NodeTotals]:

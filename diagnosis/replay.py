@@ -30,6 +30,8 @@ def slice_until(ev: JobEvidence, t_s: int) -> JobEvidence:
         if table:
             out.last_seen_ns[node] = max(table) * SECOND
     out.lost_records = dict(ev.lost_records)
+    out.take_ras({c: ns for c, ns in ev.ras_polls.items() if ns < t_ns},
+                 [r for r in ev.ras_ranks.values() if r.time_ns < t_ns])
     return out
 
 

@@ -8,18 +8,33 @@ gloo_phase rows as they are; each node's latest tcp_node window (its agent's
 heartbeat: written every window, zero when idle) and agent_loss.
 
 Which job a flow belongs to comes from the owner tags the agents put on it
-(job, rank); the nodes of a job are those its ranks' gloo_step records come
-from.
+(job, rank); the nodes of a job are those its ranks' step records come from.
+
+A job's steps have one source (Members.source), gloo's or NCCL's:
+- gloo_step (with gloo_progress) wherever it exists: it is the richer, carrying the
+  grad sync split, the retransmits inside it, CPU throttling and the steps in
+  progress. A job with both gloo_step and nccl_step records (a PyTorch job whose
+  CPU groups run gloo beside NCCL) is read from gloo_step only, never twice.
+- nccl_step otherwise: the step times of the NCCL calls' pattern. Its grad sync
+  comes from the profiler plugin's ncclprof_collective records where the plugin
+  runs: the union of the GPU kernel windows of the collectives the rank enqueued
+  inside the step. A rank that enters late finds its peers already spinning in the
+  kernel, so, as with gloo, the others' sync grows and the late rank's compute
+  stands out. Without the plugin a step's grad sync is unknown and read as 0 (its
+  source says NCCL), so the causes that need the split stay silent.
+The job's RAS polls (nccl_ras_comm, nccl_ras_rank) are read for either source.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import NamedTuple
 
 from diagnosis.evidence import (SECOND, CellKey, CellSecond, JobEvidence, NodeSecond, Phase,
-                                Progress, Step, update_changed)
+                                Progress, RasRank, Step, StepSource, update_changed)
 from diagnosis.store import Store, quote, regex_of
 
 
@@ -29,6 +44,7 @@ class Members:
 
     job: str
     node_of_rank: dict[str, str]
+    source: StepSource = StepSource.GLOO     # GLOO or NCCL: where its steps are read from
 
     @property
     def nodes(self) -> list[str]:
@@ -85,15 +101,24 @@ class StoreSource:
         self.store = store
 
     def jobs(self, t0_ns: int, t1_ns: int) -> dict[str, Members]:
-        """The jobs whose ranks reported steps in [t0, t1)."""
-        rows = self.store.query(f"SELECT last(sync_seconds) FROM gloo_step WHERE "
+        """The jobs whose ranks reported steps in [t0, t1): from gloo_step, and from
+        nccl_step those that have none in gloo_step (one source per job)."""
+        out = self._members("gloo_step", "sync_seconds", t0_ns, t1_ns, StepSource.GLOO)
+        for job, members in self._members("nccl_step", "seconds", t0_ns, t1_ns,
+                                          StepSource.NCCL).items():
+            out.setdefault(job, members)
+        return out
+
+    def _members(self, table: str, field_name: str, t0_ns: int, t1_ns: int,
+                 source: StepSource) -> dict[str, Members]:
+        rows = self.store.query(f"SELECT last({field_name}) FROM {table} WHERE "
                                 f"{_span(t0_ns, t1_ns)} GROUP BY job, rank, node")
         out: dict[str, dict[str, str]] = {}
         for r in rows:
             tags = r["_tags"]
             if tags.get("job"):
                 out.setdefault(tags["job"], {})[tags.get("rank", "-")] = tags.get("node", "")
-        return {job: Members(job, ranks) for job, ranks in out.items()}
+        return {job: Members(job, ranks, source) for job, ranks in out.items()}
 
     def read(self, members: Members, t0_ns: int, t1_ns: int,
              steps_from: "int | Starts | None" = None, heartbeat_from_ns: int | None = None,
@@ -124,8 +149,12 @@ class StoreSource:
         self._nodes(ev, nodes, cells)
         steps = _starts(steps_from if steps_from is not None else t0_ns)
         step_wheres = steps.wheres("rank", t1_ns, SECOND // 2)
-        self._steps(ev, members, step_wheres)
-        self._progress(ev, members.job, step_wheres)
+        if members.source is StepSource.GLOO:
+            self._steps(ev, members, step_wheres)
+            self._progress(ev, members.job, step_wheres)
+        else:
+            self._nccl_steps(ev, members, step_wheres)
+        self._ras(ev, members.job, cells[0])
         self._phases(ev, members.job, _starts(phases_from if phases_from is not None
                                               else steps).wheres("rank", t1_ns, SECOND // 2))
         hb_from = heartbeat_from_ns if heartbeat_from_ns is not None else t1_ns - 120 * SECOND
@@ -204,7 +233,8 @@ class StoreSource:
                     continue              # a row without sync_seconds is one being written
                 step = (seconds, float(sync), compute, retrans or 0, sync_retrans or 0,
                         None if throttled is None else float(throttled),
-                        None if limit is None else float(limit), bool(held))
+                        None if limit is None else float(limit), bool(held),
+                        StepSource.GLOO)
                 old = table.get(time_ns)
                 if old is None:
                     added.append(time_ns)
@@ -214,6 +244,70 @@ class StoreSource:
             ev.keys_added("steps", rank, added)
         ev.node_of_rank.update((rank, node) for rank, node in node_of_rank.items()
                                if rank not in members.node_of_rank)
+
+    def _nccl_steps(self, ev: JobEvidence, members: Members, wheres: list[str]) -> None:
+        """The job's nccl_step records as steps, their grad sync from the profiler's
+        kernel windows where it has them (the module's docstring)."""
+        kernels = self._kernels(members.job, wheres)
+        node_of_rank: dict[str, str] = {}
+        for tags, columns, values in self._series(
+                f"SELECT seconds FROM nccl_step WHERE job = {quote(members.job)}", wheres,
+                "rank, node"):
+            rank, node = tags.get("rank") or "-", tags.get("node") or ""
+            node_of_rank.setdefault(rank, node)
+            table, added = ev.steps.setdefault(rank, {}), []
+            windows = kernels.get(rank)
+            for time_ns, seconds in map(_picker(columns, ("time", "seconds")), values):
+                if seconds is None:       # a row being written
+                    continue
+                seconds = float(seconds)
+                sync = _sync_in(windows, time_ns, seconds) if windows else None
+                step = Step(rank, node, time_ns, seconds, sync or 0.0, seconds - (sync or 0.0),
+                            source=StepSource.NCCL if sync is None
+                            else StepSource.NCCL_PROFILED)
+                old = table.get(time_ns)
+                if old is None:
+                    added.append(time_ns)
+                elif old == step:
+                    continue
+                table[time_ns] = step
+            ev.keys_added("steps", rank, added)
+        ev.node_of_rank.update((rank, node) for rank, node in node_of_rank.items()
+                               if rank not in members.node_of_rank)
+
+    def _kernels(self, job: str, wheres: list[str]) -> dict[str, "_Kernels"]:
+        """Each rank's collectives with GPU kernel times (ncclprof_collective), in
+        enqueue order. Those the plugin closed itself (`incomplete`: its stale sweep or
+        finalize) are left out: their times are partial, and the sweep closes a
+        collective only long after NCCL stopped reporting it."""
+        out: dict[str, _Kernels] = {}
+        for tags, columns, values in self._series(
+                "SELECT kernel_seconds, kernel_start_ns, kernel_end_ns, incomplete FROM "
+                f"ncclprof_collective WHERE job = {quote(job)}", wheres, "rank"):
+            rows = sorted(row for row in map(_picker(columns, (
+                "time", "kernel_seconds", "kernel_start_ns", "kernel_end_ns", "incomplete")),
+                values) if row[1] is not None and not row[4])
+            if rows:
+                out[tags.get("rank") or "-"] = _Kernels([r[0] for r in rows], rows)
+        return out
+
+    def _ras(self, ev: JobEvidence, job: str, span: str) -> None:
+        """The job's RAS polls and the ranks each reported in trouble (one request)."""
+        q = quote(job)
+        polls: dict[str, int] = {}
+        ranks = []
+        for tags, columns, values in self.store.series(
+                f"SELECT nranks FROM nccl_ras_comm WHERE job = {q} AND {span} GROUP BY comm; "
+                f"SELECT host FROM nccl_ras_rank WHERE job = {q} AND {span} "
+                "GROUP BY comm, rank, state"):
+            comm = tags.get("comm", "")
+            if "rank" not in tags:          # a poll of the communicator (time first)
+                if values:
+                    polls[comm] = max(max(v[0] for v in values), polls.get(comm, 0))
+                continue
+            ranks += [RasRank(comm, tags["rank"], t, tags.get("state", ""), str(host or ""))
+                      for t, host in map(_picker(columns, ("time", "host")), values)]
+        ev.take_ras(polls, ranks)
 
     def _progress(self, ev: JobEvidence, job: str, wheres: list[str]) -> None:
         """The ranks' reports of their steps in progress (one point per step: each
@@ -272,6 +366,37 @@ class StoreSource:
                                   f"node =~ {nodes} AND {span} GROUP BY node"):
             node = r["_tags"]["node"]
             ev.lost_records[node] = max(ev.lost_records.get(node, 0), int(r["records"] or 0))
+
+
+class _Kernels(NamedTuple):
+    """One rank's collectives: enqueue times (sorted) and (time, kernel_seconds,
+    kernel_start_ns, kernel_end_ns, incomplete) rows in the same order."""
+
+    times: list[int]
+    rows: list[tuple]
+
+
+def _sync_in(kernels: _Kernels, t_ns: int, seconds: float) -> float | None:
+    """The GPU time inside collectives of the collectives enqueued in [t, t + seconds):
+    the union of their kernel windows where they carry both ends (one process's ends
+    share a clock, GPU or host), else the sum of their kernel_seconds; at most the
+    step. None: no collective of the step has kernel times."""
+    lo = bisect.bisect_left(kernels.times, t_ns)
+    hi = bisect.bisect_left(kernels.times, t_ns + int(seconds * SECOND), lo)
+    rows = kernels.rows[lo:hi]
+    if not rows:
+        return None
+    spans = sorted((r[2], r[3]) for r in rows if r[2] is not None and r[3] is not None)
+    total = sum(float(r[1]) for r in rows if r[2] is None or r[3] is None)
+    end = None
+    for start, stop in spans:
+        if end is None or start > end:
+            total += (stop - start) / SECOND
+            end = stop
+        elif stop > end:
+            total += (stop - end) / SECOND
+            end = stop
+    return min(max(0.0, total), seconds)
 
 
 # Per-second tables are summed here from the raw points, not by InfluxQL's

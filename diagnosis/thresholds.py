@@ -38,15 +38,18 @@ class Thresholds:
     loss_min_segs: int = field(default=20, metadata=why(
         "segments resent in the window before a cell can be lossy: 20 +- 4.5 (Poisson) "
         "keeps chance from crossing the ratio", "segments"))
-    spared_min_segs: int = field(default=30, metadata=why(
-        "segments the clean hops through a lossy place would have resent at the lossy "
-        "hops' ratio before their sparing counts: a link that drops frames independent "
-        "of load resends a Poisson count around that expectation on every flow through "
-        "it, and at 30 a count of spared_share or less of it has a chance under 1e-9",
-        "segments"))
+    spared_min_episodes: float = field(default=7.0, metadata=why(
+        "loss episodes the clean hops through a lossy place would have met at the lossy "
+        "hops' rate (episodes per byte) before their sparing counts. Frames die in runs "
+        "(a burst of bit errors, a drop of a segmentation-offload frame of up to 44 "
+        "segments), so the unit that falls independent of load is the episode, not the "
+        "segment: counted as the seconds in which a hop resent anything (one per second "
+        "at most, so the expectation is low if anything), a link that drops independent "
+        "of load spares all of an expectation of 7 with a chance of e^-7 < 1e-3",
+        "episodes"))
     spared_share: float = field(default=0.1, metadata=why(
-        "the clean hops resent at most this share of what the lossy hops' ratio predicts "
-        "for them: the loss spares some traffic through the place and hits what arrives "
+        "the clean hops met at most this share of the loss episodes the lossy hops' rate "
+        "predicts for them: the loss spares some traffic through the place and hits what arrives "
         "while it overflows (a checkpoint or the job's synchronized sends joining the "
         "ring's), which is a buffer, not a lossy link", "fraction"))
     rtt_inflation: float = field(default=4.0, metadata=why(

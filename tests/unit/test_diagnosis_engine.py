@@ -321,13 +321,15 @@ def test_a_queue_a_checkpoint_shares_is_named_on_its_uplink_without_waiting():
 
 @pytest.mark.parametrize("ring_loss, cause", [
     # the checkpoints through tor0's uplink lose 2 %, the ring's steady hop through it
-    # (0 -> 3, 4 MB a second) nothing: the drops hit the bursts, a shallow buffer's
+    # (0 -> 3, 16 MB a second: over a window, some 20 of the checkpoints' drops' worth)
+    # nothing: the drops hit the bursts, a shallow buffer's
     (0.0, "buffer_saturation"),
     # the steady hop loses its share as well: frames die independent of load
     (0.02, "lossy_link")])
 def test_loss_that_spares_the_steady_traffic_through_a_place_is_a_buffers(ring_loss, cause):
     def hop(s, src, dst):
-        return HopPlan(loss=ring_loss) if s >= FAULT and (src, dst) == (0, 3) else HopPlan()
+        steady = 16_000_000 if (src, dst) == (0, 3) else HopPlan.bytes
+        return HopPlan(steady, loss=ring_loss if s >= FAULT and (src, dst) == (0, 3) else 0.0)
     spec = SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop)
     ev = with_storage_writes(spec, (0, 1), HopPlan(loss=0.02))     # RTT at the floor
     # tor1's nodes write theirs unharmed: the store's own port is not the place
