@@ -155,8 +155,11 @@ def markdown(results: dict, path: str) -> str:
     seeds = sorted(r["seed"] for r in runs if r.get("seed") is not None)
     the_set = set_of(seeds[0]) if seeds else SetName.DEV
     first = seeds[0] - SET_BASE[the_set] if seeds else 0
-    command = (f"python -m bench.diagnosis_matrix --set {the_set.value} --runs {len(runs)}"
-               + (f" --first {first}" if first else "") + f" --json {path}")
+    command = results.get("command") or (
+        f"python -m bench.diagnosis_matrix --set {the_set.value} --runs {len(runs)}"
+        + (f" --first {first}" if first else "") + f" --json {path}")
+    how = ("recorded live, replayed through the engine as it is now, with"
+           if results.get("replayed") else "measured with")
     seed_text = f", seeds {seeds[0]}-{seeds[-1]}" if seeds else ""
 
     def must(r):
@@ -192,7 +195,7 @@ def markdown(results: dict, path: str) -> str:
         ("runs that failed to run", str(s["errors"]))]
     out = [f"{s['runs']} runs of the {the_set.value} set{seed_text} ({s['faulty']} with a "
            f"fault to name, {s['healthy']} healthy, {s['mild']} with a fault that cost under "
-           f"{SENSITIVITY * 100:g} % of the step), measured with `{command}`:", "",
+           f"{SENSITIVITY * 100:g} % of the step), {how} `{command}`:", "",
            "| measure | result |", "|---|---|"]
     out += [f"| {name} | {value} |" for name, value in rows]
     out += ["", "| kind | runs | with a fault to name | right |", "|---|---|---|---|"]

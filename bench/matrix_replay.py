@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dumps", nargs="*", help="JSON files written by a matrix run with "
                         "FABRICSCOPE_MATRIX_DUMP set (.json or .json.gz)")
+    parser.add_argument("--json", metavar="FILE", help="also write the replayed runs and their "
+                        "summary to FILE, as bench.diagnosis_matrix --json does (docs/"
+                        "DIAGNOSIS.md renders it)")
     parser.add_argument("--record", metavar="FOLDER", help="write FOLDER/expected.json from "
                         "the engine's findings over FOLDER's dumps")
     args = parser.parse_args(argv)
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             return record(args.record, influx)
     if not args.dumps:
         parser.error("give dumps to replay, or --record FOLDER")
-    right, latency, failed = 0, [], []
+    right, latency, failed, outcomes = 0, [], [], []
     with InfluxServer() as influx:
         for path in args.dumps:
             try:
@@ -151,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{path}: not replayed: {exc.one_line()}")
                 continue
             judged = out["judged"]
+            outcomes.append(judged)
             right += judged.ok
             latency += judged.latency_s
             print(f"{out['scenario']} ({out['params']}): "
@@ -164,7 +168,22 @@ def main(argv: list[str] | None = None) -> int:
           f"median {latency[len(latency) // 2] if latency else None} s, max "
           f"{latency[-1] if latency else None} s" +
           (f"; {len(failed)} not replayed: {' '.join(failed)}" if failed else ""))
+    if args.json and outcomes:
+        write_results(args.json, outcomes, args.dumps)
     return 1 if failed else 0
+
+
+def write_results(path: str, outcomes: list, dumps: list[str]) -> None:
+    """The replayed runs as a results file (bench.diagnosis_matrix.read_results), with
+    the command that replays them again."""
+    from bench.diagnosis_matrix import summarize
+    dumps = sorted({str(Path(d).parent) for d in dumps})
+    command = ("python -m bench.matrix_replay " + " ".join(f"{d}/*.json.gz" for d in dumps)
+               + f" --json {path}")
+    with open(path, "w") as fh:
+        json.dump({"summary": summarize(outcomes), "runs": [o.to_dict() for o in outcomes],
+                   "command": command, "replayed": True}, fh, indent=1)
+        fh.write("\n")
 
 
 if __name__ == "__main__":
