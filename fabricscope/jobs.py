@@ -3,8 +3,8 @@
 The markers ring (its JSON metadata), the gloo probe and the TCP flow owners
 (a process's environment) all tag records with `job` and `rank`; they must agree,
 or records of one process would not join. The job id is FABRICSCOPE_JOB, else
-the orchestrator's name of the job (Kubernetes: the job controller's pod label,
-agent/kube/training.py), else MASTER_ADDR:MASTER_PORT (what every rank of a
+the orchestrator's name of the job (Kubernetes: NAMESPACE/NAME, the name from the
+job controller's pod label, agent/kube/training.py and resolver.job_id), else MASTER_ADDR:MASTER_PORT (what every rank of a
 torch.distributed job shares), else the pid (a process on its own). The rank is
 RANK, else the pod's index in its job, '-' when neither is known.
 """

@@ -35,11 +35,18 @@ class PodIdentity:
     namespace: str
     pod: str
     uid: str
-    job: str = ""            # training job name from the labels; "" when none names one
+    job: str = ""            # NAMESPACE/NAME of its training job (job_id); "" when none
     index: str = ""          # the pod's index in its job; "" when unknown
 
     def tags(self) -> dict[str, str]:
         return {"namespace": self.namespace, "pod": self.pod}
+
+
+def job_id(namespace: str, name: str) -> str:
+    """A training job's id: its name within its namespace, as kubectl writes one
+    (`research/llama`). A job's name is unique only in its namespace: two teams'
+    `finetune` jobs must not be one job to the diagnosis."""
+    return f"{namespace}/{name}"
 
 
 class PodResolver:
@@ -61,7 +68,8 @@ class PodResolver:
         self._missed.pop(found.pod_uid, None)
         job = training_job(pod.labels, pod.annotations, self.job_labels)
         identity = PodIdentity(pod.namespace, pod.name, pod.uid,
-                               job.name if job else "", job.index if job else "")
+                               job_id(pod.namespace, job.name) if job else "",
+                               job.index if job else "")
         return self._count(Resolution.POD, "in_pod"), identity
 
     def for_pid(self, proc: Path, pid: int) -> tuple[Resolution, PodIdentity | None]:

@@ -50,7 +50,7 @@ def test_a_flow_owner_in_a_labelled_pod_carries_namespace_pod_and_the_job_name(t
     owner = Owners(proc=tmp_path, pods=listed(FULL))._read_owner(20)
     tags = owner.tags()
     assert (tags["namespace"], tags["pod"], tags["job"], tags["rank"]) == \
-        ("research", "llama-pretrain-worker-3", "llama-pretrain", "7")
+        ("research", "llama-pretrain-worker-3", "research/llama-pretrain", "7")
     assert tags["container"] == "4f2a9c1d0e8b"
     validate(Record("tcp_flow", 1, {"saddr": "10.0.0.2", "daddr": "10.0.0.1", "sport": "1",
                                     "dport": "2", "node": "node-a", **tags},
@@ -77,7 +77,8 @@ def test_gloo_waits_out_a_pending_pod_and_then_keeps_its_job(tmp_path):
     assert table.get(30).job == "10.0.0.1:29500" and table.pids() == []   # not kept
     pods.cache.refresh()
     info = table.get(30)
-    assert (info.job, info.namespace, info.pod) == ("finetune", "research", "finetune-2-q9wzl")
+    assert (info.job, info.namespace, info.pod) == ("research/finetune", "research",
+                                                    "finetune-2-q9wzl")
     assert table.pids() == [30]
     validate(Record("gloo_step", 1, {**_tags(info), "node": "node-a"},
                     {"seconds": 1.0, "step": 1}))

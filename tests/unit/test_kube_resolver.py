@@ -40,11 +40,12 @@ def resolver(*answers, refresh=True) -> PodResolver:
     return PodResolver(cache)
 
 
-def test_a_process_in_a_listed_pod_gets_namespace_pod_job_and_index():
+def test_a_process_in_a_listed_pod_gets_namespace_pod_its_namespaced_job_and_index():
     res = resolver(FULL)
     assert res.identify(CGROUPS["v2_systemd_burstable_containerd"]) == (
         Resolution.POD, PodIdentity("research", "llama-pretrain-worker-3",
-                                    "5f0b6c2e-8a4d-4c1e-9b7a-2d3e4f5a6b7c", "llama-pretrain", "3"))
+                                    "5f0b6c2e-8a4d-4c1e-9b7a-2d3e4f5a6b7c", "research/llama-pretrain",
+                                    "3"))
     assert res.identify(CGROUPS["v1_cgroupfs_guaranteed"])[1].tags() == \
         {"namespace": "research", "pod": "finetune-2-q9wzl"}
     assert res.stats()["in_pod"] == 2
@@ -82,7 +83,7 @@ def test_a_pod_listed_by_the_relist_after_a_miss_is_found():
     text = CGROUPS["v2_systemd_guaranteed_crio"]
     assert res.identify(text)[0] is Resolution.PENDING
     res.cache.refresh()
-    assert res.identify(text)[1].job == "gpt-js"
+    assert res.identify(text)[1].job == "ml/gpt-js"
 
 
 def test_before_the_first_list_a_pod_is_pending_and_with_the_source_down_unknown():
@@ -97,7 +98,7 @@ def test_a_pid_whose_cgroup_file_is_gone_is_unknown(tmp_path):
     (tmp_path / "7").mkdir()
     (tmp_path / "7" / "cgroup").write_text(CGROUPS["v1_cgroupfs_guaranteed"])
     res = resolver(FULL)
-    assert res.for_pid(tmp_path, 7)[1].job == "finetune"
+    assert res.for_pid(tmp_path, 7)[1].job == "research/finetune"
     assert res.for_pid(tmp_path, 8)[0] is Resolution.UNKNOWN
 
 
@@ -133,3 +134,9 @@ def test_the_topology_command_writes_the_file_and_names_the_nodes_left_out(tmp_p
     assert "node-d" in capsys.readouterr().err
     assert topology_main([str(tmp_path / "none.json"), "--level", "x"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_jobs_of_one_name_in_two_namespaces_stay_two_jobs():
+    from agent.kube.resolver import job_id
+    assert job_id("team-a", "finetune") != job_id("team-b", "finetune")
+    assert job_id("research", "finetune") == "research/finetune"
