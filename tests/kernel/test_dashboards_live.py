@@ -191,7 +191,13 @@ def _await_stored(stack, lab) -> None:
     try:
         await_condition(lambda: modelled() >= ranks, 60, "every rank's traffic model", 0.5)
     except TimeoutError as exc:
-        raise TimeoutError(f"{exc}: ranks modelled {sorted(modelled())} of {sorted(ranks)}")
+        stepped = {row["value"] for row in stack.influx.query(
+            'SHOW TAG VALUES FROM "gloo_step" WITH KEY = "rank"', db="fabricscope")}
+        missing = sorted(ranks - modelled())
+        tails = "; ".join(f"node{r}'s agent: {stack.agents[int(r)].log_tail(8)}"
+                          for r in missing if int(r) in stack.agents)
+        raise TimeoutError(f"{exc}: ranks modelled {sorted(modelled())} of {sorted(ranks)}, "
+                           f"ranks with gloo steps {sorted(stepped)}; {tails}") from exc
     await_stable(lambda: (count("SELECT count(seconds) FROM gloo_phase"),
                           count("SELECT count(duty_cycle) FROM traffic_model")),
                  quiet_s=3.0, timeout_s=60, what="phases in InfluxDB")
