@@ -340,10 +340,11 @@ def fit(series: np.ndarray, bin_s: float, min_period_s: float = 0.0,
     """T, B and D of one bandwidth series (bytes per bin of bin_s seconds)."""
     x = np.asarray(series, dtype=float)
     found = sync_period(x, bin_s, min_period_s, max_period_s)
+    # plain floats: a numpy scalar is no float on the wire (the collector refuses it)
     return TrafficModel(
-        period_s=found[0] if found else None,
-        acf_peak=found[1] if found else 0.0,
-        burst_bytes_per_s=burst_bandwidth(x, bin_s),
-        duty_cycle=duty_cycle(x),
+        period_s=float(found[0]) if found else None,
+        acf_peak=float(found[1]) if found else 0.0,
+        burst_bytes_per_s=float(burst_bandwidth(x, bin_s)),
+        duty_cycle=float(duty_cycle(x)),
         mean_bytes_per_s=float(x.mean() / bin_s) if len(x) else 0.0,
         window_s=len(x) * bin_s)

@@ -193,3 +193,14 @@ def test_slow_steps_with_the_same_bytes_count_as_one_period_each():
     series = tm.series_from_windows(windows, 0.0, t, 1.0)
     period, _acf = tm.sync_period(series, 1.0)
     assert period == pytest.approx(np.mean(lengths[:-1]), rel=0.02)
+
+
+def test_a_fitted_model_holds_plain_floats_for_the_wire():
+    import numpy as np
+    from fabricscope import trafficmodel
+    series = np.tile([5e6] * 5 + [0.0] * 45, 40)
+    model = trafficmodel.fit(series, 0.001)
+    assert model.period_s is not None
+    for value in (model.period_s, model.acf_peak, model.burst_bytes_per_s, model.duty_cycle,
+                  model.mean_bytes_per_s, model.window_s):
+        assert type(value) is float, (value, type(value))
