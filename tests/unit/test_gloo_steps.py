@@ -249,3 +249,36 @@ def test_the_step_in_progress_is_known_while_it_runs():
     assert (o.seconds, o.sync_seconds, o.compute_seconds) == pytest.approx((0.015, 0.015, 0))
     assert t.open_step(240 * MS, None) is None      # returned, its event not read yet
     assert t.open_step(240 * MS, 250 * MS) is None  # began after now: not in flight then
+
+
+def test_the_step_in_progress_starts_with_an_allreduce_still_in_flight_that_began_first():
+    """ProcessGroupGloo runs buckets on two threads: the bucket begun second can return
+    first. The step in progress then starts where the one still in flight began, the
+    start its gloo_step will have, not at the returned one's."""
+    grad = 8_396_800
+    colls = ddp_run(4)                      # steps 1-3 at 70, 120, 170 ms: 75-100, 76-101
+    colls += [coll("AllReduce", 225, 250, grad // 2), coll("AllReduce", 226, 240, grad // 2)]
+    t = StepTracker()
+    for c in sorted(colls, key=lambda c: c.end_ns):
+        if c.end_ns <= 245 * MS and c.op != "Barrier":
+            t.add(c)
+    t.next_started(225 * MS)                # closes step 3: step 4's first is in flight
+    o = t.open_step(245 * MS, 225 * MS)     # 226-240 returned, 225- still in flight
+    assert (o.index, o.start_ns, o.waiting) == (4, 225 * MS, True)
+    assert (o.seconds, o.sync_seconds) == pytest.approx((0.020, 0.020))
+    t.add(colls[-2])
+    steps, _ = t.flush()
+    assert [(s.index, s.start_ns) for s in steps] == [(4, 225 * MS)]
+
+
+def test_no_step_in_progress_is_named_where_an_allreduce_in_flight_joins_the_step_before():
+    t = StepTracker()
+    for c in sorted(ddp_run(4), key=lambda c: c.end_ns):
+        if c.end_ns <= 190 * MS:
+            t.add(c)
+    assert [b.start_ns for b in t.bursts] == [125 * MS]     # steps 0, 1 emitted
+    # one in flight since 101.1 ms, as step 1's burst ended (75-101 ms), would join that
+    # burst: which step it belongs to, and where step 2 starts, are not known
+    assert t.open_step(190 * MS, int(101.1 * MS)) is None
+    o = t.open_step(190 * MS, 110 * MS)    # in the gap before step 2: it opens step 2
+    assert (o.index, o.start_ns, o.waiting) == (2, 110 * MS, True)

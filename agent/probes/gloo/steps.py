@@ -205,6 +205,7 @@ class StepTracker:
         self.step_bytes: int | None = None  # G once known
         self.next_index = 0
         self.frozen_ns = 0                  # emitted steps end here
+        self.cut_ns = 0                     # the last burst left behind (emitted, skipped) ends here
         self.init: Burst | None = None      # collectives before the first AllReduce
         self.init_done = False
         self.hints: set[int] = set()        # parameter bytes DDP broadcast at construction
@@ -247,8 +248,12 @@ class StepTracker:
         """The step in progress at now_ns, given since when an AllReduce has been in
         flight (None: none is). After next_started closed the last step, that
         AllReduce (not returned yet, so not among the bursts) is the open step's first;
-        else the open step is the last group of the bursts held. None until G is known,
-        or where the bursts held do not cut into steps of G."""
+        else the open step is the last group of the bursts held, opened by that
+        AllReduce where it began before the group's first returned one (gloo runs a
+        process group's collectives on several threads: a bucket's AllReduce can return
+        before the one begun just before it). None until G is known, where the bursts
+        held do not cut into steps of G, or where the AllReduce in flight reaches back
+        into the group before (the cut is then unknown)."""
         if self.step_bytes is None:
             return None
         if in_flight_ns is not None and in_flight_ns > now_ns:
@@ -262,15 +267,20 @@ class StepTracker:
         if starts is None:
             return None
         group = self.bursts[starts[-1]:]
-        start = group[0].start_ns
         if now_ns < group[-1].end_ns:
             return None
-        sync = sum(b.busy_ns for b in group)
-        waiting = in_flight_ns is not None and in_flight_ns >= start
-        if waiting:     # the AllReduce in flight adds the time since it began or since
-            sync += now_ns - max(in_flight_ns, group[-1].end_ns)   # the last one ended
+        start = group[0].start_ns
+        windows = [w for b in group for w in b.windows]
+        waiting = in_flight_ns is not None and in_flight_ns >= self.cut_ns
+        if waiting and in_flight_ns < start:
+            before = self.bursts[starts[-1] - 1].end_ns if starts[-1] else self.cut_ns
+            if in_flight_ns <= before + self.merge_gap_ns:
+                return None
+            start = in_flight_ns
+        if waiting:
+            windows.append((in_flight_ns, now_ns))
         return OpenStep(self.next_index + len(starts) - 1, start, (now_ns - start) / 1e9,
-                        sync / 1e9, waiting)
+                        _union(windows) / 1e9, waiting)
 
     def flush(self) -> tuple[list[Step], list[Phase]]:
         """The process ended: emit what is left (the last step has no duration)."""
@@ -334,8 +344,8 @@ class StepTracker:
                                     step.index))
         if ready:
             self.bursts = [b for g in groups[ready:] for b in g]
-            self.frozen_ns = (self.bursts[0].start_ns if self.bursts
-                              else groups[ready - 1][-1].end_ns)
+            self.cut_ns = groups[ready - 1][-1].end_ns
+            self.frozen_ns = self.bursts[0].start_ns if self.bursts else self.cut_ns
         return steps, phases
 
     def _resync(self) -> bool:
@@ -346,6 +356,8 @@ class StepTracker:
             if total is not None:
                 self.step_bytes = total
                 self.skipped += skip
+                if skip:
+                    self.cut_ns = self.bursts[skip - 1].end_ns
                 self.bursts = self.bursts[skip:]
                 return True
         return False
