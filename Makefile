@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit lint setup proto docs clean-labs profiler
+.PHONY: image demo test test-unit lint setup proto docs clean-labs profiler
 
 demo: setup
 	$(VENV)/bin/fabricscope demo
@@ -22,6 +22,11 @@ test-unit: setup
 setup:
 	@bash scripts/setup.sh
 
+# The agent and collector images: Debian root filesystems with the wheel installed
+# (deploy/image/build.sh), imported into podman as localhost/fabricscope-*:VERSION.
+image: setup
+	@VENV=$(VENV) bash deploy/image/build.sh
+
 # Generated wire code (never edited by hand; ignored by git).
 proto: fabricscope/v1/telemetry_pb2.py
 
@@ -30,14 +35,14 @@ fabricscope/v1/telemetry_pb2.py: proto/fabricscope/v1/telemetry.proto
 	touch fabricscope/v1/__init__.py
 
 # Rendered documentation and generated operator files (tests fail when these are stale);
-# docs/DIAGNOSIS.md's generated blocks come from `python -m diagnosis.docs`.
+# docs/DIAGNOSIS.md's generated blocks come from `python -m fabricscope.diagnosis.docs`.
 docs:
 	$(PY) -m fabricscope.schema > docs/SCHEMA.md
 	$(PY) -m fabricscope.config > docs/config.md
-	$(PY) -m surface.alerting
-	$(PY) -m surface.grafana
-	$(PY) -m surface.kubernetes
-	$(PY) -m diagnosis.docs
+	$(PY) -m fabricscope.surface.alerting
+	$(PY) -m fabricscope.surface.grafana
+	$(PY) -m fabricscope.surface.kubernetes
+	$(PY) -m fabricscope.diagnosis.docs
 
 # Remove every fabricscope lab left on this machine (normally never needed).
 clean-labs:

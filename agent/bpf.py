@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.probes.base import ProbeUnavailable
+from fabricscope.agent.probes.base import ProbeUnavailable
 
 log = logging.getLogger("fabricscope.agent.bpf")
 

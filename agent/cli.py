@@ -18,7 +18,7 @@ Configuration: docs/config.md (flags > FABRICSCOPE_AGENT_* > YAML > defaults).
 
 
 def register(subparsers) -> None:
-    from agent.config import AgentConfig
+    from fabricscope.agent.config import AgentConfig
     from fabricscope.config import add_arguments
 
     parser = subparsers.add_parser(
@@ -29,8 +29,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.config import AgentConfig
-    from agent.main import run_agent
+    from fabricscope.agent.config import AgentConfig
+    from fabricscope.agent.main import run_agent
     from fabricscope.config import load
 
     return run_agent(load(AgentConfig, "agent", args))

@@ -289,7 +289,7 @@ class AgentConfig:
         if not 0 <= self.metrics_port <= 65535:
             raise UserError(f"metrics port {self.metrics_port} is out of range",
                             "use 1-65535, or 0 to pick a free one")
-        from agent.probes import REGISTRY
+        from fabricscope.agent.probes import REGISTRY
         unknown = [p for p in self.probes if p not in REGISTRY]
         if unknown or not self.probes:
             raise UserError(f"unknown probe {', '.join(unknown)!s}" if unknown
@@ -302,7 +302,7 @@ class AgentConfig:
         if not self.kube_relist_s > 0:
             raise UserError(f"kube_relist_s {self.kube_relist_s:g} is not positive",
                             "give e.g. --kube-relist-s 10")
-        from agent.addresses import parse_addresses
+        from fabricscope.agent.addresses import parse_addresses
         parse_addresses(self.addresses)
 
     def check_transport(self) -> None:
@@ -326,7 +326,7 @@ class AgentConfig:
                             "e.g. --synthetic-rate 1000 --synthetic-count 0")
 
     def check_tcp(self) -> None:
-        from agent.probes import INCLUDES
+        from fabricscope.agent.probes import INCLUDES
         for probe, included in INCLUDES.items():
             both = [p for p in included if p in self.probes and probe in self.probes]
             if both:

@@ -4,7 +4,8 @@ Runs in the agent (not in a setup script) because the agent often starts inside
 a fresh `ip netns exec` mount namespace, where /sys is remounted and tracefs is
 missing. Steps, each failing with one UserError line (cause; fix):
 
-1. root: loading BPF and mounting tracefs need it;
+1. root: loading BPF and mounting tracefs need it; and the capabilities the enabled
+   probes need, which a container that drops the rest (the DaemonSet) may lack;
 2. BPF: the bpf() syscall creates a map (and BTF is reported when present);
 3. tracefs at /sys/kernel/tracing (and debugfs at /sys/kernel/debug, best effort):
    BCC reads tracepoint formats there, and picks its tracefs path at import time,
@@ -22,6 +23,7 @@ with fake trees; apply_links/ensure_mounts do the side effects.
 from __future__ import annotations
 
 import ctypes
+import enum
 import errno
 import logging
 import os
@@ -140,6 +142,75 @@ def check_root(euid: int | None = None) -> None:
                         "run with sudo")
 
 
+class Capability(enum.IntEnum):
+    """The capabilities a probe may need, by their bit in /proc/PID/status CapEff."""
+
+    NET_ADMIN = 12
+    SYS_PTRACE = 19
+    SYS_ADMIN = 21
+    SYS_RESOURCE = 24
+    PERFMON = 38
+    BPF = 39
+
+
+#: what each is for, in the one line that names a missing one
+CAPABILITY_USE = {
+    Capability.BPF: "load BPF programs and maps",
+    Capability.PERFMON: "attach tracepoints and uprobes",
+    Capability.NET_ADMIN: "attach TC programs to the NICs",
+    Capability.SYS_PTRACE: "read other containers' /proc/PID/maps and root",
+    Capability.SYS_RESOURCE: "raise RLIMIT_MEMLOCK for BPF maps (kernels before 5.11)",
+}
+#: before 5.8 there was no CAP_BPF or CAP_PERFMON: CAP_SYS_ADMIN covers both, and still does
+COVERED_BY_SYS_ADMIN = (Capability.BPF, Capability.PERFMON)
+MEMCG_ACCOUNTING = (5, 11)        # BPF memory charged to the cgroup, not RLIMIT_MEMLOCK
+
+
+def effective_capabilities(status: Path = Path("/proc/self/status")) -> int:
+    for line in status.read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def _release(release: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def missing_capabilities(needs: dict[str, tuple[Capability, ...]], effective: int,
+                         release: str) -> dict[Capability, list[str]]:
+    """Capability -> the probes that need it and lack it. BPF probes need
+    SYS_RESOURCE too where BPF memory counts against RLIMIT_MEMLOCK."""
+    def has(cap: Capability) -> bool:
+        return bool(effective >> cap & 1) or (
+            cap in COVERED_BY_SYS_ADMIN and bool(effective >> Capability.SYS_ADMIN & 1))
+
+    missing: dict[Capability, list[str]] = {}
+    for probe, caps in needs.items():
+        if Capability.BPF in caps and _release(release) < MEMCG_ACCOUNTING:
+            caps = (*caps, Capability.SYS_RESOURCE)
+        for cap in caps:
+            if not has(cap):
+                missing.setdefault(cap, []).append(probe)
+    return dict(sorted(missing.items()))
+
+
+def check_capabilities(needs: dict[str, tuple[Capability, ...]], effective: int | None = None,
+                       release: str | None = None) -> None:
+    """One line naming every capability the enabled probes need and the process lacks."""
+    missing = missing_capabilities(
+        needs, effective_capabilities() if effective is None else effective,
+        os.uname().release if release is None else release)
+    if missing:
+        what = "; ".join(f"CAP_{cap.name} ({CAPABILITY_USE[cap]}: {', '.join(probes)})"
+                         for cap, probes in missing.items())
+        names = ", ".join(cap.name for cap in missing)
+        raise UserError(f"missing capabilit{'ies' if len(missing) > 1 else 'y'} {what}",
+                        f"add {names} to the agent container's securityContext.capabilities."
+                        "add, or leave those probes out (--probes)")
+
+
 _SYS_BPF = {"x86_64": 321, "aarch64": 280}
 _BPF_MAP_CREATE, _BPF_MAP_TYPE_ARRAY = 0, 2
 
@@ -211,9 +282,12 @@ class KernelInfo:
     mounted: tuple[str, ...]
 
 
-def prepare(kernel_headers: str = "") -> KernelInfo:
-    """All checks and fixes, in order; logs one line with the headers used."""
+def prepare(kernel_headers: str = "",
+            needs: dict[str, tuple[Capability, ...]] | None = None) -> KernelInfo:
+    """All checks and fixes, in order; logs one line with the headers used. needs:
+    the capabilities each enabled probe needs (Probe.capabilities)."""
     check_root()
+    check_capabilities(needs or {})
     btf = check_bpf()
     mounted = tuple(ensure_mounts())
     release = os.uname().release

@@ -15,14 +15,14 @@ import os
 import signal
 import time
 
-from agent import addresses
-from agent.metrics import AgentMetrics
-from agent.outputs import JsonlOutput
-from agent.pipeline import run_pipeline
-from agent.probes import load_class
-from agent.probes.base import (Clock, Probe, ProbeContext, ProbeUnavailable,
+from fabricscope.agent import addresses
+from fabricscope.agent.metrics import AgentMetrics
+from fabricscope.agent.outputs import JsonlOutput
+from fabricscope.agent.pipeline import run_pipeline
+from fabricscope.agent.probes import load_class
+from fabricscope.agent.probes.base import (Clock, Probe, ProbeContext, ProbeUnavailable,
                                effective_poll_interval)
-from agent.training_join import TrainingJoin
+from fabricscope.agent.training_join import TrainingJoin
 from fabricscope.selfmetrics import Readiness, SelfMetricsServer
 
 log = logging.getLogger("fabricscope.agent")
@@ -32,13 +32,13 @@ def build_context(cfg) -> tuple[dict[str, type], ProbeContext]:
     classes = {name: load_class(name) for name in cfg.probes}
     needs_bpf = any(getattr(c, "needs_bpf", False) for c in classes.values())
     if needs_bpf:
-        from agent import kernel
-        kernel.prepare(cfg.kernel_headers)
+        from fabricscope.agent import kernel
+        kernel.prepare(cfg.kernel_headers, {name: c.capabilities for name, c in classes.items()})
         addrs = addresses.node_addresses(cfg.addresses)
     else:
         addrs = addresses.parse_addresses(cfg.addresses)
-    from agent.kube.setup import build_resolver
-    from agent.procmaps import MapsCache
+    from fabricscope.agent.kube.setup import build_resolver
+    from fabricscope.agent.procmaps import MapsCache
     return classes, ProbeContext(cfg.node, addrs, Clock(), cfg, maps_cache=MapsCache(),
                                  pods=build_resolver(cfg))
 
@@ -89,7 +89,7 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
         loop.add_signal_handler(sig, stop.set)
     shipper = None
     if cfg.collector:   # before the probes: an unusable spool or credential fails fast
-        from agent.shipper import build_shipper
+        from fabricscope.agent.shipper import build_shipper
         shipper = build_shipper(cfg, metrics)
     if ctx.pods is not None:    # its first list before the probes name any process
         ctx.pods.cache.on_relist.append(

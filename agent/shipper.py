@@ -37,7 +37,7 @@ import time
 import uuid
 from typing import Callable
 
-from agent.spool import BatchSpool, Pending, SpoolCorrupt, SpoolFull
+from fabricscope.agent.spool import BatchSpool, Pending, SpoolCorrupt, SpoolFull
 from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.shipper")

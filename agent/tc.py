@@ -30,9 +30,9 @@ import os
 import platform
 from dataclasses import dataclass
 
-from agent.config import TC_ATTACH_MODES as MODES
-from agent.probes.base import ProbeUnavailable
-from agent.probes.nic.bpfmap import _SYS_BPF, _libc   # the bpf() number and libc, loaded once
+from fabricscope.agent.config import TC_ATTACH_MODES as MODES
+from fabricscope.agent.probes.base import ProbeUnavailable
+from fabricscope.agent.probes.nic.bpfmap import _SYS_BPF, _libc   # the bpf() number and libc, loaded once
 
 log = logging.getLogger("fabricscope.agent.tc")
 

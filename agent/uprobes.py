@@ -25,9 +25,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import procmaps
-from agent.probes.base import Probe, ProbeContext
-from agent.procmaps import Sighting
+from fabricscope.agent import procmaps
+from fabricscope.agent.kernel import Capability
+from fabricscope.agent.probes.base import Probe, ProbeContext
+from fabricscope.agent.procmaps import Sighting
 from fabricscope.records import Record
 
 FileKey = tuple[int, int]     # (st_dev, st_ino) of the opened file
@@ -179,6 +180,8 @@ class UprobeProbe(Probe):
     in self._pending from its ring buffer callback, and says what a rescan does."""
 
     needs_bpf = True
+    # uprobes are perf events; the libraries sit in other containers' mount namespaces
+    capabilities = (Capability.BPF, Capability.PERFMON, Capability.SYS_PTRACE)
 
     def __init__(self, ctx: ProbeContext, uprobes: LibraryUprobes):
         super().__init__(ctx)

@@ -23,7 +23,7 @@ import os
 import time
 import uuid
 
-from bench.harness import Benchmark
+from fabricscope.bench.harness import Benchmark
 
 _TICK = os.sysconf("SC_CLK_TCK")
 #: probe counters that are records or map entries crossing into user space
@@ -56,7 +56,7 @@ class _Sides:
                    for i in self.stack.agents for e in _USER_EVENTS)
 
     def _wire(self) -> int:
-        from lab.stack import nstat_counter
+        from fabricscope.lab.stack import nstat_counter
         return sum(nstat_counter(n.netns, c) for n in self.stack.lab.nodes
                    for c in ("TcpInSegs", "TcpOutSegs"))
 
@@ -78,7 +78,7 @@ class _Sides:
         return self._measure(lambda: time.sleep(self.steps))
 
     def subject(self) -> float:
-        from lab.training import start_training
+        from fabricscope.lab.training import start_training
 
         def train():
             with start_training(self.stack.lab, self.steps, model_mb=8) as run:
@@ -94,8 +94,8 @@ class _Sides:
 
 @contextlib.contextmanager
 def environment(args):
-    from lab.stack import running_stack
-    from lab.running import running_lab
+    from fabricscope.lab.stack import running_stack
+    from fabricscope.lab.running import running_lab
     steps = getattr(args, "steps", None) or 10
     with running_lab(f"bfp{uuid.uuid4().hex[:4]}", 3) as lab:
         with running_stack(lab) as stack:

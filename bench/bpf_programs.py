@@ -26,7 +26,7 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-from agent.probes.nic.bpfmap import prog_name_by_id
+from fabricscope.agent.probes.nic.bpfmap import prog_name_by_id
 from fabricscope.errors import UserError
 
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
@@ -78,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-mb", type=float, default=8.0)
     args = p.parse_args(argv)
     if os.geteuid() != 0:
-        raise SystemExit("bench.bpf_programs: needs root (reads BPF program statistics); "
+        raise SystemExit("fabricscope.bench.bpf_programs: needs root (reads BPF program statistics); "
                          "run it as root")
-    from lab.stack import await_agents_ready, running_stack, start_agent
-    from lab.running import running_lab
-    from lab.training import start_training
+    from fabricscope.lab.stack import await_agents_ready, running_stack, start_agent
+    from fabricscope.lab.running import running_lab
+    from fabricscope.lab.training import start_training
     try:
         with running_lab(f"bbp{uuid.uuid4().hex[:4]}", 3) as lab, \
                 running_stack(lab, agents=False) as stack, \
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             steps = len(run.records) - steps0
             rows = breakdown(before, after, seconds)      # names while still loaded
     except UserError as exc:
-        raise SystemExit(f"bench.bpf_programs: {exc}") from None
+        raise SystemExit(f"fabricscope.bench.bpf_programs: {exc}") from None
     print(f"{steps / seconds:.1f} DDP steps/s over {seconds:.1f} s, 3 agents, every default probe")
     print(f"{'program':<24} {'runs/s':>10} {'ns/run':>8} {'% of a core':>12}")
     for name, rate, per_run, core in rows:

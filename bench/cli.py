@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 
 def _load(name: str):
-    from bench import REGISTRY
+    from fabricscope.bench import REGISTRY
     if name not in REGISTRY:
         raise UserError(f"unknown benchmark {name!r}",
                         f"pick one of: {', '.join(sorted(REGISTRY))}")
@@ -31,8 +31,8 @@ def _load(name: str):
 
 
 def run(args) -> int:
-    from bench import REGISTRY
-    from bench.harness import run as run_bench
+    from fabricscope.bench import REGISTRY
+    from fabricscope.bench.harness import run as run_bench
     if args.list:
         for name in sorted(REGISTRY):
             bench = _load(name)

@@ -23,9 +23,9 @@ import asyncio
 import contextlib
 import time
 
-from bench.harness import Benchmark
-from bench.loadgen import LoadSpec, run_load
-from bench.transport_env import running_collector, serialized_batches
+from fabricscope.bench.harness import Benchmark
+from fabricscope.bench.loadgen import LoadSpec, run_load
+from fabricscope.bench.transport_env import running_collector, serialized_batches
 
 AGENTS, BATCHES = 50, 10
 

@@ -29,8 +29,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from bench.scenarios import deal
-from diagnosis import compare as cmp
+from fabricscope.bench.scenarios import deal
+from fabricscope.diagnosis import compare as cmp
 
 
 def steps_of(dump: dict) -> list[tuple[int, float]]:

@@ -59,7 +59,7 @@ import subprocess
 import sys
 import uuid
 
-from bench.harness import Benchmark
+from fabricscope.bench.harness import Benchmark
 from fabricscope.errors import UserError
 
 SETTLE = 10                 # steps skipped after every switch
@@ -76,7 +76,7 @@ class _Sides:
         self.agent_nodes = agent_nodes
 
     def _measure(self) -> float:
-        from lab.stack import await_condition
+        from fabricscope.lab.stack import await_condition
         run, first = self.run, len(self.run.records) + SETTLE
         want = first + self.block
 
@@ -99,7 +99,7 @@ class _Sides:
             return self._with_spinner()
         if self.kind == "tc-hook":
             return self._with_bare_hooks()
-        from lab.stack import await_agent_polls, await_agents_ready, start_agent
+        from fabricscope.lab.stack import await_agent_polls, await_agents_ready, start_agent
         nodes = self.stack.lab.nodes
         for node in (nodes if self.agent_nodes is None else [nodes[i] for i in self.agent_nodes]):
             start_agent(self.stack, node)
@@ -126,8 +126,8 @@ class _Sides:
         directions of every node's NIC, no agent: what any TC-based probe pays.
         FABRICSCOPE_BENCH_NIC_PARTS=mask attaches that variant instead (7: the whole nic
         program, with no agent reading what it counts)."""
-        from bench.nic_parts import attached
-        from lab import exec_argv
+        from fabricscope.bench.nic_parts import attached
+        from fabricscope.lab import exec_argv
         parts = int(os.environ.get("FABRICSCOPE_BENCH_NIC_PARTS", "0"))
         with contextlib.ExitStack() as hooks:
             for node in self.stack.lab.nodes:
@@ -158,9 +158,9 @@ def split_cpus() -> tuple[set[int], set[int]]:
 @contextlib.contextmanager
 def environment(args, pinned: bool = False, subject: str | None = None,
                 agent_nodes: list[int] | None = None):
-    from lab.stack import running_stack
-    from lab.running import running_lab
-    from lab.training import start_training
+    from fabricscope.lab.stack import running_stack
+    from fabricscope.lab.running import running_lab
+    from fabricscope.lab.training import start_training
     block = getattr(args, "steps", None) or DEFAULT_BLOCK
     train_cpus, rest_cpus = split_cpus() if pinned else (None, None)
     before = os.sched_getaffinity(0)

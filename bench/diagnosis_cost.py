@@ -51,13 +51,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.fleet import SECOND, Fleet
-from bench.harness import Benchmark, percentile
-from bench.loadgen import PacedStream, grpc_message
-from diagnosis.causes import Cause
+from fabricscope.bench.fleet import SECOND, Fleet
+from fabricscope.bench.harness import Benchmark, percentile
+from fabricscope.bench.loadgen import PacedStream, grpc_message
+from fabricscope.diagnosis.causes import Cause
 from fabricscope.services import InfluxServer
 from fabricscope.wire import make_batch
-from lab.stack import await_condition, http_get, metric_value, start_proc
+from fabricscope.lab.stack import await_condition, http_get, metric_value, start_proc
 
 NODES = 1000
 HISTORY_S = 120        # steps written before the round: the engine's horizon (engine.py)

@@ -32,9 +32,9 @@ import statistics
 import sys
 from collections import Counter
 
-from bench.harness import percentile
-from bench.scenario_space import SET_BASE, SetName, draw, seeds
-from bench.scenarios import SENSITIVITY, run_scenario, running_bench
+from fabricscope.bench.harness import percentile
+from fabricscope.bench.scenario_space import SET_BASE, SetName, draw, seeds
+from fabricscope.bench.scenarios import SENSITIVITY, run_scenario, running_bench
 from fabricscope.errors import UserError
 
 NONE = "none"
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         print(exc.one_line(), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:       # SIGINT, or SIGTERM (the lab turns it into this)
-        print("bench.diagnosis_matrix: interrupted; the lab and its servers are down, "
+        print("fabricscope.bench.diagnosis_matrix: interrupted; the lab and its servers are down, "
               "and no summary is printed for the runs cut short", file=sys.stderr)
         return 130
     summary = summarize(outcomes)

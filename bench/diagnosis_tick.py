@@ -27,8 +27,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bench.diagnosis_cost import cpu_seconds, write_history, write_lines
-from bench.fleet import SECOND, Fleet
+from fabricscope.bench.diagnosis_cost import cpu_seconds, write_history, write_lines
+from fabricscope.bench.fleet import SECOND, Fleet
 
 LIVE_S = 15
 
@@ -88,9 +88,9 @@ class _Meter:
 
 
 def measure(nodes: int, ticks: int, log=print) -> list[TickCost]:
-    from diagnosis.live import TICK_OFFSET_S, LiveDiagnosis
-    from diagnosis.metrics import DiagnosisMetrics
-    from diagnosis.store import Store
+    from fabricscope.diagnosis.live import TICK_OFFSET_S, LiveDiagnosis
+    from fabricscope.diagnosis.metrics import DiagnosisMetrics
+    from fabricscope.diagnosis.store import Store
     from fabricscope.services import InfluxServer
     from prometheus_client import CollectorRegistry
 

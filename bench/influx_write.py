@@ -41,9 +41,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.harness import Benchmark
-from bench.loadgen import LoadSpec, build_batches, run_load, run_prebuilt
-from bench.transport_env import DB, running_collector
+from fabricscope.bench.harness import Benchmark
+from fabricscope.bench.loadgen import LoadSpec, build_batches, run_load, run_prebuilt
+from fabricscope.bench.transport_env import DB, running_collector
 
 AGENTS, BATCHES, CHUNK, CURLS = 20, 10, 5000, 4
 

@@ -30,9 +30,9 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.agent_footprint import cpu_seconds
-from bench.harness import Benchmark
-from bench.iperf3_overhead import iperf3_server
+from fabricscope.bench.agent_footprint import cpu_seconds
+from fabricscope.bench.harness import Benchmark
+from fabricscope.bench.iperf3_overhead import iperf3_server
 
 SETTLE_POLLS = 4
 PORT = 5201
@@ -43,7 +43,7 @@ def _receive_on_sender_cpu(lab) -> None:
     as on the bare pair. With the lab's RPS (up(): every CPU) the stream's hash picks
     the receiving CPU anew for each iperf3 connection, and the throughput splits into
     two modes (17 Gbit/s on the sender's CPU, 10 on the other here)."""
-    from lab import exec_argv
+    from fabricscope.lab import exec_argv
     for node in lab.nodes:
         Path(f"/sys/class/net/{node.port}/queues/rx-0/rps_cpus").write_text("0\n")
         subprocess.run(exec_argv(node, ["sh", "-c", f"echo 0 > /sys/class/net/{node.ifname}"
@@ -56,7 +56,7 @@ class _Sides:
         self._extra: dict[str, float] = {}
 
     def _iperf(self) -> float:
-        from lab import exec_argv
+        from fabricscope.lab import exec_argv
         client, server = self.stack.lab.nodes[0], self.stack.lab.nodes[1]
         out = subprocess.run(exec_argv(client, ["iperf3", "-c", server.address, "-p", PORT,
                                                 "-t", self.seconds, "-J"]),
@@ -67,7 +67,7 @@ class _Sides:
         return self._iperf()
 
     def subject(self) -> float:
-        from lab.stack import await_agent_polls, await_agents_ready, start_agent
+        from fabricscope.lab.stack import await_agent_polls, await_agents_ready, start_agent
         for node in self.stack.lab.nodes:
             start_agent(self.stack, node)
         try:
@@ -91,8 +91,8 @@ class _Sides:
 
 @contextlib.contextmanager
 def environment(args):
-    from lab.stack import running_stack
-    from lab.running import running_lab
+    from fabricscope.lab.stack import running_stack
+    from fabricscope.lab.running import running_lab
     seconds = getattr(args, "steps", None) or 3
     with running_lab(f"bip{uuid.uuid4().hex[:4]}", 2, shape_links=False) as lab, \
             running_stack(lab, agents=False) as stack, iperf3_server(lab.nodes[1].netns, PORT):

@@ -34,8 +34,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.agent_footprint import cpu_seconds
-from bench.harness import Benchmark
+from fabricscope.bench.agent_footprint import cpu_seconds
+from fabricscope.bench.harness import Benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable     # the probe runner needs this interpreter's packages (bcc, numpy)
@@ -106,7 +106,7 @@ class Runner:
     @classmethod
     def start(cls, prefix: list[str], *flags: str) -> "Runner":
         """prefix: e.g. ["ip", "netns", "exec", NS]; [] runs in the host's namespace."""
-        proc = subprocess.Popen([*prefix, PYTHON, "-m", "agent.probes.nic.standalone", *flags],
+        proc = subprocess.Popen([*prefix, PYTHON, "-m", "fabricscope.agent.probes.nic.standalone", *flags],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
         runner = cls(proc)
@@ -184,9 +184,9 @@ def bpf_ns_per_packet(repeat: int = 1_000_000) -> float:
     under load; bpf_stats in a live run showed 0.4-0.9 us per skb on a busy 2-core VM)."""
     import struct
 
-    from agent import bpf, kernel
-    from agent.probes.nic.probe import register_interface
-    from agent.probes.nic.bpfmap import prog_test_run
+    from fabricscope.agent import bpf, kernel
+    from fabricscope.agent.probes.nic.probe import register_interface
+    from fabricscope.agent.probes.nic.bpfmap import prog_test_run
     kernel.prepare()
     prog = bpf.compile_program("nic", ["-DFS_NIC_RINGS=2", "-DFS_NIC_MAX_IFACES=1"])
     try:

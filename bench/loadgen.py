@@ -36,10 +36,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from agent.metrics import AgentMetrics
-from agent.shipper import METHOD, Backoff, Shipper
-from agent.sources.synthetic import make_record
-from agent.spool import BatchSpool
+from fabricscope.agent.metrics import AgentMetrics
+from fabricscope.agent.shipper import METHOD, Backoff, Shipper
+from fabricscope.agent.sources.synthetic import make_record
+from fabricscope.agent.spool import BatchSpool
 from fabricscope.lineschema import canonical_line
 from fabricscope.wire import make_batch, pb
 

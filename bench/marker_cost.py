@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import time
 
-from bench.harness import Benchmark
+from fabricscope.bench.harness import Benchmark
 
 DEFAULT_CALLS = 200_000
 

@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from diagnosis.evidence import SECOND
+from fabricscope.diagnosis.evidence import SECOND
 from fabricscope.errors import UserError
 from fabricscope.records import Record
 from fabricscope.schema import measurements
@@ -52,10 +52,10 @@ def records_of(dump: dict) -> list[Record]:
 
 
 def replay_dump(path: str, influx: InfluxServer) -> dict:
-    from diagnosis.cli import recompute
-    from diagnosis.finding import Finding
-    from diagnosis.store import Store
-    from diagnosis.timespan import Span
+    from fabricscope.diagnosis.cli import recompute
+    from fabricscope.diagnosis.finding import Finding
+    from fabricscope.diagnosis.store import Store
+    from fabricscope.diagnosis.timespan import Span
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as fh:
         dump = json.load(fh)
     influx.query(f"DROP DATABASE {DB}")
@@ -80,7 +80,7 @@ def _judged(dump: dict, found: list, onset_ns: int, store, end_ns: int):
     """The replay's findings judged as bench/scenarios.judge judges the live ones, and
     the scenario's compare (around the clearing; the healthy job against itself) run
     again on its samples."""
-    from bench.scenarios import Expect, Outcome, Scenario, assess
+    from fabricscope.bench.scenarios import Expect, Outcome, Scenario, assess
     o = dump["outcome"]
     # of two faults only the first must be named (bench/scenarios.py: the cost of each
     # alone is not measured), whatever the dump's judge of the time required
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 def write_results(path: str, outcomes: list, dumps: list[str]) -> None:
     """The replayed runs as a results file (bench.diagnosis_matrix.read_results), with
     the command that replays them again."""
-    from bench.diagnosis_matrix import summarize
+    from fabricscope.bench.diagnosis_matrix import summarize
     dumps = sorted({str(Path(d).parent) for d in dumps})
     command = ("python -m bench.matrix_replay " + " ".join(f"{d}/*.json.gz" for d in dumps)
                + f" --json {path}")

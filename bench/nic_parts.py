@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 
-from bench.iperf3_overhead import PYTHON, ROOT, iperf3_server, netns_pair, sh
+from fabricscope.bench.iperf3_overhead import PYTHON, ROOT, iperf3_server, netns_pair, sh
 
 NAMES = {"none": "no program", "0": "bare hook (returns at once)",
          "1": "interface lookup + clock", "3": "+ bins", "5": "+ flow table (no bins)",
@@ -32,9 +32,9 @@ NAMES = {"none": "no program", "0": "bare hook (returns at once)",
 def attach_and_wait(parts: int, ifname: str) -> None:
     """In a helper process (in the interface's namespace): compile the variant, register
     the interface, attach both directions, say "ready", hold until stdin closes."""
-    from agent import bpf, kernel
-    from agent.probes.nic.probe import pick_interfaces, register_interface
-    from agent.tc import TcPrograms
+    from fabricscope.agent import bpf, kernel
+    from fabricscope.agent.probes.nic.probe import pick_interfaces, register_interface
+    from fabricscope.agent.tc import TcPrograms
     kernel.prepare()
     from bcc import BPF
 
@@ -57,7 +57,7 @@ def attach_and_wait(parts: int, ifname: str) -> None:
 def attached(parts: int, ifname: str, prefix: list[str]):
     """The variant on both directions of ifname for the block, from a helper process
     started under prefix (e.g. `ip netns exec NS`); yields "tcx" or "clsact"."""
-    proc = subprocess.Popen([*prefix, PYTHON, "-m", "bench.nic_parts", "--attach", str(parts),
+    proc = subprocess.Popen([*prefix, PYTHON, "-m", "fabricscope.bench.nic_parts", "--attach", str(parts),
                              ifname], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -76,7 +76,7 @@ def attached(parts: int, ifname: str, prefix: list[str]):
 
 
 def _cpu_ids() -> int:
-    from agent.probes.nic.bpfmap import cpu_id_limit
+    from fabricscope.agent.probes.nic.bpfmap import cpu_id_limit
     return cpu_id_limit()
 
 

@@ -70,7 +70,7 @@ class LabShape:
     model_mb: int
 
     def tor_of(self, node: int) -> str:
-        from lab.naming import tor_blocks
+        from fabricscope.lab.naming import tor_blocks
         return next(f"tor{k}" for k, block in enumerate(tor_blocks(self.nodes, self.tors))
                     if node in block)
 

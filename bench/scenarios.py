@@ -25,10 +25,10 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from bench.scenario_space import Drawn, Element, FaultKind, LabShape
-from bench.scenario_space import Fault
-from diagnosis.evidence import SECOND
-from diagnosis.finding import Finding, primary, severity_rank
+from fabricscope.bench.scenario_space import Drawn, Element, FaultKind, LabShape
+from fabricscope.bench.scenario_space import Fault
+from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.finding import Finding, primary, severity_rank
 
 #: the share of the step time a single fault must cost to have to be named
 SENSITIVITY = 0.10
@@ -126,10 +126,10 @@ class Bench:
 @contextlib.contextmanager
 def running_bench(shape: LabShape = LabShape(4, 2, 8), replicas: int = 2,
                   name: str | None = None):
-    from diagnosis.store import Store
-    from lab.dataserver import running_dataserver
-    from lab.running import running_lab
-    from lab.stack import running_stack
+    from fabricscope.diagnosis.store import Store
+    from fabricscope.lab.dataserver import running_dataserver
+    from fabricscope.lab.running import running_lab
+    from fabricscope.lab.stack import running_stack
     with running_lab(name, shape.nodes, wire_frames=True, tors=shape.tors) as lab, \
             running_dataserver(lab, None) as data_server, \
             running_stack(lab, collectors=min(replicas, shape.nodes)) as stack:
@@ -137,7 +137,7 @@ def running_bench(shape: LabShape = LabShape(4, 2, 8), replicas: int = 2,
 
 
 def apply(lab, fault: Fault) -> None:
-    from lab import faults
+    from fabricscope.lab import faults
     if fault.kind is FaultKind.CPU:
         faults.cpu(lab, fault.node_index, fault.value)
     elif fault.kind is FaultKind.STORAGE:
@@ -157,7 +157,7 @@ def apply(lab, fault: Fault) -> None:
 
 
 def clear_all(lab) -> None:
-    from lab import faults
+    from fabricscope.lab import faults
     faults.clear(lab)
 
 
@@ -195,7 +195,7 @@ def run_scenario(bench: Bench, d: Drawn, log=lambda msg: None) -> Outcome:
 def _train(bench: Bench, d: Drawn, out: Outcome, job: str, port: int, log) -> None:
     """The job's phases by its rank 0's steps: before the onset, the faults (or, for a
     healthy job, as long without), after the clearing; then it is stopped."""
-    from lab.training import start_training
+    from fabricscope.lab.training import start_training
     lab = bench.lab
     phase_start_ns, phase_start_step, cleared = 0, 0, False
     with start_training(lab, d.onset_step + 1 + MAX_STEPS, model_mb=d.lab.model_mb,
@@ -249,7 +249,7 @@ def fault_cost(store, job: str, start_ns: int, onset_ns: int, off_ns: int) -> fl
     """The job's median step time while the fault acted over its median before
     (start-up steps left out), minus one: what the fault cost each step. Each step
     is its slowest rank's (the ring waits for it)."""
-    from diagnosis.store import quote
+    from fabricscope.diagnosis.store import quote
     rows = store.query(f"SELECT seconds FROM gloo_step WHERE job = {quote(job)} AND "
                        f"time >= {start_ns} GROUP BY rank")
     by_end: dict[int, float] = {}
@@ -268,7 +268,7 @@ def fault_cost(store, job: str, start_ns: int, onset_ns: int, off_ns: int) -> fl
 def _after_startup(store, job: str, start_ns: int, end_ns: int) -> int | None:
     """When the job's third step began: its first two (imports, rendezvous, DDP's
     buckets) are start-up (thresholds.warmup_steps)."""
-    from diagnosis.store import quote
+    from fabricscope.diagnosis.store import quote
     rows = store.query(f"SELECT seconds FROM gloo_step WHERE job = {quote(job)} AND "
                        f"time >= {start_ns} AND time <= {end_ns} GROUP BY rank")
     by_rank: dict[str, list[int]] = {}
@@ -286,8 +286,8 @@ def _null_compare(store, job: str, start_ns: int, end_ns: int) -> dict:
     burst, influxd compacting), which move a healthy run's consecutive halves by up
     to 28 %, fall on both alike: what is left to see is what compare itself would
     invent from samples of one regime."""
-    from diagnosis import compare as cmp
-    from diagnosis.timespan import Span
+    from fabricscope.diagnosis import compare as cmp
+    from fabricscope.diagnosis.timespan import Span
     return _results(cmp.compare_samples(
         {m.name: deal(cmp.values(store, job, m.name, Span(start_ns, end_ns)))
          for m in cmp.METRICS}))
@@ -295,7 +295,7 @@ def _null_compare(store, job: str, start_ns: int, end_ns: int) -> dict:
 
 def deal(xs: list[float]) -> tuple[list[float], list[float]]:
     """Consecutive blocks of n^(1/3) samples dealt alternately into two windows."""
-    from diagnosis.compare import block_length
+    from fabricscope.diagnosis.compare import block_length
     k = block_length(len(xs))
     return ([x for i, x in enumerate(xs) if (i // k) % 2 == 0],
             [x for i, x in enumerate(xs) if (i // k) % 2 == 1])
@@ -305,7 +305,7 @@ def _dump_data(bench: Bench, out: Outcome, start_ns: int) -> dict:
     """The run's raw measurements as the store answers them (bench/matrix_replay
     replays them through the engine; tests/corpus/ keeps some): the job's rows, and
     the nodes' rows of its time, from 30 s before it (the engine's memory)."""
-    from diagnosis.store import quote
+    from fabricscope.diagnosis.store import quote
     data = {"events": [{"event": "on", "ns": out.onset_ns}, {"event": "off",
                                                               "ns": out.clear_ns}],
             "nodes": [n.to_dict() for n in bench.lab.nodes]}
@@ -332,8 +332,8 @@ def _annotate(bench: Bench, job: str, at_ns: int, text: str) -> None:
 
 
 def _compare(store, job: str, a: int, b: int, c: int) -> dict:
-    from diagnosis import compare as cmp
-    from diagnosis.timespan import Span
+    from fabricscope.diagnosis import compare as cmp
+    from fabricscope.diagnosis.timespan import Span
     return _results(cmp.compare_samples(cmp.samples(store, job, Span(a, b), Span(b, c))))
 
 
@@ -343,7 +343,7 @@ def _results(results) -> dict:
 
 
 def findings_of(store, job: str, since_ns: int) -> list[Finding]:
-    from diagnosis.store import quote
+    from fabricscope.diagnosis.store import quote
     rows = store.query(f"SELECT * FROM finding WHERE job = {quote(job)} AND "
                        f"time >= {since_ns - 60 * SECOND}")
     return [Finding.from_row({**r, **r.get("_tags", {})}) for r in rows]

@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 
-from bench.harness import Benchmark
+from fabricscope.bench.harness import Benchmark
 
 
 class _Sides:
@@ -26,7 +26,7 @@ class _Sides:
         self._import_bcc: float = 0.0
 
     def _round(self, probes: list[str]) -> float:
-        from lab.stack import await_condition, http_get, start_agent
+        from fabricscope.lab.stack import await_condition, http_get, start_agent
         node = self.stack.lab.nodes[0]
         args = ["--output", "none"] + (["--probes", ",".join(probes)] if probes else [])
         start = time.monotonic()
@@ -58,8 +58,8 @@ class _Sides:
 
 @contextlib.contextmanager
 def environment(_args):
-    from lab.stack import running_stack
-    from lab.running import running_lab
+    from fabricscope.lab.stack import running_stack
+    from fabricscope.lab.running import running_lab
     with running_lab(f"bst{uuid.uuid4().hex[:4]}", 2) as lab:
         with running_stack(lab, agents=False, collector=False) as stack:
             yield _Sides(stack)

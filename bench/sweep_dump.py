@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 
-from agent.probes.tcp.sweep import live_cookies
+from fabricscope.agent.probes.tcp.sweep import live_cookies
 
 
 def _measure(counts: list[int], repeats: int) -> list[dict]:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
-        res = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "bench.sweep_dump",
+        res = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "fabricscope.bench.sweep_dump",
                               "--inside", "--sockets", a.sockets, "--repeats", str(a.repeats)],
                              capture_output=True, text=True, check=True)
     finally:

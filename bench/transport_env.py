@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from bench.loadgen import LoadSpec, build_batches
-from lab.stack import await_condition, start_proc
+from fabricscope.bench.loadgen import LoadSpec, build_batches
+from fabricscope.lab.stack import await_condition, start_proc
 from fabricscope.services import InfluxServer, free_port
 
 DB = "fsbench"

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from bench.harness import Benchmark
+from fabricscope.bench.harness import Benchmark
 from fabricscope.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,8 +65,8 @@ class _Sides:
         return float(out[0])
 
     def _probed(self, entry_only: bool) -> tuple[float, dict[str, int], float]:
-        from agent.probes.base import Clock, ProbeContext
-        from agent.probes.nccl.probe import NcclProbe
+        from fabricscope.agent.probes.base import Clock, ProbeContext
+        from fabricscope.agent.probes.nccl.probe import NcclProbe
         pages = 1 << max(1, (self.calls * EVENT_BYTES // 4096).bit_length())
         ctx = ProbeContext("bench", frozenset(), Clock(), SimpleNamespace(nccl_paths=[self.lib]))
         probe = NcclProbe(ctx, entry_only=entry_only, ringbuf_pages=pages, rescan_s=3600)
@@ -109,7 +109,7 @@ class _Sides:
 
 @contextlib.contextmanager
 def environment(args):
-    from agent import kernel
+    from fabricscope.agent import kernel
     kernel.prepare()
     lib = _fetch_nccl()
     calls = getattr(args, "steps", None) or 100_000

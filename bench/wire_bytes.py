@@ -25,7 +25,7 @@ import subprocess
 import time
 import uuid
 
-from bench.harness import Benchmark
+from fabricscope.bench.harness import Benchmark
 
 
 def _nft(script: str) -> None:
@@ -64,8 +64,8 @@ class _Sides:
         self._extra: dict[str, float] = {}
 
     def _round(self, compression: str) -> float:
-        from lab.stack import await_agents_ready, start_agent
-        from lab.training import start_training
+        from fabricscope.lab.stack import await_agents_ready, start_agent
+        from fabricscope.lab.training import start_training
         self.round += 1
         nodes = self.stack.lab.nodes
         for node in nodes:
@@ -90,7 +90,7 @@ class _Sides:
         return wire / len(nodes) / seconds
 
     def _payload(self) -> float:
-        from lab.stack import http_get, metric_value
+        from fabricscope.lab.stack import http_get, metric_value
         return metric_value(http_get(f"http://127.0.0.1:{self.metrics_port}/metrics")[1],
                             "fabricscope_collector_received_bytes_total")
 
@@ -112,8 +112,8 @@ def _collector_metrics_port(stack) -> int:
 
 @contextlib.contextmanager
 def environment(args):
-    from lab.stack import running_stack
-    from lab.running import running_lab
+    from fabricscope.lab.stack import running_stack
+    from fabricscope.lab.running import running_lab
     steps = getattr(args, "steps", None) or 20
     with running_lab(f"bwb{uuid.uuid4().hex[:4]}", 3) as lab:
         with running_stack(lab, agents=False) as stack:

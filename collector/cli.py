@@ -21,7 +21,7 @@ Configuration: docs/config.md (flags > FABRICSCOPE_COLLECTOR_* > YAML > defaults
 
 
 def register(subparsers) -> None:
-    from collector.config import CollectorConfig
+    from fabricscope.collector.config import CollectorConfig
     from fabricscope.config import add_arguments
     parser = subparsers.add_parser(
         "collector", help="receive agent batches and write them to InfluxDB",
@@ -32,7 +32,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from collector.config import CollectorConfig
+    from fabricscope.collector.config import CollectorConfig
     from fabricscope.config import load
     config = load(CollectorConfig, "collector", args)
     return asyncio.run(serve(config))
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(config) -> int:
     """Run until SIGINT or SIGTERM, then stop gracefully."""
-    from collector.server import Collector
+    from fabricscope.collector.server import Collector
     collector = Collector(config)
     await collector.start()
     stopping = asyncio.Event()

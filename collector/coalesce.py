@@ -21,7 +21,7 @@ import collections
 import itertools
 from dataclasses import dataclass, field
 
-from collector.sinks.base import SinkRejected
+from fabricscope.collector.sinks.base import SinkRejected
 
 
 @dataclass

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from collector.coalesce import Coalescer
-from collector.sinks.base import SinkError, SinkRejected
+from fabricscope.collector.coalesce import Coalescer
+from fabricscope.collector.sinks.base import SinkError, SinkRejected
 from fabricscope.spool import DirSpool, Entry, SpoolCorrupt, SpoolFull
 
 log = logging.getLogger("collector")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import socket
 
-from collector.jobclass import JobClassAnalyzer
-from diagnosis.live import LiveDiagnosis
-from diagnosis.metrics import DiagnosisMetrics
-from diagnosis.store import Store
+from fabricscope.collector.jobclass import JobClassAnalyzer
+from fabricscope.diagnosis.live import LiveDiagnosis
+from fabricscope.diagnosis.metrics import DiagnosisMetrics
+from fabricscope.diagnosis.store import Store
 from fabricscope.topology import load_topology
 
 

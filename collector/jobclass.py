@@ -26,7 +26,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from diagnosis.store import Store, quote
+from fabricscope.diagnosis.store import Store, quote
 from fabricscope.jobclass import FAMILY_OF_OP, Classification, Observation, classify
 from fabricscope.measurements.jobclass import REWRITE_S
 from fabricscope.records import Record

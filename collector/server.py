@@ -41,13 +41,13 @@ from dataclasses import dataclass
 
 import grpc
 
-from collector.auth import TokenTable
-from collector.diagnosis import start_diagnosis
-from collector.delivery import Delivery
-from collector.metrics import CollectorMetrics
-from collector.sinks import make_sink
-from collector.stream import Oversized, StreamSession
-from collector.validate import Limits
+from fabricscope.collector.auth import TokenTable
+from fabricscope.collector.diagnosis import start_diagnosis
+from fabricscope.collector.delivery import Delivery
+from fabricscope.collector.metrics import CollectorMetrics
+from fabricscope.collector.sinks import make_sink
+from fabricscope.collector.stream import Oversized, StreamSession
+from fabricscope.collector.validate import Limits
 from fabricscope import tls
 from fabricscope.errors import UserError
 from fabricscope.selfmetrics import Readiness, SelfMetricsServer

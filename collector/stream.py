@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from collector.validate import Checked, Limits, check_batch
+from fabricscope.collector.validate import Checked, Limits, check_batch
 from fabricscope import lineproto
 from fabricscope.records import Record
 from fabricscope.wire import pb

@@ -58,14 +58,14 @@ def run(args) -> int:
     if args.data_mb < 0 or args.checkpoint_every < 0:
         raise UserError("--data-mb and --checkpoint-every must be 0 or more",
                         "e.g. --data-mb 1 --checkpoint-every 10")
-    from lab.stack import await_stable, nstat_counter, running_stack
-    from demo.findings import report, where_grafana, write_report
-    from diagnosis.store import Store
+    from fabricscope.lab.stack import await_stable, nstat_counter, running_stack
+    from fabricscope.demo.findings import report, where_grafana, write_report
+    from fabricscope.diagnosis.store import Store
     from fabricscope.records import Record
-    from lab.dataserver import running_dataserver
-    from lab.faults import loss
-    from lab.running import running_lab
-    from lab.training import start_training
+    from fabricscope.lab.dataserver import running_dataserver
+    from fabricscope.lab.faults import loss
+    from fabricscope.lab.running import running_lab
+    from fabricscope.lab.training import start_training
 
     say(f"building lab {args.name!r}: {args.nodes} nodes on one bridge")
     # wire_frames: one 1500-byte frame per skb on the lab's links, so the loss fault
@@ -133,7 +133,7 @@ def run(args) -> int:
 def collect_summary(stack, lab, steps: int, before: dict, after: dict, read_ns: int) -> dict:
     """What reached InfluxDB; retransmits up to read_ns, when the kernel's counters
     (`after`) were read, so both count the same span."""
-    from lab.stack import await_condition, await_stable
+    from fabricscope.lab.stack import await_condition, await_stable
     influx = stack.influx
 
     def count(query: str) -> int:

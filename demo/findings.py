@@ -13,9 +13,9 @@ import time
 
 def await_findings(store, job: str, since_ns: int, timeout_s: float = 30.0) -> list:
     """The job's findings, once a warning or critical one is in (or the timeout)."""
-    from diagnosis.cli import recorded
-    from diagnosis.finding import severity_rank
-    from diagnosis.timespan import Span
+    from fabricscope.diagnosis.cli import recorded
+    from fabricscope.diagnosis.finding import severity_rank
+    from fabricscope.diagnosis.timespan import Span
     deadline = time.monotonic() + timeout_s
     while True:
         found = [f for f in recorded(store, Span(since_ns, time.time_ns()), job)]
@@ -26,9 +26,9 @@ def await_findings(store, job: str, since_ns: int, timeout_s: float = 30.0) -> l
 
 def report(store, job: str, start_ns: int, fault_ns: int, end_ns: int) -> str:
     """Findings and compare as text."""
-    from diagnosis import compare as cmp
-    from diagnosis.present import compare_text, findings_text
-    from diagnosis.timespan import Span
+    from fabricscope.diagnosis import compare as cmp
+    from fabricscope.diagnosis.present import compare_text, findings_text
+    from fabricscope.diagnosis.timespan import Span
     findings = await_findings(store, job, start_ns)
     lines = ["", "What fabricscope found (the collector's live engine; `fabricscope diagnose`):",
              "", findings_text(findings, show_info=True)]
@@ -45,7 +45,7 @@ def write_report(store, job: str, start_ns: int, end_ns: int, annotation: str,
     """`fabricscope report` of the run, split at the fault's annotation; its path."""
     from argparse import Namespace
 
-    from surface.report.page import write_report as render
+    from fabricscope.surface.report.page import write_report as render
     args = Namespace(since=None, start=str(start_ns / 1e9), end=str(end_ns / 1e9), job=job,
                      compare=annotation, compare_window="2m", out=out)
     path, _account = render(store, args)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import math
 
-from diagnosis.candidate import Candidate
-from diagnosis.causes import Cause
-from diagnosis.finding import Advice
+from fabricscope.diagnosis.candidate import Candidate
+from fabricscope.diagnosis.causes import Cause
+from fabricscope.diagnosis.finding import Advice
 
 
 def advise(c: Candidate, backend: str = "gloo") -> list[Advice]:

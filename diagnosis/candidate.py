@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diagnosis.causes import Cause
-from diagnosis.finding import Advice, Evidence, finding_key
-from diagnosis.localize import Hops
+from fabricscope.diagnosis.causes import Cause
+from fabricscope.diagnosis.finding import Advice, Evidence, finding_key
+from fabricscope.diagnosis.localize import Hops
 
 
 @dataclass

@@ -16,6 +16,7 @@ window.
 from __future__ import annotations
 
 import getpass
+import importlib
 import json
 import socket
 import sys
@@ -47,7 +48,7 @@ def _store_args(p) -> None:
 
 
 def register(sub) -> None:
-    from diagnosis.timespan import add_window_arguments
+    from fabricscope.diagnosis.timespan import add_window_arguments
     import argparse
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("diagnose", help="what is wrong, where, how much, what to change",
@@ -78,7 +79,7 @@ def register(sub) -> None:
     p.set_defaults(func=annotate)
 
     p = sub.add_parser("compare", help="before/after a change, with statistics",
-                       description=__import__("diagnosis.compare").compare.__doc__
+                       description=importlib.import_module("fabricscope.diagnosis.compare").__doc__
                        .split("\n\n")[0], formatter_class=fmt)
     _store_args(p)
     p.add_argument("--job", required=True)
@@ -93,7 +94,7 @@ def register(sub) -> None:
 
 
 def _store(args):
-    from diagnosis.store import Store
+    from fabricscope.diagnosis.store import Store
     store = Store(args.influx_url, args.database, args.token)
     store.ping()
     return store
@@ -107,8 +108,8 @@ def _tor_of(args):
 
 
 def recorded(store, span, job: str | None):
-    from diagnosis.finding import Finding
-    from diagnosis.store import quote
+    from fabricscope.diagnosis.finding import Finding
+    from fabricscope.diagnosis.store import quote
     where = f" AND job = {quote(job)}" if job else ""
     rows = store.query(f"SELECT * FROM finding WHERE time <= {span.end_ns}{where}")
     out = []
@@ -123,10 +124,10 @@ def recorded(store, span, job: str | None):
 
 
 def recompute(store, span, job: str | None, tor_of):
-    from diagnosis.engine import JobEngine
-    from diagnosis.evidence import SECOND
-    from diagnosis.replay import replay
-    from diagnosis.source import StoreSource
+    from fabricscope.diagnosis.engine import JobEngine
+    from fabricscope.diagnosis.evidence import SECOND
+    from fabricscope.diagnosis.replay import replay
+    from fabricscope.diagnosis.source import StoreSource
     source = StoreSource(store)
     lead = 120 * SECOND                 # the jobs' baseline steps before the window
     jobs = source.jobs(span.start_ns - lead, span.end_ns)
@@ -147,15 +148,15 @@ def recompute(store, span, job: str | None, tor_of):
 
 
 def diagnose(args) -> int:
-    from diagnosis.present import explain as explain_one
-    from diagnosis.present import findings_text
-    from diagnosis.timespan import window_of
+    from fabricscope.diagnosis.present import explain as explain_one
+    from fabricscope.diagnosis.present import findings_text
+    from fabricscope.diagnosis.timespan import window_of
     span = window_of(args)
     store = _store(args)
     findings = [] if args.recompute else recorded(store, span, args.job)
     if not findings:
         findings = recompute(store, span, args.job, _tor_of(args))
-    from collector.jobclass import class_line, job_classes
+    from fabricscope.collector.jobclass import class_line, job_classes
     classes = job_classes(store, span.start_ns, span.end_ns, args.job, {f.job for f in findings})
     if args.json:
         print(json.dumps({"job_class": classes, "findings": [f.to_json() for f in findings]},
@@ -171,9 +172,9 @@ def diagnose(args) -> int:
 
 
 def explain(args) -> int:
-    from diagnosis.finding import Finding
-    from diagnosis.present import explain as explain_one
-    from diagnosis.store import quote
+    from fabricscope.diagnosis.finding import Finding
+    from fabricscope.diagnosis.present import explain as explain_one
+    from fabricscope.diagnosis.store import quote
     store = _store(args)
     rows = store.query(f"SELECT * FROM finding WHERE id = {quote(args.finding_id)}")
     if not rows:
@@ -185,7 +186,7 @@ def explain(args) -> int:
 
 
 def annotate(args) -> int:
-    from diagnosis.timespan import parse_time
+    from fabricscope.diagnosis.timespan import parse_time
     from fabricscope.records import Record
     if not args.text.strip():
         raise UserError("the annotation text is empty", 'give a text, e.g. "raised ECN threshold"')
@@ -199,9 +200,9 @@ def annotate(args) -> int:
 
 
 def compare(args) -> int:
-    from diagnosis import compare as cmp
-    from diagnosis.present import compare_text
-    from diagnosis.timespan import SECOND, Span, parse_duration, parse_range
+    from fabricscope.diagnosis import compare as cmp
+    from fabricscope.diagnosis.present import compare_text
+    from fabricscope.diagnosis.timespan import SECOND, Span, parse_duration, parse_range
     store = _store(args)
     if args.around:
         if args.before or args.after:
@@ -229,7 +230,7 @@ def compare(args) -> int:
 
 
 def _annotation_time(store, job: str, text: str) -> int:
-    from diagnosis.store import quote
+    from fabricscope.diagnosis.store import quote
     rows = store.query(f"SELECT text FROM annotation WHERE job = {quote(job)} OR job = '-'")
     hits = [r for r in rows if text in (r.get("text") or "")]
     if not hits:

@@ -42,8 +42,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from diagnosis.store import Store, quote, regex_of
-from diagnosis.timespan import Span
+from fabricscope.diagnosis.store import Store, quote, regex_of
+from fabricscope.diagnosis.timespan import Span
 
 DRIFT_MARGIN = 1.5
 ALPHA = 0.01

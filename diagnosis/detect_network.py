@@ -23,12 +23,12 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from diagnosis.candidate import Candidate, RuledOut
-from diagnosis.causes import Cause
-from diagnosis.evidence import CellTotals
-from diagnosis.finding import Evidence
-from diagnosis.localize import BadCell, Located, PortRates, locate, told_apart
-from diagnosis.snapshot import Snapshot, read_rates, resends_as_lossy, rtt_inflated
+from fabricscope.diagnosis.candidate import Candidate, RuledOut
+from fabricscope.diagnosis.causes import Cause
+from fabricscope.diagnosis.evidence import CellTotals
+from fabricscope.diagnosis.finding import Evidence
+from fabricscope.diagnosis.localize import BadCell, Located, PortRates, locate, told_apart
+from fabricscope.diagnosis.snapshot import Snapshot, read_rates, resends_as_lossy, rtt_inflated
 
 MIN_RTO_S = 0.2           # Linux's minimum retransmission timeout (TCP_RTO_MIN)
 #: a second of a fault follows another within this many seconds (port_rates)

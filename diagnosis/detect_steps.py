@@ -30,10 +30,10 @@ import statistics
 from collections import Counter
 from dataclasses import replace
 
-from diagnosis.candidate import Candidate, RuledOut
-from diagnosis.causes import Cause
-from diagnosis.finding import Evidence
-from diagnosis.snapshot import RankRecent, Snapshot, cpu_compute, throttled_in
+from fabricscope.diagnosis.candidate import Candidate, RuledOut
+from fabricscope.diagnosis.causes import Cause
+from fabricscope.diagnosis.finding import Evidence
+from fabricscope.diagnosis.snapshot import RankRecent, Snapshot, cpu_compute, throttled_in
 
 
 def _steps_span(snap: Snapshot) -> tuple[int, int]:

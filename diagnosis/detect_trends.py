@@ -26,11 +26,11 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from diagnosis.candidate import Candidate
-from diagnosis.causes import Cause
-from diagnosis.evidence import SECOND, JobEvidence
-from diagnosis.finding import Evidence
-from diagnosis.snapshot import Snapshot, phase_seconds
+from fabricscope.diagnosis.candidate import Candidate
+from fabricscope.diagnosis.causes import Cause
+from fabricscope.diagnosis.evidence import SECOND, JobEvidence
+from fabricscope.diagnosis.finding import Evidence
+from fabricscope.diagnosis.snapshot import Snapshot, phase_seconds
 
 
 def mad(values: list[float]) -> float:

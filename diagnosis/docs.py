@@ -29,8 +29,8 @@ import re
 import sys
 from pathlib import Path
 
-from diagnosis.causes import EVIDENCE, MEANING, RULES_OUT, SEVERITY_RULE, Cause
-from diagnosis.thresholds import DEFAULT, render_markdown
+from fabricscope.diagnosis.causes import EVIDENCE, MEANING, RULES_OUT, SEVERITY_RULE, Cause
+from fabricscope.diagnosis.thresholds import DEFAULT, render_markdown
 from fabricscope.errors import UserError, exit_code_of
 
 COMMAND = "python -m diagnosis.docs"
@@ -84,8 +84,8 @@ def causes_table() -> str:
 
 def space_table() -> str:
     """The scenario space's kinds with their drawn values, and its seed ranges."""
-    from bench import scenario_space as sp
-    from bench.scenarios import MIN_FAULT_S, SENSITIVITY
+    from fabricscope.bench import scenario_space as sp
+    from fabricscope.bench.scenarios import MIN_FAULT_S, SENSITIVITY
 
     def span(lo_hi, unit: str) -> str:
         return f"{lo_hi[0]:g}-{lo_hi[1]:g} {unit}"
@@ -119,7 +119,7 @@ def space_table() -> str:
 
 
 def accuracy(set_name: str, root: Path) -> str:
-    from bench.diagnosis_matrix import markdown, read_results
+    from fabricscope.bench.diagnosis_matrix import markdown, read_results
     rel = RESULTS.format(set_name)
     if (root / rel).is_file():
         return markdown(read_results(str(root / rel)), rel)

@@ -20,15 +20,15 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from diagnosis import detect_network
-from diagnosis.candidate import Candidate
-from diagnosis.evaluation import Evaluation, Gauges
-from diagnosis.evidence import JobEvidence
-from diagnosis.finding import Finding
-from diagnosis.lifecycle import AMBIGUOUS_EVALS, Lifecycle
-from diagnosis.memory import PlaceMemory
-from diagnosis.snapshot import Snapshot, median_or_none
-from diagnosis.thresholds import DEFAULT, Thresholds
+from fabricscope.diagnosis import detect_network
+from fabricscope.diagnosis.candidate import Candidate
+from fabricscope.diagnosis.evaluation import Evaluation, Gauges
+from fabricscope.diagnosis.evidence import JobEvidence
+from fabricscope.diagnosis.finding import Finding
+from fabricscope.diagnosis.lifecycle import AMBIGUOUS_EVALS, Lifecycle
+from fabricscope.diagnosis.memory import PlaceMemory
+from fabricscope.diagnosis.snapshot import Snapshot, median_or_none
+from fabricscope.diagnosis.thresholds import DEFAULT, Thresholds
 
 #: a file every evaluation appends one JSON line to (the hops it judged bad, the
 #: candidates, what waits, what is open), to follow a live run's decisions after the

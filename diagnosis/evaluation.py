@@ -16,16 +16,16 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from diagnosis import detect_network, detect_steps
-from diagnosis.candidate import Candidate, RuledOut
-from diagnosis.causes import EXPLAINING_CAUSES, NETWORK_CAUSES, Cause
-from diagnosis.detect_trends import JitterTracker, mad, telemetry
-from diagnosis.evidence import SECOND, CellTotals, JobEvidence
-from diagnosis.finding import severity_rank
-from diagnosis.memory import PlaceMemory, place_of
-from diagnosis.snapshot import (Baseline, Snapshot, classify_cells, median_or_none,
+from fabricscope.diagnosis import detect_network, detect_steps
+from fabricscope.diagnosis.candidate import Candidate, RuledOut
+from fabricscope.diagnosis.causes import EXPLAINING_CAUSES, NETWORK_CAUSES, Cause
+from fabricscope.diagnosis.detect_trends import JitterTracker, mad, telemetry
+from fabricscope.diagnosis.evidence import SECOND, CellTotals, JobEvidence
+from fabricscope.diagnosis.finding import severity_rank
+from fabricscope.diagnosis.memory import PlaceMemory, place_of
+from fabricscope.diagnosis.snapshot import (Baseline, Snapshot, classify_cells, median_or_none,
                                 phase_seconds, read_rates, recent_ranks)
-from diagnosis.thresholds import DEFAULT, Thresholds
+from fabricscope.diagnosis.thresholds import DEFAULT, Thresholds
 
 UNEXPLAINED_AFTER_S = 5   # a slowdown stays unexplained this long before it is a finding
 HORIZON_S = 120            # seconds of evidence kept in memory ...

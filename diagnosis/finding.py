@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from diagnosis.causes import MEANING, SEVERITIES, Cause, severity_rank  # noqa: F401
+from fabricscope.diagnosis.causes import MEANING, SEVERITIES, Cause, severity_rank  # noqa: F401
 from fabricscope.records import Record
 
 #: cause -> what it means

@@ -9,9 +9,9 @@ numbers are retransmit ratios and RTTs of the last seconds.
 
 from __future__ import annotations
 
-from diagnosis.evidence import SECOND
-from diagnosis.finding import Finding, severity_rank
-from diagnosis.snapshot import Snapshot
+from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.finding import Finding, severity_rank
+from fabricscope.diagnosis.snapshot import Snapshot
 from fabricscope.records import Record
 
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diagnosis.advice import advise
-from diagnosis.candidate import Candidate, RuledOut
-from diagnosis.causes import EXPLAINING_CAUSES, NETWORK_CAUSES, STEP_CAUSES, Cause
-from diagnosis.evidence import SECOND
-from diagnosis.finding import Finding, severity_rank
-from diagnosis.localize import Hops, elements, path
-from diagnosis.memory import place_of
-from diagnosis.snapshot import Snapshot
-from diagnosis.thresholds import DEFAULT, Thresholds
+from fabricscope.diagnosis.advice import advise
+from fabricscope.diagnosis.candidate import Candidate, RuledOut
+from fabricscope.diagnosis.causes import EXPLAINING_CAUSES, NETWORK_CAUSES, STEP_CAUSES, Cause
+from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.finding import Finding, severity_rank
+from fabricscope.diagnosis.localize import Hops, elements, path
+from fabricscope.diagnosis.memory import place_of
+from fabricscope.diagnosis.snapshot import Snapshot
+from fabricscope.diagnosis.thresholds import DEFAULT, Thresholds
 
 REOPEN_S = 10              # a finding that comes back this soon reopens instead of a new one
 JOB_GONE_S = 30           # a network finding whose place carries nothing closes after this

@@ -23,17 +23,17 @@ import logging
 import time
 from typing import NamedTuple
 
-from diagnosis.engine import JobEngine
-from diagnosis.evidence import SECOND
-from diagnosis.finding import Finding
-from diagnosis.graph import GRAPH_EVERY_NS, graph_records
-from diagnosis.metrics import DiagnosisMetrics
-from diagnosis.source import Members, Starts, StoreSource
-from diagnosis.store import Store, StoreError, quote
+from fabricscope.diagnosis.engine import JobEngine
+from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.finding import Finding
+from fabricscope.diagnosis.graph import GRAPH_EVERY_NS, graph_records
+from fabricscope.diagnosis.metrics import DiagnosisMetrics
+from fabricscope.diagnosis.source import Members, Starts, StoreSource
+from fabricscope.diagnosis.store import Store, StoreError, quote
 from fabricscope.cadence import until_next
 from fabricscope.records import Record
 
-log = logging.getLogger("collector.diagnosis")
+log = logging.getLogger("fabricscope.collector.diagnosis")
 
 HEARTBEAT_TTL_S = 5          # a replica without a heartbeat this long is gone
 JOB_ACTIVE_S = 60            # a job with steps this recently is analysed

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diagnosis.evidence import CellTotals
+from fabricscope.diagnosis.evidence import CellTotals
 
 
 @dataclass(frozen=True)

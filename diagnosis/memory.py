@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from diagnosis.candidate import Candidate
-from diagnosis.causes import NETWORK_CAUSES
-from diagnosis.finding import Finding
-from diagnosis.localize import Place
+from fabricscope.diagnosis.candidate import Candidate
+from fabricscope.diagnosis.causes import NETWORK_CAUSES
+from fabricscope.diagnosis.finding import Finding
+from fabricscope.diagnosis.localize import Place
 
 #: lossy cells rank the places of later windows this long (localize.locate's `recent`):
 #: a few of a training job's steps, in which its checkpoints and other nodes' flows

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from diagnosis.finding import PLACE_KEYS, Finding
+from fabricscope.diagnosis.finding import PLACE_KEYS, Finding
 
 FINDING_ACTIVE = "fabricscope_finding_active"
 FINDING_LABELS = ("cause", "severity", "job", *PLACE_KEYS, "id")

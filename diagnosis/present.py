@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from diagnosis.compare import VERDICT_RULE
-from diagnosis.finding import Finding, ordered, primary, taken_over_note
+from fabricscope.diagnosis.compare import VERDICT_RULE
+from fabricscope.diagnosis.finding import Finding, ordered, primary, taken_over_note
 
 SECOND = 1_000_000_000
 MARK = {"critical": "!!", "warning": "! ", "info": "  "}

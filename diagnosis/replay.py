@@ -6,9 +6,9 @@ when the live engine would have raised it."""
 
 from __future__ import annotations
 
-from diagnosis.engine import JobEngine
-from diagnosis.evidence import SECOND, JobEvidence, Progress
-from diagnosis.finding import Finding
+from fabricscope.diagnosis.engine import JobEngine
+from fabricscope.diagnosis.evidence import SECOND, JobEvidence, Progress
+from fabricscope.diagnosis.finding import Finding
 
 
 def slice_until(ev: JobEvidence, t_s: int) -> JobEvidence:

@@ -15,9 +15,9 @@ import statistics
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from diagnosis.evidence import (SECOND, CellTotals, JobEvidence, NodeTotals, Phase, PhaseIndex,
+from fabricscope.diagnosis.evidence import (SECOND, CellTotals, JobEvidence, NodeTotals, Phase, PhaseIndex,
                                 Progress, Step, Window)
-from diagnosis.thresholds import Thresholds
+from fabricscope.diagnosis.thresholds import Thresholds
 
 
 @dataclass

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import NamedTuple
 
-from diagnosis.evidence import (SECOND, CellKey, CellSecond, JobEvidence, NodeSecond, Phase,
+from fabricscope.diagnosis.evidence import (SECOND, CellKey, CellSecond, JobEvidence, NodeSecond, Phase,
                                 Progress, RasRank, Step, StepSource, update_changed)
-from diagnosis.store import Store, quote, regex_of
+from fabricscope.diagnosis.store import Store, quote, regex_of
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ node 1 at 25 % of a CPU 0.046 s; storage at 50mbit 0.22 s.
 Python API (stable; other components import it)
 -----------------------------------------------
 
-    from lab.topology import Lab, LabNode, up, down, load
+    from fabricscope.lab.topology import Lab, LabNode, up, down, load
         up(name, nodes, link_rate=None, shape_links=True, wire_frames=False, tors=1) -> Lab
             Builds the lab (first clearing a stale lab of the same name). link_rate:
             '1gbit' or bit/s; recorded as link_rate_bps and, with shape_links,
@@ -37,7 +37,7 @@ Python API (stable; other components import it)
         down(name) -> bool        idempotent; also ends processes left in its netns
         load(name) -> Lab         from the state file; UserError if there is none
         list_labs() -> [Lab]; down_all() -> [name]
-    from lab.faults import loss, shape, cpu, loss_uplink, shape_uplink, storage, clear
+    from fabricscope.lab.faults import loss, shape, cpu, loss_uplink, shape_uplink, storage, clear
         loss(lab, node_index, pct, direction="both")   nft random drop on the node's
             switch port; "tx": frames the node sends, "rx": frames sent to it, "both";
             pct may be fractional (0.01 resolution); 0 removes
@@ -56,14 +56,14 @@ Python API (stable; other components import it)
         uplink_drops(lab, "tor0") -> {"up": n, "down": n}
         port_qdisc(lab, node_index), uplink_qdisc(lab, "tor0", direction="up") ->
             {"kind": "tbf", "rate_bps": ..., "bytes": ..., "overlimits": ..., ...}
-    from lab.training import start_training, TrainingRun
+    from fabricscope.lab.training import start_training, TrainingRun
         start_training(lab, steps, model_mb=8, extra_env=None, batch=32,
                        master_port=None, timeout_s=None) -> TrainingRun
         TrainingRun: .steps() yields rank 0's {"step": n, "seconds": s} as they come;
             .wait(timeout=None) -> returncode (0: every rank succeeded); .error (one
             line, when a rank failed); .terminate(); .poll(); .records; .log_paths;
             `with start_training(...) as run:` ends every rank on exit.
-    from lab.running import running_lab
+    from fabricscope.lab.running import running_lab
         with running_lab(name=None, nodes=2, link_rate=None, shape_links=True,
                          wire_frames=False, tors=1) as lab: ...   (name=None: a fresh unique name)
             up() then always down(), also on exceptions, KeyboardInterrupt, SIGTERM.

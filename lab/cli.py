@@ -28,9 +28,9 @@ import sys
 import time
 
 from fabricscope.errors import UserError
-from lab.cli_faults import add_fault_parsers, cmd_clear, cmd_fault_loss, cmd_fault_shape
-from lab.cli_faults import describe_faults
-from lab.workloads import TRAIN_KINDS, ServeMode
+from fabricscope.lab.cli_faults import add_fault_parsers, cmd_clear, cmd_fault_loss, cmd_fault_shape
+from fabricscope.lab.cli_faults import describe_faults
+from fabricscope.lab.workloads import TRAIN_KINDS, ServeMode
 
 __all__ = ["add_arguments", "cmd_clear", "cmd_fault_loss", "cmd_fault_shape", "register"]
 
@@ -150,8 +150,8 @@ def kind_knobs(args) -> dict:
 # -- commands ---------------------------------------------------------------------------
 
 def cmd_up(args) -> int:
-    from lab.topology import up
-    from lab.units import format_rate
+    from fabricscope.lab.topology import up
+    from fabricscope.lab.units import format_rate
     start = time.monotonic()
     lab = up(args.name, args.nodes, link_rate=args.link_rate, shape_links=args.shape_links,
              wire_frames=args.wire_frames, tors=args.tors)
@@ -178,7 +178,7 @@ def cmd_up(args) -> int:
 
 
 def cmd_down(args) -> int:
-    from lab.topology import down, down_all
+    from fabricscope.lab.topology import down, down_all
     if args.all:
         names = down_all()
         print(f"removed {len(names)} lab(s)" + (": " + ", ".join(names) if names else ""))
@@ -189,8 +189,8 @@ def cmd_down(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from lab.topology import list_labs
-    from lab.units import format_rate
+    from fabricscope.lab.topology import list_labs
+    from fabricscope.lab.units import format_rate
     labs = list_labs()
     if args.json:
         print(json.dumps([lab.to_dict() for lab in labs]))
@@ -218,9 +218,9 @@ def _sigterm_to_interrupt(signum, frame):
 def cmd_train(args) -> int:
     import contextlib
 
-    from lab.dataserver import running_dataserver
-    from lab.topology import load
-    from lab.training import start_training
+    from fabricscope.lab.dataserver import running_dataserver
+    from fabricscope.lab.topology import load
+    from fabricscope.lab.training import start_training
     if args.data_mb < 0 or args.checkpoint_every < 0:
         raise UserError("--data-mb and --checkpoint-every must be 0 or more",
                         "e.g. --data-mb 1 --checkpoint-every 10")
@@ -263,8 +263,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from lab.topology import load
-    from lab.training import start_training
+    from fabricscope.lab.topology import load
+    from fabricscope.lab.training import start_training
     lab = load(args.name)
     knobs = {**kind_knobs(args), "rate": args.rate, "serve_mode": args.mode}
     _TRAIN_PID[0] = os.getpid()
@@ -289,8 +289,8 @@ def cmd_serve(args) -> int:
 
 
 def cmd_exec(args) -> int:
-    from lab import exec_argv, exec_env
-    from lab.topology import load, require_root
+    from fabricscope.lab import exec_argv, exec_env
+    from fabricscope.lab.topology import load, require_root
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]

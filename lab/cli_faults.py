@@ -96,8 +96,8 @@ def _direction(args, allowed: tuple[str, ...], default: str, target: str) -> str
 
 
 def cmd_fault_loss(args) -> int:
-    from lab.faults import loss, loss_uplink
-    from lab.topology import load
+    from fabricscope.lab.faults import loss, loss_uplink
+    from fabricscope.lab.topology import load
     pct = _number(args.pct, "loss", "2 or 0.5")
     lab = load(args.name)
     if args.uplink is not None:
@@ -117,9 +117,9 @@ def cmd_fault_loss(args) -> int:
 
 
 def cmd_fault_shape(args) -> int:
-    from lab.faults import shape, shape_uplink
-    from lab.topology import load
-    from lab.units import format_rate
+    from fabricscope.lab.faults import shape, shape_uplink
+    from fabricscope.lab.topology import load
+    from fabricscope.lab.units import format_rate
     lab = load(args.name)
     if args.uplink is not None:
         tor = lab.uplink(args.uplink)
@@ -140,8 +140,8 @@ def cmd_fault_shape(args) -> int:
 
 
 def cmd_fault_cpu(args) -> int:
-    from lab.faults import cpu
-    from lab.topology import load
+    from fabricscope.lab.faults import cpu
+    from fabricscope.lab.topology import load
     pct = _number(args.pct, "CPU share", "30")
     lab = load(args.name)
     if args.uplink is not None:
@@ -154,8 +154,8 @@ def cmd_fault_cpu(args) -> int:
 
 
 def cmd_fault_storage(args) -> int:
-    from lab.faults import storage
-    from lab.topology import load
+    from fabricscope.lab.faults import storage
+    from fabricscope.lab.topology import load
     if args.node is not None or args.uplink is not None:
         raise UserError("the storage fault is the lab's data server's, not a node's or an "
                         "uplink's", "drop --node/--uplink")
@@ -171,8 +171,8 @@ def cmd_fault_storage(args) -> int:
 
 
 def cmd_clear(args) -> int:
-    from lab.faults import clear
-    from lab.topology import load
+    from fabricscope.lab.faults import clear
+    from fabricscope.lab.topology import load
     lab = load(args.name)
     if args.node is not None:
         lab.node(args.node)
@@ -190,13 +190,13 @@ def describe_faults(lab) -> str:
     parts = [f"node{i}: {_describe(f)}" for i, f in sorted(lab.faults.items())]
     parts += [f"{t} uplink: {_describe(f)}" for t, f in sorted(lab.uplink_faults.items())]
     if lab.storage_fault:
-        from lab.storage_fault import StorageFault
+        from fabricscope.lab.storage_fault import StorageFault
         parts.append(f"storage: {StorageFault.from_dict(lab.storage_fault).describe()}")
     return "; ".join(parts)
 
 
 def _describe(fault: dict) -> str:
-    from lab.units import format_rate
+    from fabricscope.lab.units import format_rate
     parts = []
     if "loss" in fault:
         parts.append(f"loss {fault['loss']['pct']:g}% {fault['loss']['direction']}")

@@ -50,7 +50,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from fabricscope.errors import UserError
-from lab.storage_fault import Pacer, StorageFault, pacer_for
+from fabricscope.lab.storage_fault import Pacer, StorageFault, pacer_for
 
 MAGIC = b"FSDS"
 OP_GET, OP_PUT = b"G", b"P"
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lab", metavar="NAME",
                         help="the lab whose storage this is: apply its storage fault")
     args = parser.parse_args(argv)
-    from lab.train_worker import exit_with_parent
+    from fabricscope.lab.train_worker import exit_with_parent
     try:
         host, port = parse_addr(args.listen, allow_port_zero=True)
         fault = _lab_fault(args.lab) if args.lab else StorageFault
@@ -255,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _lab_fault(lab: str):
     """The lab's storage fault as the server reads it: a Watcher on its state file."""
-    from lab import naming
-    from lab.storage_fault import Watcher
+    from fabricscope.lab import naming
+    from fabricscope.lab.storage_fault import Watcher
 
     def announce(fault: StorageFault) -> None:
         print(json.dumps({"storage_fault": fault.to_dict()}), flush=True)
@@ -317,10 +317,10 @@ def running_dataserver(lab, node_index: int | None = 0, timeout_s: float = 60.0,
     node 0 serves rank 0 over that namespace's loopback). It applies the lab's
     storage fault (lab.faults.storage), also one set while it runs. Always stopped
     by pid on exit (SIGTERM, SIGKILL after grace_s), also on errors."""
-    from lab.stack import await_condition
+    from fabricscope.lab.stack import await_condition
     from fabricscope.services import terminate
-    from lab import exec_argv
-    from lab.topology import load
+    from fabricscope.lab import exec_argv
+    from fabricscope.lab.topology import load
     lab = load(lab) if isinstance(lab, str) else lab
     node = lab.node(node_index) if node_index is not None else None
     where = f"node {node_index}" if node else "the lab's gateway"
@@ -330,7 +330,7 @@ def running_dataserver(lab, node_index: int | None = 0, timeout_s: float = 60.0,
     env = {**os.environ, "FABRICSCOPE_LAB_PARENT": str(os.getpid()), "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([REPO_ROOT] + [
                p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-    argv = [sys.executable, "-m", "lab.dataserver", "--lab", lab.name,
+    argv = [sys.executable, "-m", "fabricscope.lab.dataserver", "--lab", lab.name,
             "--listen", f"{node.address if node else lab.gateway}:0"]
     argv = exec_argv(node, argv) if node else argv
     with os.fdopen(fd, "wb") as log:

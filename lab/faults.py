@@ -43,11 +43,11 @@ import contextlib
 import os
 
 from fabricscope.errors import UserError
-from lab import cgroups, nft, tc
-from lab.model import LabTor
-from lab.storage_fault import StorageFault
-from lab.topology import Lab, load, require_root, state_lock
-from lab.units import parse_rate, parse_size, parse_time
+from fabricscope.lab import cgroups, nft, tc
+from fabricscope.lab.model import LabTor
+from fabricscope.lab.storage_fault import StorageFault
+from fabricscope.lab.topology import Lab, load, require_root, state_lock
+from fabricscope.lab.units import parse_rate, parse_size, parse_time
 
 DIRECTIONS = ("both", "tx", "rx")
 UPLINK_DIRECTIONS = ("up", "down", "both")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import os
 
-from lab import naming, nsops
+from fabricscope.lab import naming, nsops
 
 
 def disable_ipv6(ifname: str) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from fabricscope.errors import UserError
 from fabricscope.topology import Topology
-from lab import naming
+from fabricscope.lab import naming
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """A lab for the length of a block: the demo, the benches and the tests use it.
 
-    from lab.running import running_lab
+    from fabricscope.lab.running import running_lab
     with running_lab(nodes=3) as lab:          # or running_lab("name", 3)
         ...
 
@@ -17,7 +17,7 @@ import secrets
 import signal
 import threading
 
-from lab.topology import down, down_orphans, up
+from fabricscope.lab.topology import down, down_orphans, up
 
 
 def unique_name(prefix: str = "t") -> str:

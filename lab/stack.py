@@ -26,7 +26,8 @@ from pathlib import Path
 from fabricscope.errors import UserError
 
 AGENT_METRICS_PORT = 9471
-_FABRICSCOPE = [sys.executable, "-m", "fabricscope"]
+#: how the stack runs fabricscope: this interpreter's (a checkout or its install)
+FABRICSCOPE = (sys.executable, "-m", "fabricscope")
 
 
 def await_condition(check, timeout_s: float, what: str, interval_s: float = 0.1):
@@ -111,6 +112,7 @@ class Stack:
     collector_metrics_url: str = ""
     replicas: list[Proc] = field(default_factory=list)     # every collector, the first too
     agents: dict[int, Proc] = field(default_factory=dict)
+    command: tuple[str, ...] = FABRICSCOPE   # what runs the collectors and agents
 
     def agent_url(self, node_index: int, path: str) -> str:
         return f"http://{self.lab.nodes[node_index].address}:{AGENT_METRICS_PORT}{path}"
@@ -140,7 +142,7 @@ def start_collector(stack: Stack, influx_url: str, extra_args: list[str] = (),
     topology file; the first one started is the stack's `collector`."""
     listen = f"{stack.lab.gateway}:0"
     topology = getattr(stack.lab, "topology_path", "")
-    proc = start_proc(name, _FABRICSCOPE + [
+    proc = start_proc(name, [*stack.command,
         "collector", "--listen", listen, "--influx-url", influx_url, "--influx-api", "v1",
         "--metrics-host", "127.0.0.1", "--metrics-port", "0",
         *(["--topology-file", topology] if topology and os.path.exists(topology) else []),
@@ -166,8 +168,8 @@ def start_collector(stack: Stack, influx_url: str, extra_args: list[str] = (),
 
 def start_agent(stack: Stack, node, extra_args: list[str] = (),
                 collector: str | None = None) -> Proc:
-    from lab import exec_argv
-    argv = exec_argv(node, _FABRICSCOPE + [
+    from fabricscope.lab import exec_argv
+    argv = exec_argv(node, [*stack.command,
         "agent", "--node", f"node{node.index}", "--markers-dir", str(node.markers_dir),
         "--metrics-port", str(AGENT_METRICS_PORT),
         # One spool per agent of this stack: labs running side by side never share one,
@@ -209,15 +211,17 @@ def await_agent_polls(stack: Stack, polls: int,
 @contextlib.contextmanager
 def running_stack(lab, *, agents: bool = True, collector: bool = True,
                   agent_args: list[str] = (), collector_args: list[str] = (),
-                  workdir: str | None = None, collectors: int = 1):
+                  workdir: str | None = None, collectors: int = 1,
+                  command: tuple[str, ...] = FABRICSCOPE):
     """Start InfluxDB + collector + one agent per node (each optional); always tear down.
 
     collectors > 1: that many collector replicas on one InfluxDB (each its own
     process and port, as a Deployment's pods), the agents dealt out among them
-    (node i to replica i mod N), so one job's agents land on different replicas."""
+    (node i to replica i mod N), so one job's agents land on different replicas.
+    command: what runs them (an installed `fabricscope` script, say)."""
     from fabricscope.services import InfluxServer
     tmp = tempfile.TemporaryDirectory(prefix="fabricscope-stack-") if workdir is None else None
-    stack = Stack(lab=lab, workdir=Path(workdir or tmp.name))
+    stack = Stack(lab=lab, workdir=Path(workdir or tmp.name), command=tuple(command))
     try:
         if collector:
             stack.influx = InfluxServer().start()

@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from lab.units import parse_rate, parse_time
+from fabricscope.lab.units import parse_rate, parse_time
 
 PACE_STEP_S = 0.002
 MIN_CHUNK = 80_000     # BLOCK: above the agent's 64 KiB transfer minimum
@@ -64,7 +64,7 @@ class StorageFault:
         return cls(rate_bps=int(rate) if rate else None, delay_s=float(data.get("delay_s") or 0))
 
     def describe(self) -> str:
-        from lab.units import format_rate
+        from fabricscope.lab.units import format_rate
         parts = [f"rate {format_rate(self.rate_bps)}"] if self.rate_bps else []
         parts += [f"delay {self.delay_s * 1000:g}ms"] if self.delay_s else []
         return ", ".join(parts) or "none"

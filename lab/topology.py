@@ -49,9 +49,9 @@ import time
 
 from fabricscope.errors import UserError
 from fabricscope.topology import write_topology
-from lab import cgroups, links, naming, nft, nsops, tc
-from lab.model import Lab, LabNode, LabTor, plan
-from lab.units import parse_rate
+from fabricscope.lab import cgroups, links, naming, nft, nsops, tc
+from fabricscope.lab.model import Lab, LabNode, LabTor, plan
+from fabricscope.lab.units import parse_rate
 
 log = logging.getLogger(__name__)
 

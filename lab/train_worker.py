@@ -64,7 +64,7 @@ class _Storage:
     """The rank's traffic to the data server, and its ground-truth log (both optional)."""
 
     def __init__(self, args, rank: int):
-        from lab.dataserver import DataClient
+        from fabricscope.lab.dataserver import DataClient
         self.rank, self.data_bytes = rank, args.data_bytes
         self.client = DataClient(args.data_server) if args.data_server else None
         self.writer = DataClient(args.data_server) if args.data_server and \
@@ -104,7 +104,7 @@ class _Storage:
 
 def add_kind_arguments(parser: argparse.ArgumentParser) -> None:
     """--kind and the knobs of the other kinds (lab/workloads/; DDP ignores them)."""
-    from lab.workloads import Kind, ServeMode
+    from fabricscope.lab.workloads import Kind, ServeMode
     parser.add_argument("--kind", choices=[k.value for k in Kind], default=Kind.DDP.value)
     parser.add_argument("--layers", type=int, default=4,
                         help="layers (fsdp), MoE layers (moe, serve), layers per stage "
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             parser.error(problem)
         exit_with_parent()
-        from lab.workloads import run
+        from fabricscope.lab.workloads import run
         return run(args)
     exit_with_parent()
 
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.nn.parallel import DistributedDataParallel
 
     from fabricscope import markers
-    from lab.training import mlp_shape, param_bytes
+    from fabricscope.lab.training import mlp_shape, param_bytes
 
     torch.set_num_threads(1)
     try:

@@ -40,9 +40,9 @@ import threading
 import time
 
 from fabricscope.errors import UserError
-from lab import exec_argv
-from lab.topology import Lab, load, require_root
-from lab.train_worker import TRAINED
+from fabricscope.lab import exec_argv
+from fabricscope.lab.topology import Lab, load, require_root
+from fabricscope.lab.train_worker import TRAINED
 
 WIDTH = 1024
 RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -253,7 +253,7 @@ def start_rank(argv: list[str], env: dict | None, cgroup: str, stdout, stderr) -
     """Start one rank's process (argv: already wrapped to run in its node's netns) in
     its own session and, when `cgroup` is given, in that cgroup from its first
     instruction (see lab.cgroups.joiner)."""
-    from lab.cgroups import joiner
+    from fabricscope.lab.cgroups import joiner
     return subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                             stdout=stdout, stderr=stderr, start_new_session=True,
                             preexec_fn=joiner(cgroup) if cgroup else None)
@@ -303,7 +303,7 @@ def read_io_log(path: str) -> list[dict]:
 
 def io_args(data_server: str | None, data_bytes: int, checkpoint_every: int) -> list[str]:
     """train_worker flags for the data-server options; UserError when they do not fit."""
-    from lab.dataserver import MAX_LENGTH, parse_addr
+    from fabricscope.lab.dataserver import MAX_LENGTH, parse_addr
     for value, what, flag in ((data_bytes, "data size", "data_bytes"),
                               (checkpoint_every, "checkpoint interval", "checkpoint_every")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -330,8 +330,8 @@ def kind_args(kind: str, knobs: dict | None, world: int, batch: int = 32,
     command line is what it always was); UserError when they do not fit."""
     import argparse
 
-    from lab.train_worker import add_kind_arguments, kind_problem
-    from lab.workloads import Kind
+    from fabricscope.lab.train_worker import add_kind_arguments, kind_problem
+    from fabricscope.lab.workloads import Kind
     try:
         kind = Kind(kind)
     except ValueError:
@@ -437,7 +437,7 @@ def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: d
     pin = ["taskset", "-c", ",".join(str(c) for c in sorted(cpus))] if cpus else []
     for node in lab.nodes:
         log_flag = ["--io-log", io_log_path(log_dir, node.index)] if log_dir else []
-        argv.append(exec_argv(node, [*pin, python, "-m", "lab.train_worker", "--steps", str(steps),
+        argv.append(exec_argv(node, [*pin, python, "-m", "fabricscope.lab.train_worker", "--steps", str(steps),
                                      "--model-mb", repr(float(model_mb)), "--batch", str(batch),
                                      *io_flags, *log_flag, *kind_flags]))
         env = rank_env(lab, node.index, port)

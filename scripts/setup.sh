@@ -41,7 +41,7 @@ mkdir -p "$VENV/debian-bcc"
 ln -sfn /usr/lib/python3/dist-packages/bcc "$VENV/debian-bcc/bcc"
 echo "$PWD/$VENV/debian-bcc" > "$site/debian_bcc.pth"
 
-stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
+stamp="$VENV/.installed-$(cat pyproject.toml setup.py | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   log "installing fabricscope and its dependencies into $VENV"
   pip_log=$(mktemp)

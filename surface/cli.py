@@ -28,8 +28,8 @@ EPILOG = """examples:
 
 
 def register(sub) -> None:
-    from diagnosis.cli import store_arguments
-    from diagnosis.timespan import add_window_arguments
+    from fabricscope.diagnosis.cli import store_arguments
+    from fabricscope.diagnosis.timespan import add_window_arguments
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("report", help="one self-contained HTML report of a job's window",
                        description="One self-contained HTML file (nothing fetched when it "
@@ -63,20 +63,20 @@ def register(sub) -> None:
 
 
 def _store(args):
-    from diagnosis.store import Store
+    from fabricscope.diagnosis.store import Store
     store = Store(args.influx_url, args.database, args.token)
     store.ping()
     return store
 
 
 def _report(args) -> int:
-    from surface.report.page import write_report
+    from fabricscope.surface.report.page import write_report
     path, summary = write_report(_store(args), args)
     print(f"wrote {path} ({summary})")
     return 0
 
 
 def _top(args) -> int:
-    from surface.top import check, run_top
+    from fabricscope.surface.top import check, run_top
     check(args)
     return run_top(_store(args), args)

@@ -27,10 +27,10 @@ from pathlib import Path
 import yaml
 
 from fabricscope.errors import UserError, exit_code_of
-from surface.grafana import dashboards
-from surface.alerting.catalog import RUNBOOK_BASE
-from surface.alerting.rules import groups
-from surface.yamlout import dump_all, generated_header
+from fabricscope.surface.grafana import dashboards
+from fabricscope.surface.alerting.catalog import RUNBOOK_BASE
+from fabricscope.surface.alerting.rules import groups
+from fabricscope.surface.yamlout import dump_all, generated_header
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the kustomize component that carries what the Prometheus Operator and Grafana read

@@ -8,8 +8,8 @@ the test exporter (tests/support/alerting.py) and the dashboards cannot drift ap
 
 from __future__ import annotations
 
-from diagnosis.metrics import FINDING_ACTIVE, FINDING_LABELS, JOB_GAUGES  # noqa: F401 (re-exported)
-from diagnosis.metrics import FINDINGS_OPENED as _OPENED
+from fabricscope.diagnosis.metrics import FINDING_ACTIVE, FINDING_LABELS, JOB_GAUGES  # noqa: F401 (re-exported)
+from fabricscope.diagnosis.metrics import FINDINGS_OPENED as _OPENED
 
 #: 1 while a finding is open; the series disappears when it closes. Absent place parts
 #: are empty strings, which Prometheus drops from the label set.

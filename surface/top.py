@@ -22,12 +22,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from diagnosis.finding import Finding, severity_rank
-from diagnosis.timespan import SECOND, Span
+from fabricscope.diagnosis.finding import Finding, severity_rank
+from fabricscope.diagnosis.timespan import SECOND, Span
 from fabricscope.errors import UserError
-from surface import jobclass
-from surface.grafana.queries import agg, raw, select
-from surface.report.data import Scope
+from fabricscope.surface import jobclass
+from fabricscope.surface.grafana.queries import agg, raw, select
+from fabricscope.surface.report.data import Scope
 
 LINK_S = 5                  # links and findings: the last seconds
 COLLECTIVE_S = 10

@@ -10,7 +10,7 @@ import pytest
 def pytest_configure(config):
     """SIGTERM (a CI job cancelled, `timeout`) unwinds like Ctrl-C, so fixtures stop
     the servers, agents and labs they started instead of leaving them orphaned."""
-    from lab.running import unwind_on_sigterm
+    from fabricscope.lab.running import unwind_on_sigterm
     unwind_on_sigterm()
 
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from agent.kube.podlist import Pod, PodList
+from fabricscope.agent.kube.podlist import Pod, PodList
 from fabricscope.errors import UserError
 
 log = logging.getLogger("fabricscope.agent.kube")

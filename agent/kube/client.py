@@ -21,7 +21,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-from agent.kube.podlist import PodList, parse_pod_list
+from fabricscope.agent.kube.podlist import PodList, parse_pod_list
 from fabricscope.errors import UserError
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"

@@ -16,9 +16,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.kube.cache import PodCache
-from agent.kube.cgroup import CgroupVerdict, parse_pod_cgroup
-from agent.kube.training import training_job
+from fabricscope.agent.kube.cache import PodCache
+from fabricscope.agent.kube.cgroup import CgroupVerdict, parse_pod_cgroup
+from fabricscope.agent.kube.training import training_job
 
 _MAX_MISSES = 4096
 

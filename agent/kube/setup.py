@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from agent.kube.cache import PodCache
-from agent.kube.client import Endpoint, PodListClient, PodSource, default_url, resolve_source
-from agent.kube.resolver import PodResolver
+from fabricscope.agent.kube.cache import PodCache
+from fabricscope.agent.kube.client import Endpoint, PodListClient, PodSource, default_url, resolve_source
+from fabricscope.agent.kube.resolver import PodResolver
 from fabricscope.errors import UserError
 
 

@@ -3,7 +3,7 @@
 Each probe family is one package under agent/probes/ (nic, tcp, gloo, nccl) whose
 `__init__` declares, without importing anything heavy,
 
-    PROBES = {"nic": "agent.probes.nic.probe:NicProbe"}
+    PROBES = {"nic": "fabricscope.agent.probes.nic.probe:NicProbe"}
     INCLUDES = {}          # optional: probe -> probes it includes (one BPF object)
 
 and agent/sources/ (user-space sources: markers, synthetic) declares the same.
@@ -17,8 +17,8 @@ import importlib
 import pkgutil
 
 #: packages whose subpackages are probe families, and packages that declare PROBES themselves
-FAMILY_ROOTS = ("agent.probes",)
-SOURCE_PACKAGES = ("agent.sources",)
+FAMILY_ROOTS = ("fabricscope.agent.probes",)
+SOURCE_PACKAGES = ("fabricscope.agent.sources",)
 
 
 def _discover() -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:

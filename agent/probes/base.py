@@ -14,6 +14,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from fabricscope.agent.kernel import Capability
 from fabricscope.records import Record
 
 
@@ -68,6 +69,8 @@ def effective_poll_interval(configured: float, probes) -> float:
 class Probe(abc.ABC):
     #: name used in config `probes:` and in metrics labels
     name: str = ""
+    #: what it needs beyond root's uid (agent.kernel.check_capabilities)
+    capabilities: tuple[Capability, ...] = ()
     #: set by attach() when what the probe holds in the kernel must be drained more often
     #: than the configured poll interval (None: any interval will do)
     max_poll_interval_s: float | None = None

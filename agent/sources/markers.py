@@ -26,7 +26,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.probes.base import Probe, ProbeUnavailable
+from fabricscope.agent.probes.base import Probe, ProbeUnavailable
 from fabricscope import markers as fmt
 from fabricscope.services import pid_alive
 from fabricscope.jobs import tags_from_meta

@@ -29,9 +29,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.probes.base import Probe, ProbeContext, ProbeUnavailable
-from agent.probes.gloo.procs import ProcessTable
-from agent.probes.ncclprof.records import job_tags
+from fabricscope.agent.probes.base import Probe, ProbeContext, ProbeUnavailable
+from fabricscope.agent.probes.gloo.procs import ProcessTable
+from fabricscope.agent.probes.ncclprof.records import job_tags
 from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.nccl_inspector")

@@ -26,8 +26,8 @@ import socket
 import threading
 import time
 
-from agent.probes.base import Probe, ProbeContext, ProbeUnavailable
-from agent.probes.gloo.procs import ProcessTable
+from fabricscope.agent.probes.base import Probe, ProbeContext, ProbeUnavailable
+from fabricscope.agent.probes.gloo.procs import ProcessTable
 from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.nccl_ras")

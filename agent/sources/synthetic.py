@@ -29,7 +29,7 @@ import os
 import time
 from pathlib import Path
 
-from agent.probes.base import Probe
+from fabricscope.agent.probes.base import Probe
 from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.synthetic")

@@ -6,14 +6,14 @@ implements collector.sinks.base.Sink.
 
 from __future__ import annotations
 
-from collector.sinks.base import Sink, SinkError, SinkRejected
+from fabricscope.collector.sinks.base import Sink, SinkError, SinkRejected
 
 __all__ = ["Sink", "SinkError", "SinkRejected", "make_sink"]
 
 
 def make_sink(config) -> Sink:
     if config.influx_api == "v2":
-        from collector.sinks.influx_v2 import InfluxV2Sink
+        from fabricscope.collector.sinks.influx_v2 import InfluxV2Sink
         return InfluxV2Sink(config)
-    from collector.sinks.influx_v1 import InfluxV1Sink
+    from fabricscope.collector.sinks.influx_v1 import InfluxV1Sink
     return InfluxV1Sink(config)

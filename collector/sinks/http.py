@@ -11,7 +11,7 @@ import urllib.parse
 
 import urllib3
 
-from collector.sinks.base import HTTP_THREADS, SinkError, one_line
+from fabricscope.collector.sinks.base import HTTP_THREADS, SinkError, one_line
 
 
 def reason(exc: BaseException) -> str:

@@ -15,8 +15,8 @@ import json
 import re
 import urllib.parse
 
-from collector.sinks.base import Sink, SinkError, SinkRejected, one_line, unreachable
-from collector.sinks.http import Http, on_loopback
+from fabricscope.collector.sinks.base import Sink, SinkError, SinkRejected, one_line, unreachable
+from fabricscope.collector.sinks.http import Http, on_loopback
 
 _DROPPED = re.compile(r"dropped=(\d+)")
 

@@ -15,9 +15,9 @@ from influxdb_client import InfluxDBClient, WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
 from influxdb_client.rest import ApiException
 
-from collector.sinks.base import Sink, SinkError, SinkRejected, unreachable
-from collector.sinks.http import Http, on_loopback, reason
-from collector.sinks.influx_v1 import influx_error
+from fabricscope.collector.sinks.base import Sink, SinkError, SinkRejected, unreachable
+from fabricscope.collector.sinks.http import Http, on_loopback, reason
+from fabricscope.collector.sinks.influx_v1 import influx_error
 
 
 class InfluxV2Sink(Sink):

@@ -39,13 +39,13 @@ def run(args) -> int:
     """Run the non-DDP kind named by args.kind (lab/train_worker.py's parsed flags)."""
     kind = Kind(args.kind)
     if kind is Kind.FSDP:
-        from lab.workloads import fsdp as module
+        from fabricscope.lab.workloads import fsdp as module
     elif kind is Kind.MOE:
-        from lab.workloads import moe as module
+        from fabricscope.lab.workloads import moe as module
     elif kind is Kind.PIPELINE:
-        from lab.workloads import pipeline as module
+        from fabricscope.lab.workloads import pipeline as module
     elif kind is Kind.SERVE:
-        from lab.workloads import serve as module
+        from fabricscope.lab.workloads import serve as module
     else:
         raise ValueError(f"{kind.value} runs in lab/train_worker.py, not here")
     return module.run(args)

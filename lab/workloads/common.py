@@ -36,7 +36,7 @@ def finish() -> int:
     import torch.distributed as dist
 
     from fabricscope import markers
-    from lab.train_worker import TRAINED
+    from fabricscope.lab.train_worker import TRAINED
     markers.done()
     dist.barrier()
     print(TRAINED, file=sys.stderr, flush=True)

@@ -21,7 +21,7 @@ def run(args) -> int:
     from torch.distributed.fsdp import fully_shard
 
     from fabricscope import markers
-    from lab.workloads.common import emit, finish, mlp, start, width_for
+    from fabricscope.lab.workloads.common import emit, finish, mlp, start, width_for
 
     width = width_for(args.model_mb, args.layers)
     model = mlp(width, args.layers)

@@ -106,7 +106,7 @@ def run(args) -> int:
     import torch.nn.functional as F
 
     from fabricscope import markers
-    from lab.workloads.common import emit, finish, start, width_for
+    from fabricscope.lab.workloads.common import emit, finish, start, width_for
 
     rank, world = start(args, f"MoE {args.layers} layers x {args.experts_per_rank} experts "
                               f"per rank, skew {args.skew:g}, batch {args.batch}, "

@@ -59,7 +59,7 @@ def run(args) -> int:
     import torch
 
     from fabricscope import markers
-    from lab.workloads.common import emit, finish, mlp, start, width_for
+    from fabricscope.lab.workloads.common import emit, finish, mlp, start, width_for
 
     rank, world = start(args, f"pipeline stage of {args.micro_batches} micro-batches, "
                               f"slow stage {args.slow_stage} x{args.stage_skew:g}, "

@@ -41,7 +41,7 @@ def arrivals(rate: float, count: int, seed: int = SEED) -> list[float]:
 def _moe_forward(layers, x, probs, experts_per_rank, gen):
     import torch
 
-    from lab.workloads.moe import moe_layer
+    from fabricscope.lab.workloads.moe import moe_layer
     with torch.no_grad():
         for layer in layers:
             x = moe_layer(layer, x, probs, experts_per_rank, gen)
@@ -66,9 +66,9 @@ def run(args) -> int:
     import torch.distributed as dist
 
     from fabricscope import markers
-    from lab.workloads import ServeMode
-    from lab.workloads.common import emit, finish, mlp, start, width_for
-    from lab.workloads.moe import build, zipf_weights
+    from fabricscope.lab.workloads import ServeMode
+    from fabricscope.lab.workloads.common import emit, finish, mlp, start, width_for
+    from fabricscope.lab.workloads.moe import build, zipf_weights
 
     mode = ServeMode(args.serve_mode)
     rank, world = start(args, f"serving ({mode.value}) {args.steps} requests at "

@@ -2,6 +2,6 @@
 
 import sys
 
-from surface.alerting.generate import main
+from fabricscope.surface.alerting.generate import main
 
 sys.exit(main())

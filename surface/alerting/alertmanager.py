@@ -11,9 +11,9 @@ alert mutes the warning of the same alert at the same place.
 
 from __future__ import annotations
 
-from surface.alerting.catalog import GENERATED, INFO_INHIBITOR
-from surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
-from surface.yamlout import dump
+from fabricscope.surface.alerting.catalog import GENERATED, INFO_INHIBITOR
+from fabricscope.surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
+from fabricscope.surface.yamlout import dump
 
 EXAMPLE_FILE = "alertmanager.example.yaml"
 #: the receivers that notify someone, by severity band

@@ -4,9 +4,9 @@ closes, and ignores findings of other causes."""
 
 from __future__ import annotations
 
-from diagnosis.causes import Cause
-from surface.alerting.model import Case, Expect
-from surface.alerting.promql import FindingSeries
+from fabricscope.diagnosis.causes import Cause
+from fabricscope.surface.alerting.model import Case, Expect
+from fabricscope.surface.alerting.promql import FindingSeries
 
 #: samples 1 s apart; long enough for every evaluation time below
 OPEN = "1x90"

@@ -1,7 +1,7 @@
 """Every fabricscope alert, as data: the one list the rules, their promtool tests,
 the runbooks, the Alertmanager example and the dashboards are made from.
 
-    from surface.alerting.catalog import ALERTS, runbook_url
+    from fabricscope.surface.alerting.catalog import ALERTS, runbook_url
     for alert in ALERTS:
         alert.name, alert.rules[0].expr, alert.causes, runbook_url(alert)
 
@@ -14,15 +14,15 @@ unless a warning or critical alert fires for the same job at the same place.
 
 from __future__ import annotations
 
-from diagnosis.causes import Cause
-from surface.alerting.cases import OPEN
-from surface.alerting.finding_alerts import FINDING_ALERTS, GROUP as FINDINGS_GROUP
-from surface.alerting.finding_alerts import MICROBURST, NETWORK_BOUND
-from surface.alerting.pipeline_alerts import PIPELINE_ALERTS
-from surface.alerting.trend_alerts import TREND_ALERTS
-from surface.alerting.model import BOARDS, NONE, Alert, Case, Expect, Rule, Runbook
-from surface.alerting.promql import FindingSeries
-from surface.yamlout import generated_header
+from fabricscope.diagnosis.causes import Cause
+from fabricscope.surface.alerting.cases import OPEN
+from fabricscope.surface.alerting.finding_alerts import FINDING_ALERTS, GROUP as FINDINGS_GROUP
+from fabricscope.surface.alerting.finding_alerts import MICROBURST, NETWORK_BOUND
+from fabricscope.surface.alerting.pipeline_alerts import PIPELINE_ALERTS
+from fabricscope.surface.alerting.trend_alerts import TREND_ALERTS
+from fabricscope.surface.alerting.model import BOARDS, NONE, Alert, Case, Expect, Rule, Runbook
+from fabricscope.surface.alerting.promql import FindingSeries
+from fabricscope.surface.yamlout import generated_header
 
 #: Where docs/runbooks.md is published; every runbook_url is this plus `#<anchor>`.
 #: `python -m surface.alerting --runbook-base URL` renders a copy for another home.

@@ -9,10 +9,10 @@ finding's own, except for microburst and network_bound, which are context (info)
 
 from __future__ import annotations
 
-from diagnosis.causes import Cause
-from surface.alerting.cases import finding_cases
-from surface.alerting.model import FROM_FINDING, Alert, Case, Expect, Rule, Runbook, board
-from surface.alerting.promql import FindingSeries, finding_open
+from fabricscope.diagnosis.causes import Cause
+from fabricscope.surface.alerting.cases import finding_cases
+from fabricscope.surface.alerting.model import FROM_FINDING, Alert, Case, Expect, Rule, Runbook, board
+from fabricscope.surface.alerting.promql import FindingSeries, finding_open
 
 FOR = "10s"
 GROUP = "fabricscope-findings"

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 from fabricscope.errors import UserError, exit_code_of
-from surface.alerting.alertmanager import EXAMPLE_FILE, render_example
-from surface.alerting.catalog import RUNBOOK_BASE
-from surface.alerting.promtool_tests import TESTS_FILE, render_tests
-from surface.alerting.rules import RULES_FILE, render_prometheus_example, render_rules
-from surface.alerting.runbooks import RUNBOOKS_FILE, render_runbooks
+from fabricscope.surface.alerting.alertmanager import EXAMPLE_FILE, render_example
+from fabricscope.surface.alerting.catalog import RUNBOOK_BASE
+from fabricscope.surface.alerting.promtool_tests import TESTS_FILE, render_tests
+from fabricscope.surface.alerting.rules import RULES_FILE, render_prometheus_example, render_rules
+from fabricscope.surface.alerting.runbooks import RUNBOOKS_FILE, render_runbooks
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = "deploy/prometheus"

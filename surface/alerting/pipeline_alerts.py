@@ -7,14 +7,14 @@ fabricscope-agent), which Alertmanager routes to the team that runs fabricscope.
 
 from __future__ import annotations
 
-from diagnosis.causes import Cause
-from surface.alerting.cases import finding_cases
-from surface.alerting.finding_alerts import DIAGNOSE, EXPLAIN, FOR
-from surface.metrics import (AGENT_DROPPED, AGENT_LAST_SEEN, AGENT_SCRAPE_JOB, BATCHES_THROTTLED,
+from fabricscope.diagnosis.causes import Cause
+from fabricscope.surface.alerting.cases import finding_cases
+from fabricscope.surface.alerting.finding_alerts import DIAGNOSE, EXPLAIN, FOR
+from fabricscope.surface.metrics import (AGENT_DROPPED, AGENT_LAST_SEEN, AGENT_SCRAPE_JOB, BATCHES_THROTTLED,
                              COLLECTOR_SCRAPE_JOB, EVENTS_LOST, RECORDS_DROPPED, RECORDS_REJECTED,
                              SPOOL_OLDEST_AGE)
-from surface.alerting.model import FROM_FINDING, Alert, Case, Expect, Rule, Runbook, board
-from surface.alerting.promql import FindingSeries, across_replicas, finding_open, selector
+from fabricscope.surface.alerting.model import FROM_FINDING, Alert, Case, Expect, Rule, Runbook, board
+from fabricscope.surface.alerting.promql import FindingSeries, across_replicas, finding_open, selector
 
 GROUP = "fabricscope-pipeline"
 SILENT_S = 30             # agents send a batch every second or so

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from surface.metrics import FINDING_ACTIVE, FINDING_LABELS, REPLICA_LABELS
+from fabricscope.surface.metrics import FINDING_ACTIVE, FINDING_LABELS, REPLICA_LABELS
 
 
 def across_replicas(expr: str) -> str:

@@ -7,11 +7,11 @@ against the Python rendering on real evaluated alerts.
 
 from __future__ import annotations
 
-from surface.alerting.catalog import ALERTS, GENERATED, RUNBOOK_BASE, runbook_url
-from surface.alerting.model import Alert, Case, Expect
-from surface.alerting.rules import RULES_FILE
-from surface.alerting.templates import render
-from surface.yamlout import dump
+from fabricscope.surface.alerting.catalog import ALERTS, GENERATED, RUNBOOK_BASE, runbook_url
+from fabricscope.surface.alerting.model import Alert, Case, Expect
+from fabricscope.surface.alerting.rules import RULES_FILE
+from fabricscope.surface.alerting.templates import render
+from fabricscope.surface.yamlout import dump
 
 TESTS_FILE = "fabricscope-alerts.test.yaml"
 

@@ -3,11 +3,11 @@ that scrapes what the rules read."""
 
 from __future__ import annotations
 
-from surface.alerting.catalog import ALERTS, GENERATED, RUNBOOK_BASE, runbook_url
-from surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
-from surface.alerting.model import Alert, Rule, static_labels
-from surface.alerting.templates import to_go
-from surface.yamlout import dump
+from fabricscope.surface.alerting.catalog import ALERTS, GENERATED, RUNBOOK_BASE, runbook_url
+from fabricscope.surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
+from fabricscope.surface.alerting.model import Alert, Rule, static_labels
+from fabricscope.surface.alerting.templates import to_go
+from fabricscope.surface.yamlout import dump
 
 RULES_FILE = "fabricscope-alerts.yaml"
 

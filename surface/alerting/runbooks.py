@@ -3,9 +3,9 @@ name, so that `runbook_url` (base + '#' + name in lower case) lands on it."""
 
 from __future__ import annotations
 
-from surface.alerting.catalog import ALERTS
-from surface.metrics import COLLECTOR_SCRAPE_JOB
-from surface.alerting.model import BOARDS, FROM_FINDING, NONE, Alert, Rule
+from fabricscope.surface.alerting.catalog import ALERTS
+from fabricscope.surface.metrics import COLLECTOR_SCRAPE_JOB
+from fabricscope.surface.alerting.model import BOARDS, FROM_FINDING, NONE, Alert, Rule
 
 RUNBOOKS_FILE = "docs/runbooks.md"
 

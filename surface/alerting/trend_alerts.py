@@ -4,13 +4,13 @@ step times differ by orders of magnitude between jobs."""
 
 from __future__ import annotations
 
-from diagnosis.causes import Cause
-from surface.alerting.cases import OPEN, finding_cases
-from surface.alerting.finding_alerts import DIAGNOSE, EXPLAIN, FOR
-from surface.metrics import (FINDING_ACTIVE, JOB_GRAD_SYNC_SLOWDOWN, JOB_JITTER,
+from fabricscope.diagnosis.causes import Cause
+from fabricscope.surface.alerting.cases import OPEN, finding_cases
+from fabricscope.surface.alerting.finding_alerts import DIAGNOSE, EXPLAIN, FOR
+from fabricscope.surface.metrics import (FINDING_ACTIVE, JOB_GRAD_SYNC_SLOWDOWN, JOB_JITTER,
                              JOB_JITTER_BASELINE, JOB_RETRANSMIT_AMPLIFICATION, JOB_STEP)
-from surface.alerting.model import FROM_FINDING, Alert, Case, Expect, Rule, Runbook, board
-from surface.alerting.promql import FindingSeries, across_replicas, finding_open, selector
+from fabricscope.surface.alerting.model import FROM_FINDING, Alert, Case, Expect, Rule, Runbook, board
+from fabricscope.surface.alerting.promql import FindingSeries, across_replicas, finding_open, selector
 
 GROUP = "fabricscope-trends"
 #: the gauges are over the last 10 steps (or 10 s) already; 30 s more is three fresh

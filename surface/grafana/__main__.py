@@ -2,6 +2,6 @@
 
 import sys
 
-from surface.grafana.dashboards import main
+from fabricscope.surface.grafana.dashboards import main
 
 sys.exit(main())

@@ -10,10 +10,10 @@ lists them all; fabricscope shows the telemetry pipeline itself.
 
 from __future__ import annotations
 
-from diagnosis.finding import PLACE_KEYS
-from surface import jobclass
-from surface.grafana.queries import InfluxQL, PromNames, agg, raw, select
-from surface.grafana.panels import Board, influx_annotation
+from fabricscope.diagnosis.finding import PLACE_KEYS
+from fabricscope.surface import jobclass
+from fabricscope.surface.grafana.queries import InfluxQL, PromNames, agg, raw, select
+from fabricscope.surface.grafana.panels import Board, influx_annotation
 
 PHASE_COLORS = {"grad_sync": "red", "compute": "green", "data_load": "blue",
                 "checkpoint": "purple", "param_broadcast": "orange"}

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from surface.grafana.boards import FINDING_ORDER, PLACE, annotations, open_findings
-from surface.grafana.queries import Col, PromNames, agg, raw, select
-from surface.metrics import AGENT_SCRAPE_JOB
-from surface.grafana.panels import Board
+from fabricscope.surface.grafana.boards import FINDING_ORDER, PLACE, annotations, open_findings
+from fabricscope.surface.grafana.queries import Col, PromNames, agg, raw, select
+from fabricscope.surface.metrics import AGENT_SCRAPE_JOB
+from fabricscope.surface.grafana.panels import Board
 
 
 def board_alerts(uid: str, *, finding_alerts: bool = False) -> list:
@@ -13,7 +13,7 @@ def board_alerts(uid: str, *, finding_alerts: bool = False) -> list:
     board `uid`, or, with finding_alerts, every alert that pages on a finding's cause.
     Empty while there is no catalog (the alert panels then list every firing alert)."""
     try:
-        from surface.alerting import catalog
+        from fabricscope.surface.alerting import catalog
     except ImportError:
         return []
     return [a for a in catalog.ALERTS
@@ -23,7 +23,7 @@ def board_alerts(uid: str, *, finding_alerts: bool = False) -> list:
 def alert_panels(b: Board, alerts: list, prom: PromNames) -> None:
     """What pages for this board (names, runbooks) and which of it fires now."""
     if alerts:
-        from surface.alerting.catalog import runbook_url
+        from fabricscope.surface.alerting.catalog import runbook_url
         # summaries are templates: `{place}` is filled in when the alert fires
         rows = "\n".join(f"| [{a.name}]({runbook_url(a)}) | "
                          f"{a.summary.replace('{', '<').replace('}', '>')} |" for a in alerts)

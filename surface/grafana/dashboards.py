@@ -24,9 +24,9 @@ import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from fabricscope.errors import UserError
-from surface.grafana.boards import collectives, fabric, training_job
-from surface.grafana.boards_ops import findings, pipeline, topology
-from surface.grafana.panels import INFLUX, PROMETHEUS, Board
+from fabricscope.surface.grafana.boards import collectives, fabric, training_job
+from fabricscope.surface.grafana.boards_ops import findings, pipeline, topology
+from fabricscope.surface.grafana.panels import INFLUX, PROMETHEUS, Board
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA_DIR = ROOT / "grafana"

@@ -25,7 +25,7 @@ from grafana_foundation_sdk.models import heatmap as heatmap_model
 from grafana_foundation_sdk.models import text as text_model
 from grafana_foundation_sdk.models import xychart as xym
 
-from surface.grafana.queries import InfluxQL, PromQL, tag_values
+from fabricscope.surface.grafana.queries import InfluxQL, PromQL, tag_values
 
 INFLUX = dm.DataSourceRef(type_val="influxdb", uid="fabricscope-influxdb")
 PROMETHEUS = dm.DataSourceRef(type_val="prometheus", uid="fabricscope-prometheus")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from fabricscope.errors import UserError
 from fabricscope.schema import Measurement, measurements
-from surface.metrics import FINDING_ACTIVE, FINDINGS_OPENED, JOB_GAUGE_NAMES
+from fabricscope.surface.metrics import FINDING_ACTIVE, FINDINGS_OPENED, JOB_GAUGE_NAMES
 
 #: dashboard variable -> the tag it filters
 VARIABLE_TAGS = ("job", "node", "interface")
@@ -180,8 +180,8 @@ def _registry_names(registry) -> set[str]:
 
 
 def exported_metrics() -> frozenset[str]:
-    from agent.metrics import AgentMetrics
-    from collector.metrics import CollectorMetrics
+    from fabricscope.agent.metrics import AgentMetrics
+    from fabricscope.collector.metrics import CollectorMetrics
     return frozenset(_registry_names(CollectorMetrics().registry)
                      | _registry_names(AgentMetrics().registry))
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diagnosis.compare import Result
-from diagnosis.finding import Finding
-from diagnosis.timespan import Span
+from fabricscope.diagnosis.compare import Result
+from fabricscope.diagnosis.finding import Finding
+from fabricscope.diagnosis.timespan import Span
 from fabricscope.errors import UserError
-from surface.grafana.macros import ALL, TimeRange, Variable, expand_influxql, panel_interval
-from surface.grafana.queries import Col, InfluxQL, agg, raw, select
+from fabricscope.surface.grafana.macros import ALL, TimeRange, Variable, expand_influxql, panel_interval
+from fabricscope.surface.grafana.queries import Col, InfluxQL, agg, raw, select
 
 #: a report plot is about 1200 px wide: at most this many points per series
 MAX_POINTS = 600
@@ -254,8 +254,8 @@ def ratio_series(rows: list[dict], num: str, den: str) -> list[Series]:
 def pick_job(store, span: Span, job: str | None, findings: list[Finding]):
     """(job, its members, the other jobs of the window): the job asked for, else the one
     of the primary finding, else the one with the most ranks."""
-    from diagnosis.finding import primary
-    from diagnosis.source import StoreSource
+    from fabricscope.diagnosis.finding import primary
+    from fabricscope.diagnosis.source import StoreSource
     jobs = StoreSource(store).jobs(span.start_ns, span.end_ns)
     if job and job not in jobs:
         raise UserError(f"the store holds no training steps of job {job} for {span}",
@@ -272,7 +272,7 @@ def pick_job(store, span: Span, job: str | None, findings: list[Finding]):
 
 def collect(store, span: Span, job: str | None = None) -> ReportData:
     """Everything the report shows of `job` (or the job pick_job chooses) in `span`."""
-    from diagnosis.cli import recorded
+    from fabricscope.diagnosis.cli import recorded
     every = recorded(store, span, None)
     job, members, others = pick_job(store, span, job, every)
     scope = Scope(span, job, tuple(members.nodes))
@@ -328,7 +328,7 @@ def compare_windows(text: str, span: Span, notes: list[Note], side: str) -> tupl
     """(before, after, what split them) of `--compare`: T1..T2..T3, T1..T2,T3..T4, or the
     latest annotation of the window whose text contains `text`, each side `side` long
     and clipped to the window."""
-    from diagnosis.timespan import SECOND, parse_duration
+    from fabricscope.diagnosis.timespan import SECOND, parse_duration
     windows = _time_windows(text)
     if windows:
         return windows[0], windows[1], f"{windows[0]} against {windows[1]}"
@@ -348,7 +348,7 @@ def compare_windows(text: str, span: Span, notes: list[Note], side: str) -> tupl
 
 
 def _time_windows(text: str) -> tuple[Span, Span] | None:
-    from diagnosis.timespan import ordered, parse_range, parse_time
+    from fabricscope.diagnosis.timespan import ordered, parse_range, parse_time
     try:
         if "," in text:
             first, second = text.split(",", 1)
@@ -363,8 +363,8 @@ def _time_windows(text: str) -> tuple[Span, Span] | None:
 
 
 def comparison(store, data: ReportData, text: str, side: str = "2m") -> Comparison:
-    """diagnosis.compare's statistics of the job across the split `text` names."""
-    from diagnosis.compare import compare_samples, samples
+    """fabricscope.diagnosis.compare's statistics of the job across the split `text` names."""
+    from fabricscope.diagnosis.compare import compare_samples, samples
     before, after, label = compare_windows(text, data.span, data.notes, side)
     results = compare_samples(samples(store, data.job, before, after))
     if all(r.n_before == 0 and r.n_after == 0 for r in results):

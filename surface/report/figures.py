@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from diagnosis.finding import severity_rank
-from surface.report.data import ReportData, Series
+from fabricscope.diagnosis.finding import severity_rank
+from fabricscope.surface.report.data import ReportData, Series
 
 FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", Arial, sans-serif'
 SEVERITY_COLORS = {"critical": "#c62828", "warning": "#ef6c00", "info": "#607d8b"}

@@ -8,10 +8,10 @@ import statistics
 import time
 from html import escape
 
-from diagnosis.compare import VERDICT_RULE
-from diagnosis.finding import Finding, ordered, primary, severity_rank, taken_over_note
-from surface import jobclass
-from surface.report.data import ReportData
+from fabricscope.diagnosis.compare import VERDICT_RULE
+from fabricscope.diagnosis.finding import Finding, ordered, primary, severity_rank, taken_over_note
+from fabricscope.surface import jobclass
+from fabricscope.surface.report.data import ReportData
 
 SECOND = 1_000_000_000
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from html import escape
 
 from fabricscope.errors import UserError
-from surface.report import figures as fig
-from surface.report.data import ReportData, collect, comparison
-from surface.report.html_parts import (compare_html, findings_html, line_rate_html, links_html,
+from fabricscope.surface.report import figures as fig
+from fabricscope.surface.report.data import ReportData, collect, comparison
+from fabricscope.surface.report.html_parts import (compare_html, findings_html, line_rate_html, links_html,
                                        summary, traffic_html)
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -149,7 +149,7 @@ def render(data: ReportData, plotly_js: str | None = None) -> str:
 
 def write_report(store, args) -> tuple[str, str]:
     """Collect, render and write the report; (the path, a one-line account)."""
-    from diagnosis.timespan import window_of
+    from fabricscope.diagnosis.timespan import window_of
     span = window_of(args)
     data = collect(store, span, args.job)
     if args.compare:

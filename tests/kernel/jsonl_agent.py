@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lab.stack import await_condition
+from fabricscope.lab.stack import await_condition
 from fabricscope.records import Record
 from fabricscope.services import terminate
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def jsonl_agent(lab, node, tmp: Path, *args: str, attached: str = "running probes:"):
     """Yields the Popen; records() reads what it printed so far. `attached`: the log
     text that says the probes are attached."""
-    from lab import exec_argv, exec_env
+    from fabricscope.lab import exec_argv, exec_env
     out, err = tmp / "agent.jsonl", tmp / "agent.log"
     argv = exec_argv(node, [sys.executable, "-m", "fabricscope", "agent", "--output", "jsonl",
                             "--metrics-port", "0", *args])

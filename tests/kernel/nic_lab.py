@@ -8,7 +8,7 @@ burstgen(): the path of tests/kernel/burstgen.c's executable, built once per sou
 hash; BURSTGEN: the script that builds and runs it (`PYTHON BURSTGEN --dst ...`).
 """
 
-from bench.iperf3_overhead import (PYTHON, ROOT, Pair, Runner, iperf3_server, netns_pair,
+from fabricscope.bench.iperf3_overhead import (PYTHON, ROOT, Pair, Runner, iperf3_server, netns_pair,
                                    running, sh)
 from tests.kernel.burstgen import build as burstgen
 

@@ -14,7 +14,7 @@ import sys
 import time
 
 from fabricscope.records import Record
-from lab import exec_argv
+from fabricscope.lab import exec_argv
 from tests.kernel.test_agent_kernel import in_netns
 
 PY = sys.executable
@@ -65,10 +65,10 @@ print(sent, flush=True)
 @contextlib.contextmanager
 def probes_on(lab, cls=None, config=None):
     """One probe per lab node, attached inside the node's namespace; always detached."""
-    from agent import kernel
-    from agent.probes.base import Clock, ProbeContext
+    from fabricscope.agent import kernel
+    from fabricscope.agent.probes.base import Clock, ProbeContext
     if cls is None:
-        from agent.probes.tcp.flows import TcpFlowsProbe as cls
+        from fabricscope.agent.probes.tcp.flows import TcpFlowsProbe as cls
     kernel.prepare()
     probes = []
     try:

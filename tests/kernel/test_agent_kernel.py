@@ -151,9 +151,9 @@ def in_netns(name: str, fn):
 
 @contextlib.contextmanager
 def attached_probe(ns: str, address: str, config=None):
-    from agent import kernel
-    from agent.probes.base import Clock, ProbeContext
-    from agent.probes.tcp.retransmit import TcpRetransmitProbe
+    from fabricscope.agent import kernel
+    from fabricscope.agent.probes.base import Clock, ProbeContext
+    from fabricscope.agent.probes.tcp.retransmit import TcpRetransmitProbe
     kernel.prepare()
     addresses = frozenset([address]) if isinstance(address, str) else frozenset(address)
     probe = TcpRetransmitProbe(ProbeContext(ns, addresses, Clock(), config))
@@ -201,7 +201,7 @@ def test_retransmitted_segments_match_nstat_exactly_and_stay_with_their_node(net
 
 
 def _tcx_egress(ns: str) -> list[int]:
-    from agent import tc
+    from fabricscope.agent import tc
 
     def query():
         from pyroute2 import IPRoute
@@ -222,7 +222,7 @@ def test_detach_leaves_no_tcx_link_behind(netpair):
 
 
 def test_clsact_detach_leaves_no_filter_behind(netpair):
-    from agent.config import AgentConfig
+    from fabricscope.agent.config import AgentConfig
     p = netpair
     with attached_probe(p.a, p.addr_a, AgentConfig(tc_attach="clsact")) as probe:
         assert probe._tc.mechanism == "clsact" and _tcx_egress(p.a) == []

@@ -100,19 +100,19 @@ class Live:
                          f"{what}" for what, at, step in sorted(events, key=lambda e: e[1]))
 
     def collector_metrics(self) -> str:
-        from lab.stack import http_get
+        from fabricscope.lab.stack import http_get
         return http_get(self.stack.collector_metrics_url)[1]
 
     def gauge(self, name: str, text: str | None = None) -> float | None:
         """The job's gauge on the collector's /metrics (or in `text`), None if absent."""
-        from lab.stack import metric_value
+        from fabricscope.lab.stack import metric_value
         text = self.collector_metrics() if text is None else text
         return metric_value(text, name, {"job": self.job}) if \
             f'{name}{{job="{self.job}"}}' in text else None
 
     def open_findings(self, text: str | None = None) -> list[tuple[str, str]]:
         """(cause, severity) of the job's findings the collector exports as open."""
-        from diagnosis.metrics import FINDING_ACTIVE
+        from fabricscope.diagnosis.metrics import FINDING_ACTIVE
         from prometheus_client.parser import text_string_to_metric_families
         text = self.collector_metrics() if text is None else text
         return sorted((s.labels["cause"], s.labels["severity"])
@@ -149,11 +149,11 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live():
-    from diagnosis.store import Store
-    from lab.stack import running_stack
-    from lab.running import running_lab
-    from lab.training import start_training
-    from surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
+    from fabricscope.diagnosis.store import Store
+    from fabricscope.lab.stack import running_stack
+    from fabricscope.lab.running import running_lab
+    from fabricscope.lab.training import start_training
+    from fabricscope.surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
     from tests.support.alerting import alerting_pipeline
 
     began = [("lab and stack starting", time.monotonic(), None)]
@@ -174,7 +174,7 @@ def live():
 def _healthy(live: Live) -> float:
     """Until the engine has the job's baseline, then HEALTHY_S and HEALTHY_STEPS more:
     nothing may page. Returns the seconds watched after the baseline."""
-    from surface.metrics import JOB_JITTER_BASELINE, JOB_STEP
+    from fabricscope.surface.metrics import JOB_JITTER_BASELINE, JOB_STEP
     steps = live.new_steps()
     for n, _ in enumerate(steps):
         if live.gauge(JOB_STEP) and live.gauge(JOB_JITTER_BASELINE):
@@ -194,8 +194,8 @@ def _healthy(live: Live) -> float:
 def _lossy_link(live: Live) -> tuple[float, float]:
     """Loss on node 1's port pages FabricscopeLossyLink at node1; clearing it resolves
     the alert. Returns (fault to page, clear to resolved) in seconds."""
-    from lab import faults
-    from surface.alerting.alertmanager import SEVERITY_RECEIVERS
+    from fabricscope.lab import faults
+    from fabricscope.surface.alerting.alertmanager import SEVERITY_RECEIVERS
     from tests.support.alerting import alerts_in
     hook, labels = live.alerting.hook, {"job": live.job, "node": f"node{LOSSY_NODE}"}
     faults.loss(live.lab, LOSSY_NODE, 2)
@@ -227,7 +227,7 @@ def _lossy_link(live: Live) -> tuple[float, float]:
 def _await_no_explaining_finding(live: Live) -> None:
     """The engine starts its jitter trend over while a finding that explains the steps
     is open (diagnosis/engine.py): phase 3 starts once the loss's findings closed."""
-    from diagnosis.causes import EXPLAINING_CAUSES
+    from fabricscope.diagnosis.causes import EXPLAINING_CAUSES
     for _ in live.new_steps():
         if not [c for c, severity in live.open_findings()
                 if c in EXPLAINING_CAUSES and severity != "info"]:
@@ -238,8 +238,8 @@ def _await_no_explaining_finding(live: Live) -> None:
 def _growing_jitter(live: Live) -> float:
     """Node 2's quota on every other step, shrinking: FabricscopeJitterAccumulating
     pages. Returns fault (first quota) to page in seconds."""
-    from lab import faults
-    from surface.metrics import JOB_JITTER
+    from fabricscope.lab import faults
+    from fabricscope.surface.metrics import JOB_JITTER
     from tests.support.alerting import alerts_in
     hook = live.alerting.hook
     jitter = alerts_in("FabricscopeJitterAccumulating", job=live.job)

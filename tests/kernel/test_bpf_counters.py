@@ -24,7 +24,7 @@ NBYTES = 2_000_000
 
 @pytest.fixture(scope="module")
 def lab():
-    from lab.running import running_lab
+    from fabricscope.lab.running import running_lab
     with running_lab(f"bc{uuid.uuid4().hex[:6]}", 2) as lab:
         yield lab
 
@@ -39,9 +39,9 @@ def one_transfer(lab, port: int) -> None:
 
 @pytest.mark.parametrize("probe", ["tcp_retransmit", "tcp_flows"])
 def test_each_tcp_program_moves_its_own_counters(lab, probe):
-    from agent.probes import load_class
-    from agent.probes.tcp.flow_layout import FLOW_STATS
-    from agent.probes.tcp.retransmit import STATS
+    from fabricscope.agent.probes import load_class
+    from fabricscope.agent.probes.tcp.flow_layout import FLOW_STATS
+    from fabricscope.agent.probes.tcp.retransmit import STATS
     with probes_on(lab, load_class(probe)) as probes:
         col = Collector(lab, probes)
         before = probes[0].stats()
@@ -70,9 +70,9 @@ def test_each_tcp_program_moves_its_own_counters(lab, probe):
 def test_tracepoint_mode_loads_where_no_ethernet_interface_holds_the_address(probe):
     """Without TC egress (the node's address on no Ethernet interface here) the
     programs fall back to the tracepoints; that build must load too."""
-    from agent import kernel
-    from agent.probes import load_class
-    from agent.probes.base import Clock, ProbeContext
+    from fabricscope.agent import kernel
+    from fabricscope.agent.probes import load_class
+    from fabricscope.agent.probes.base import Clock, ProbeContext
     kernel.prepare()
     p = load_class(probe)(ProbeContext("n", frozenset(["198.19.255.254"]), Clock(), None))
     try:

@@ -34,10 +34,10 @@ import pytest
 import yaml
 
 from fabricscope.services import PrometheusServer, http_get
-from surface.grafana import dashboards
-from surface.grafana.macros import (ALL, ANNOTATION_INTERVAL, TimeRange, Variable, expand_influxql,
+from fabricscope.surface.grafana import dashboards
+from fabricscope.surface.grafana.macros import (ALL, ANNOTATION_INTERVAL, TimeRange, Variable, expand_influxql,
                                     expand_promql, panel_interval)
-from surface.grafana.queries import ENGINE_METRICS, InfluxQL
+from fabricscope.surface.grafana.queries import ENGINE_METRICS, InfluxQL
 from tests.support.grafana import query_index
 
 pytestmark = pytest.mark.root
@@ -125,7 +125,7 @@ def _scrape_configs(stack) -> list[dict]:
 
 def _diagnosis_points(job: str, start_ns: int, end_ns: int) -> list:
     """Findings, annotations and the fabric graph, as the engine will write them."""
-    from diagnosis.finding import Advice, Evidence, Finding
+    from fabricscope.diagnosis.finding import Advice, Evidence, Finding
     from fabricscope.records import Record
     mid = (start_ns + end_ns) // 2
     lossy = Finding("lossy_link", "warning", job, {"node": "node1", "interface": "eth0",
@@ -173,7 +173,7 @@ def _write(stack, records) -> None:
 
 
 def _await_stored(stack, lab) -> None:
-    from lab.stack import await_condition, await_stable
+    from fabricscope.lab.stack import await_condition, await_stable
 
     def count(q: str) -> int:
         rows = stack.influx.query(q, db="fabricscope")
@@ -205,11 +205,11 @@ def _await_stored(stack, lab) -> None:
 
 @pytest.fixture(scope="module")
 def run():
-    from lab import faults
-    from lab.dataserver import running_dataserver
-    from lab.stack import running_stack
-    from lab.running import running_lab
-    from lab.training import start_training
+    from fabricscope.lab import faults
+    from fabricscope.lab.dataserver import running_dataserver
+    from fabricscope.lab.stack import running_stack
+    from fabricscope.lab.running import running_lab
+    from fabricscope.lab.training import start_training
 
     with running_lab(nodes=3, link_rate="1gbit") as lab, \
             running_stack(lab, agent_args=["--gloo-buffer-hooks",

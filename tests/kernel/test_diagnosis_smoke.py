@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.scenario_space import Drawn, Element, Fault, FaultKind, LabShape
-from bench.scenarios import run_scenario, running_bench
+from fabricscope.bench.scenario_space import Drawn, Element, Fault, FaultKind, LabShape
+from fabricscope.bench.scenarios import run_scenario, running_bench
 
 pytestmark = pytest.mark.root
 

@@ -11,14 +11,14 @@ import uuid
 
 import pytest
 
-from lab.stack import await_condition, await_stable, nstat_counter, running_stack
+from fabricscope.lab.stack import await_condition, await_stable, nstat_counter, running_stack
 
 pytestmark = pytest.mark.root
 
 
 @pytest.fixture
 def stack():
-    from lab.running import running_lab
+    from fabricscope.lab.running import running_lab
     with running_lab(f"e2e{uuid.uuid4().hex[:4]}", 3) as lab:
         with running_stack(lab) as st:
             yield st
@@ -39,8 +39,8 @@ def _probe_counters(stack, index) -> dict:
 
 
 def test_retransmits_reach_influx_exactly_and_per_node(stack):
-    from lab.faults import loss
-    from lab.training import start_training
+    from fabricscope.lab.faults import loss
+    from fabricscope.lab.training import start_training
 
     lab = stack.lab
     loss(lab, 1, 2.0)
@@ -112,7 +112,7 @@ def test_retransmits_reach_influx_exactly_and_per_node(stack):
 
 
 def test_step_markers_reach_influx(stack):
-    from lab.training import start_training
+    from fabricscope.lab.training import start_training
     with start_training(stack.lab, 5, model_mb=1) as training:
         list(training.steps())
         assert training.wait() == 0

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from fabricscope import schema, trafficmodel
-from lab.stack import await_condition
+from fabricscope.lab.stack import await_condition
 from fabricscope.records import Record
 
 STEPS = 60
@@ -44,7 +44,11 @@ class Run:
     agent_stderr: str
 
     def of(self, measurement: str, **tags) -> list[Record]:
+        """This run's records of a measurement: the agent traces every process on the
+        host that maps libtorch, so another lab's training at the same time is in
+        its output too, under its own job."""
         return [r for r in self.records if r.measurement == measurement
+                and r.tags.get("job", self.job) == self.job
                 and all(r.tags.get(k) == v for k, v in tags.items())]
 
 
@@ -58,14 +62,14 @@ def collect(tmp: Path, steps: int = STEPS, extra_agent_args: tuple = (),
             cpu_pct: float | None = None) -> Run:
     """Lab up, agent on node 0, DDP for `steps` steps, agent stopped, lab down; with
     cpu_pct, node 0's ranks get that share of a CPU from the start (lab fault cpu)."""
-    from lab.running import running_lab
-    from lab.training import mlp_shape, param_bytes, start_training
+    from fabricscope.lab.running import running_lab
+    from fabricscope.lab.training import mlp_shape, param_bytes, start_training
     from tests.kernel.jsonl_agent import jsonl_agent, records
 
     with running_lab(nodes=NODES) as lab:
         node = lab.nodes[0]
         if cpu_pct is not None:
-            from lab import faults
+            from fabricscope.lab import faults
             if not node.cgroup:
                 pytest.skip("the host has no cgroup hierarchy with the cpu controller")
             faults.cpu(lab, 0, cpu_pct)
@@ -141,7 +145,7 @@ def ddp_buckets(param_bytes: list[int], caps: list[int]) -> list[int]:
 
 
 def test_gradient_buckets_follow_ddp_bucketing(run):
-    from lab.training import mlp_shape
+    from fabricscope.lab.training import mlp_shape
     width, layers = mlp_shape(MODEL_MB)
     params = [n for _ in range(layers) for n in (width * width * 4, width * 4)]  # W, b
     # step 0: construction-time buckets (25 MiB cap); from step 1: rebuilt with the

@@ -7,14 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from agent.config import AgentConfig
-from agent.probes.base import Clock, ProbeContext, ProbeUnavailable
+from fabricscope.agent.config import AgentConfig
+from fabricscope.agent.probes.base import Clock, ProbeContext, ProbeUnavailable
 from fabricscope.errors import UserError
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel_ready():
-    from agent import kernel
+    from fabricscope.agent import kernel
     kernel.prepare()
 
 
@@ -24,13 +24,13 @@ def context(**cfg) -> ProbeContext:
 
 
 def make(**cfg):
-    from agent.probes.gloo.probe import GlooProbe
+    from fabricscope.agent.probes.gloo.probe import GlooProbe
     return GlooProbe(context(**cfg))
 
 
 def test_attach_probes_the_own_torch_and_detaches_twice():
-    from agent.probes.gloo.probe import own_torch_library
-    from agent.probes.gloo.layout import OPS, STATS
+    from fabricscope.agent.probes.gloo.probe import own_torch_library
+    from fabricscope.agent.probes.gloo.layout import OPS, STATS
     probe = make()
     try:
         probe.attach()

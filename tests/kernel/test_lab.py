@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from fabricscope import markers
-from lab import exec_argv, naming, nft, nsops
-from lab.running import running_lab, unique_name
+from fabricscope.lab import exec_argv, naming, nft, nsops
+from fabricscope.lab.running import running_lab, unique_name
 
 pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,7 +144,7 @@ def _in_netns(pid: int, ns_inode: int, comm: str) -> bool:
 
 
 def test_down_removes_everything_and_is_idempotent():
-    from lab.topology import down, up
+    from fabricscope.lab.topology import down, up
     name = unique_name("d")
     try:
         lab = up(name, 2, link_rate="1gbit")
@@ -166,7 +166,7 @@ def test_down_removes_everything_and_is_idempotent():
 
 
 def test_up_clears_a_stale_lab_of_the_same_name():
-    from lab.topology import up
+    from fabricscope.lab.topology import up
     with running_lab(nodes=2) as lab:
         os.unlink(naming.state_file(lab.name))      # state lost, objects still there
         again = up(lab.name, 3)
@@ -175,8 +175,8 @@ def test_up_clears_a_stale_lab_of_the_same_name():
 
 
 def test_loss_fault_drops_frames_and_the_node_retransmits():
-    from lab.faults import clear, drops, loss
-    from lab.topology import load
+    from fabricscope.lab.faults import clear, drops, loss
+    from fabricscope.lab.topology import load
     with running_lab(nodes=2) as lab:
         sender, receiver = lab.nodes[1], lab.nodes[0]
         # neighbours resolved first: the loss drops ARP frames too, and a connect whose
@@ -214,7 +214,7 @@ def _root_qdisc(ifname: str, netns: str | None = None) -> dict:
 
 
 def test_shape_installs_tbf_with_the_requested_rate_and_clear_restores():
-    from lab.faults import clear, shape
+    from fabricscope.lab.faults import clear, shape
     with running_lab(nodes=2) as lab:
         port = lab.nodes[0].port
         assert _root_qdisc(port)["kind"] == "noqueue"
@@ -267,7 +267,7 @@ def test_lab_train_runs_ddp_and_writes_markers_on_every_node():
 
 
 def test_a_failing_rank_ends_the_run_with_an_error():
-    from lab.training import start_training
+    from fabricscope.lab.training import start_training
     with running_lab(nodes=2) as lab:
         with start_training(lab, 100_000, model_mb=0.25) as run:
             steps = run.steps()
@@ -293,7 +293,7 @@ def test_running_lab_removes_labs_whose_owner_died_and_keeps_the_others():
     """A test process that dies where no teardown runs (SIGKILL; LLVM exits from C on a
     BPF program it cannot build) leaves its lab: the next running_lab removes it. A lab
     from `lab up` (no owner) and one whose owner lives stay."""
-    from lab.topology import down, up
+    from fabricscope.lab.topology import down, up
     dead = subprocess.Popen(["true"])
     dead.wait()
     orphan, manual, mine = unique_name("o"), unique_name("m"), unique_name("l")
@@ -362,7 +362,7 @@ def test_cli_up_json_exec_fault_train_timeout_and_down():
 
 def test_one_tor_lab_is_the_single_bridge_with_a_topology_file_and_cpu_cgroups():
     from fabricscope.topology import load_topology
-    from lab import cgroups
+    from fabricscope.lab import cgroups
     with running_lab(nodes=2) as lab:
         (tor,) = lab.tors
         assert (tor.name, tor.bridge, tor.uplink, lab.spine) == ("tor0", lab.bridge, "", "")

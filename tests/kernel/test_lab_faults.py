@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fabricscope.topology import load_topology
-from lab import cgroups, exec_argv, naming, nft
-from lab.running import running_lab, unique_name
+from fabricscope.lab import cgroups, exec_argv, naming, nft
+from fabricscope.lab.running import running_lab, unique_name
 from tests.kernel.test_lab import PY, ROOT, SOURCE, await_true, host_state, transfer
 
 pytestmark = pytest.mark.root
@@ -88,14 +88,14 @@ def test_leaf_spine_wiring_reachability_and_topology_file():
 def _root_qdisc(ifname: str) -> dict:
     from pyroute2 import IPRoute
 
-    from lab import tc
+    from fabricscope.lab import tc
     with IPRoute() as ipr:
         return tc.root_qdisc(ipr, ipr.link_lookup(ifname=ifname)[0])
 
 
 def test_an_uplink_shaper_holds_back_cross_tor_traffic_and_leaves_the_rack_alone():
-    from lab.faults import clear, shape_uplink, uplink_qdisc
-    from lab.topology import load
+    from fabricscope.lab.faults import clear, shape_uplink, uplink_qdisc
+    from fabricscope.lab.topology import load
     with running_lab(nodes=3, tors=2) as lab:
         _warm_up(lab)
         params = shape_uplink(lab, "tor0", "50mbit", "16kb")
@@ -121,8 +121,8 @@ def test_an_uplink_shaper_holds_back_cross_tor_traffic_and_leaves_the_rack_alone
 
 
 def test_uplink_loss_drops_frames_toward_the_rack_only():
-    from lab.faults import clear, drops, loss_uplink, uplink_drops
-    from lab.topology import load
+    from fabricscope.lab.faults import clear, drops, loss_uplink, uplink_drops
+    from fabricscope.lab.topology import load
     # wire frames: the rule draws per 1500-byte frame (thousands of them), not per GSO
     # burst of up to 64 KB, of which a transfer may make only a hundred
     with running_lab(nodes=3, tors=2, wire_frames=True) as lab:
@@ -146,9 +146,9 @@ def test_uplink_loss_drops_frames_toward_the_rack_only():
 
 
 def test_a_cpu_fault_throttles_a_rank_and_not_the_rest_of_the_node():
-    from lab.faults import clear, cpu
-    from lab.topology import load
-    from lab.training import start_rank
+    from fabricscope.lab.faults import clear, cpu
+    from fabricscope.lab.topology import load
+    from fabricscope.lab.training import start_rank
     with running_lab(nodes=2) as lab:
         node = lab.nodes[1]
         assert node.cgroup and cgroups.quota(node.cgroup) is None
@@ -195,10 +195,10 @@ CLIENT = ("import sys, time; from lab.dataserver import DataClient; c = DataClie
 
 
 def test_slow_storage_takes_at_least_its_rate_and_delay_until_cleared():
-    from lab.dataserver import running_dataserver
-    from lab.faults import storage
-    from lab.storage_fault import StorageFault
-    from lab.topology import load
+    from fabricscope.lab.dataserver import running_dataserver
+    from fabricscope.lab.faults import storage
+    from fabricscope.lab.storage_fault import StorageFault
+    from fabricscope.lab.topology import load
     with running_lab(nodes=2) as lab, running_dataserver(lab, None) as addr:
         client = subprocess.Popen(exec_argv(lab.nodes[1], [PY, "-c", CLIENT, addr]), cwd=ROOT,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -251,8 +251,8 @@ NOTHING = {"netns": [], "links": [], "nft": False, "state": False, "dir": False,
 def test_down_removes_spine_tors_uplinks_and_cgroups_also_without_the_state_file():
     import signal
 
-    from lab.topology import down, up
-    from lab.training import start_rank
+    from fabricscope.lab.topology import down, up
+    from fabricscope.lab.training import start_rank
     name = unique_name("d")
     try:
         lab = up(name, 4, tors=2, link_rate="1gbit")
@@ -272,7 +272,7 @@ def test_down_removes_spine_tors_uplinks_and_cgroups_also_without_the_state_file
 
 
 def test_a_failed_up_leaves_nothing(monkeypatch):
-    from lab import topology
+    from fabricscope.lab import topology
     made = cgroups.create
 
     def make_then_fail(name, count):

@@ -48,8 +48,8 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Runs:
-    from lab.running import running_lab
-    from lab.training import start_training
+    from fabricscope.lab.running import running_lab
+    from fabricscope.lab.training import start_training
     from tests.kernel.jsonl_agent import jsonl_agent, records
     tmp: Path = tmp_path_factory.mktemp("kinds")
     windows = {}
@@ -90,7 +90,7 @@ def test_training_kinds_report_a_period_and_collectives_per_step(runs):
 def test_serving_reports_the_arrival_rate_of_its_schedule(runs):
     """The rate the seeded Poisson schedule realised over these few requests (not the
     asked 10/s, which 25 draws only approach)."""
-    from lab.workloads.serve import arrivals
+    from fabricscope.lab.workloads.serve import arrivals
     _, _, requests, knobs = RUNS[-1]
     due = arrivals(knobs["rate"], requests)
     realised = (requests - 1) / (due[-1] - due[0])

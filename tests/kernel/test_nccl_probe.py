@@ -120,8 +120,8 @@ if __name__ == "__main__":
 
 import pytest   # noqa: E402  (the child above needs only the standard library)
 
-from agent.probes.base import Clock, ProbeContext   # noqa: E402
-from agent.probes.nccl.layout import APIS, comm_id_hash   # noqa: E402
+from fabricscope.agent.probes.base import Clock, ProbeContext   # noqa: E402
+from fabricscope.agent.probes.nccl.layout import APIS, comm_id_hash   # noqa: E402
 from fabricscope import busbw, schema   # noqa: E402
 
 pytestmark = pytest.mark.root
@@ -140,13 +140,13 @@ def nccl_lib() -> str:
 
 @pytest.fixture(scope="module")
 def kernel_ready():
-    from agent import kernel
+    from fabricscope.agent import kernel
     kernel.prepare()
 
 
 @contextlib.contextmanager
 def nccl_probe(paths: list[str], **kw):
-    from agent.probes.nccl.probe import NcclProbe
+    from fabricscope.agent.probes.nccl.probe import NcclProbe
     ctx = ProbeContext("n1", frozenset(), Clock(), SimpleNamespace(nccl_paths=paths))
     probe = NcclProbe(ctx, **kw)
     try:
@@ -306,7 +306,7 @@ def test_pid_filter_and_entry_only_mode(nccl_lib, kernel_ready):
 def test_configured_paths_missing_or_not_nccl(kernel_ready, tmp_path):
     """A missing path is skipped and counted; a file without NCCL functions is a
     one-line UserError (a misconfiguration, not a host limitation)."""
-    from agent.probes.nccl.probe import NcclProbe
+    from fabricscope.agent.probes.nccl.probe import NcclProbe
     from fabricscope.errors import UserError
     missing = str(tmp_path / "libnccl.so.2")
     ctx = ProbeContext("n1", frozenset(), Clock(),
@@ -325,7 +325,7 @@ def test_real_nccl_debug_file_is_followed(nccl_lib, tmp_path):
     """The nccl_log source on what the real library writes with NCCL_DEBUG=INFO into
     NCCL_DEBUG_FILE=<dir>/nccl.%h.%p.log: every NULL-comm collective is a WARN record
     (with NCCL's own timestamp) and an error trace with code 4."""
-    from agent.probes.nccl.log_source import NcclLogSource
+    from fabricscope.agent.probes.nccl.log_source import NcclLogSource
     ctx = ProbeContext("n1", frozenset(), Clock(), SimpleNamespace())
     src = NcclLogSource(ctx, paths=[str(tmp_path / "nccl.*.log")], rescan_s=0)
     src.attach()

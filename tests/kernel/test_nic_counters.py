@@ -112,7 +112,7 @@ def test_drop_reasons_are_counted_host_wide_in_the_host_namespace():
 
 def test_unknown_interface_is_a_one_line_error():
     with netns_pair() as pair:
-        out = sh(*pair.exec(pair.ns_a, PYTHON, "-m", "agent.probes.nic.standalone",
+        out = sh(*pair.exec(pair.ns_a, PYTHON, "-m", "fabricscope.agent.probes.nic.standalone",
                             "--interfaces", "nosuch0"), check=False)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0

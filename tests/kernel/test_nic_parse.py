@@ -15,11 +15,11 @@ import time
 import numpy as np
 import pytest
 
-from agent import bpf, kernel
-from agent.probes.nic import bpfmap as nic_bpfmap
-from agent.probes.nic.probe import register_interface
-from agent.probes.nic.flows import KEY_DTYPE, VAL_DTYPE, FlowTable
-from agent.probes.nic.ring import BIN_DTYPE, RingSet, mapped_reader
+from fabricscope.agent import bpf, kernel
+from fabricscope.agent.probes.nic import bpfmap as nic_bpfmap
+from fabricscope.agent.probes.nic.probe import register_interface
+from fabricscope.agent.probes.nic.flows import KEY_DTYPE, VAL_DTYPE, FlowTable
+from fabricscope.agent.probes.nic.ring import BIN_DTYPE, RingSet, mapped_reader
 
 pytestmark = pytest.mark.root
 

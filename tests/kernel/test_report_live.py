@@ -61,19 +61,19 @@ def _open_lossy(store) -> list[dict]:
 
 
 def _findings(store, job: str, since_ns: int) -> list[str]:
-    from bench.scenarios import findings_of
+    from fabricscope.bench.scenarios import findings_of
     return [f"{f.cause} at {f.where} ({f.severity}, {'open' if f.open else 'closed'}): "
             f"{f.summary}" for f in findings_of(store, job, since_ns)]
 
 
 @pytest.fixture(scope="module")
 def faulty():
-    from diagnosis.store import Store
-    from lab import faults
-    from lab.dataserver import running_dataserver
-    from lab.stack import await_condition, running_stack
-    from lab.running import running_lab
-    from lab.training import start_training
+    from fabricscope.diagnosis.store import Store
+    from fabricscope.lab import faults
+    from fabricscope.lab.dataserver import running_dataserver
+    from fabricscope.lab.stack import await_condition, running_stack
+    from fabricscope.lab.running import running_lab
+    from fabricscope.lab.training import start_training
 
     port = 29000 + os.getpid() % 500
     with running_lab(nodes=3, wire_frames=True) as lab, \
@@ -100,8 +100,8 @@ def faulty():
 
 @pytest.fixture(scope="module")
 def cleared(faulty):
-    from lab import faults
-    from lab.stack import await_condition, await_stable
+    from fabricscope.lab import faults
+    from fabricscope.lab.stack import await_condition, await_stable
     run = faulty
     faults.clear(run.lab, LOSSY_NODE)
     run.clear_ns = time.time_ns()
@@ -155,7 +155,7 @@ class Tmux:
         return self.run("capture-pane", "-p", "-t", "top")
 
     def await_screen(self, check, what: str, timeout_s: float = 30) -> str:
-        from lab.stack import await_condition
+        from fabricscope.lab.stack import await_condition
         found: list[str] = []
 
         def shown():
@@ -206,7 +206,7 @@ def test_top_shows_links_steps_collectives_and_the_open_finding(faulty, tmp_path
             "lossy_link" in ln and len(ln) > 100 for ln in s.splitlines()), "the full frame again")
 
         tmux.run("send-keys", "-t", "top", "q")
-        from lab.stack import await_condition
+        from fabricscope.lab.stack import await_condition
         # the store is read on its own thread, so q is answered within 0.1 s of the
         # keypress; the bound only keeps a broken build from hanging the suite
         assert await_condition(tmux.exited, 60, "top to exit on q") == "0", tmux.screen()

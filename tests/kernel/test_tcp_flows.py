@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.stack import await_stable
+from fabricscope.lab.stack import await_stable
 from fabricscope.records import Record
 from fabricscope.schema import validate
 from tests.kernel.tcp_lab import (PY, Collector, await_up, finish, nstat, probes_on, send_argv,
@@ -45,7 +45,7 @@ COUNTERS = ("TcpRetransSegs", "TcpOutSegs", "TcpExtTCPFastRetrans",
 
 @pytest.fixture(scope="module")
 def lab():
-    from lab.running import running_lab
+    from fabricscope.lab.running import running_lab
     with running_lab(f"tf{uuid.uuid4().hex[:6]}", 3) as lab:
         yield lab
 
@@ -73,7 +73,7 @@ def close_to(got, want, rel=0.02, slack=1):
 
 
 def test_retransmits_per_node_match_nstat_by_kind(lab, probes, col):
-    from lab.faults import clear, loss
+    from fabricscope.lab.faults import clear, loss
     n0, n1, n2 = lab.nodes
     # retransmits found on TC egress, kinds from raw tracepoints (this kernel has them)
     assert all(p.raw_retransmit for p in probes)
@@ -156,7 +156,7 @@ def test_retransmits_are_exact_while_map_syscalls_hold_the_senders_cpu(lab, prob
     (sometimes without counting the skip); retransmits are found on TC egress, which
     always runs. Sender and a map-syscall hammer share CPU 0 under 2 % loss: node 0's
     retransmitted segments equal its TcpRetransSegs, to the segment."""
-    from lab.faults import clear, loss
+    from fabricscope.lab.faults import clear, loss
     n0, n1 = lab.nodes[0], lab.nodes[1]
     before = nstat(n0.netns)["TcpRetransSegs"]
     begun, reads = time.time_ns(), []     # what the two reads cover: see the test above
@@ -294,7 +294,7 @@ def _sample_srtts(netns: str, dport: int, sender, out: list) -> None:
 
 
 def test_rtt_percentiles_agree_with_ss(lab, col):
-    from lab.faults import clear, shape
+    from fabricscope.lab.faults import clear, shape
     n0, n1 = lab.nodes[0], lab.nodes[1]
     samples: list[tuple[int, float]] = []        # (wall ns, srtt us) from sock_diag
     try:
@@ -613,7 +613,7 @@ def test_a_socket_gone_with_its_entries_left_is_closed_by_the_sweep(lab, probes,
 
 
 def test_ddp_rank_flows_carry_pid_comm_and_rank(lab, col):
-    from lab.training import start_training
+    from fabricscope.lab.training import start_training
     with start_training(lab, 6, model_mb=1) as run:
         comms = {}
         while run.poll() is None:     # polled as the agent does, while the flows exist
@@ -644,7 +644,7 @@ def test_ddp_rank_flows_carry_pid_comm_and_rank(lab, col):
 
 
 def test_a_bogus_tracepoint_makes_the_probe_unavailable_and_the_agent_runs_on(lab, tmp_path):
-    from lab.stack import metric_value
+    from fabricscope.lab.stack import metric_value
     from tests.kernel.test_agent_kernel import AgentProc, sh
     node = lab.nodes[2]
     agent = AgentProc(node.netns, [

@@ -66,10 +66,10 @@ class Run:
 
 def _run(tmp: Path, loss_pct: float = 0.0, data: bool = True) -> Run:
     from tests.kernel.jsonl_agent import jsonl_agent, records
-    from lab import faults
-    from lab.dataserver import running_dataserver
-    from lab.running import running_lab
-    from lab.training import start_training
+    from fabricscope.lab import faults
+    from fabricscope.lab.dataserver import running_dataserver
+    from fabricscope.lab.running import running_lab
+    from fabricscope.lab.training import start_training
 
     with running_lab(nodes=3) as lab, running_dataserver(lab, None) as server:
         with jsonl_agent(lab, lab.nodes[NODE], tmp, "--probes", "gloo,tcp_flows,markers",

@@ -28,13 +28,13 @@ from typing import Callable, Iterator
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from fabricscope.services import AlertmanagerServer, PrometheusServer
-from surface.alerting.alertmanager import example
-from surface.alerting.generate import PROMETHEUS_DIR, ROOT
-from surface.metrics import (FINDING_ACTIVE, FINDING_LABELS, JOB_GRAD_SYNC_SLOWDOWN, JOB_JITTER,
+from fabricscope.surface.alerting.alertmanager import example
+from fabricscope.surface.alerting.generate import PROMETHEUS_DIR, ROOT
+from fabricscope.surface.metrics import (FINDING_ACTIVE, FINDING_LABELS, JOB_GRAD_SYNC_SLOWDOWN, JOB_JITTER,
                              JOB_JITTER_BASELINE, JOB_RETRANSMIT_AMPLIFICATION,
                              JOB_RETRANSMIT_RATIO, JOB_STEP)
-from surface.alerting.promql import FindingSeries
-from surface.alerting.rules import RULES_FILE
+from fabricscope.surface.alerting.promql import FindingSeries
+from fabricscope.surface.alerting.rules import RULES_FILE
 
 #: the generated rules, as deployed
 RULES = ROOT / PROMETHEUS_DIR / RULES_FILE

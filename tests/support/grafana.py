@@ -4,8 +4,8 @@ set up to read a generated board back into its typed models."""
 
 from __future__ import annotations
 
-from surface.grafana import dashboards
-from surface.grafana.queries import InfluxQL, PromQL
+from fabricscope.surface.grafana import dashboards
+from fabricscope.surface.grafana.queries import InfluxQL, PromQL
 
 
 def query_index() -> dict[str, InfluxQL | PromQL]:
@@ -23,7 +23,7 @@ def register_sdk_plugins() -> None:
     from grafana_foundation_sdk.cog import runtime
     from grafana_foundation_sdk.cog.plugins import register_default_plugins
 
-    from surface.grafana.panels import InfluxTarget
+    from fabricscope.surface.grafana.panels import InfluxTarget
     register_default_plugins()
     runtime.Runtime().register_dataquery_variant(
         runtime.DataqueryConfig(identifier="influxdb", from_json_hook=InfluxTarget.from_json))

@@ -9,7 +9,8 @@ tests/unit/kube_fixtures/, in the shape `kubectl get pods -o json` and the kubel
 
 With `token` set, a request without `Authorization: Bearer <token>` gets 401, as
 from a kubelet with webhook authentication. `fail_with(code)` makes it answer
-that HTTP status until `fail_with(None)`. Every request is recorded, and
+that HTTP status until `fail_with(None)`. Every request is recorded before it is
+answered (a client that has its answer finds its request listed), and
 `wait_requests(n)` blocks until n have been answered.
 """
 
@@ -27,6 +28,7 @@ class StandInKubelet:
         self.pod_list = pod_list
         self.token = token
         self.requests: list[str] = []
+        self.answered = 0
         self._status: int | None = None
         self._answered = threading.Condition()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -55,7 +57,7 @@ class StandInKubelet:
 
     def wait_requests(self, n: int, timeout: float = 10.0) -> bool:
         with self._answered:
-            return self._answered.wait_for(lambda: len(self.requests) >= n, timeout)
+            return self._answered.wait_for(lambda: self.answered >= n, timeout)
 
     def _answer(self, path: str, auth: str) -> tuple[int, dict]:
         if self._status is not None:
@@ -78,6 +80,8 @@ class StandInKubelet:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
+                with stand_in._answered:
+                    stand_in.requests.append(self.path)
                 code, body = stand_in._answer(self.path, self.headers.get("Authorization", ""))
                 data = json.dumps(body).encode()
                 self.send_response(code)
@@ -86,7 +90,7 @@ class StandInKubelet:
                 self.end_headers()
                 self.wfile.write(data)
                 with stand_in._answered:
-                    stand_in.requests.append(self.path)
+                    stand_in.answered += 1
                     stand_in._answered.notify_all()
 
             def log_message(self, *args):

@@ -11,7 +11,7 @@ validated against fabricscope.schema, as the collector validates them.
 
 from __future__ import annotations
 
-from diagnosis.evidence import SECOND, JobEvidence
+from fabricscope.diagnosis.evidence import SECOND, JobEvidence
 from fabricscope.records import Record
 from fabricscope.schema import validate
 from tests.unit.test_diagnosis_evidence import to_records

@@ -143,7 +143,7 @@ def test_markers_only_agent_prints_steps_and_stops_cleanly(tmp_path):
 
 _THREADS = """
 import os, threading
-from agent.main import lower_priority
+from fabricscope.agent.main import lower_priority
 ready, release = threading.Event(), threading.Event()
 def idle():
     ready.set(); release.wait()

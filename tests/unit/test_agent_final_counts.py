@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.main import final_counts
-from agent.metrics import AgentMetrics
+from fabricscope.agent.main import final_counts
+from fabricscope.agent.metrics import AgentMetrics
 
 
 def test_the_stop_line_names_losses_skips_and_what_the_join_did_with_transfers():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import kernel
+from fabricscope.agent import kernel
 from fabricscope.errors import UserError
 
 RELEASE = "6.18.44-test"

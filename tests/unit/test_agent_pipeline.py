@@ -6,9 +6,9 @@ import asyncio
 import io
 import json
 
-from agent.metrics import AgentMetrics
-from agent.outputs import JsonlOutput
-from agent.pipeline import Batcher, batch_stage, run_pipeline, tag_node
+from fabricscope.agent.metrics import AgentMetrics
+from fabricscope.agent.outputs import JsonlOutput
+from fabricscope.agent.pipeline import Batcher, batch_stage, run_pipeline, tag_node
 from fabricscope.records import Record
 
 

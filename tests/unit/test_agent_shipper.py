@@ -9,9 +9,9 @@ import re
 import grpc
 import pytest
 
-from agent.metrics import AgentMetrics
-from agent.shipper import Backoff, Shipper
-from agent.spool import BatchSpool
+from fabricscope.agent.metrics import AgentMetrics
+from fabricscope.agent.shipper import Backoff, Shipper
+from fabricscope.agent.spool import BatchSpool
 from fabricscope.errors import UserError
 from fabricscope.records import Record
 from fabricscope.services import free_port
@@ -391,6 +391,6 @@ def test_backoff_grows_caps_and_resets():
 
 @pytest.mark.parametrize("bad", ["nohost", "host:port"])
 def test_collector_address_without_port_is_a_user_error(bad):
-    from agent.config import AgentConfig
+    from fabricscope.agent.config import AgentConfig
     with pytest.raises(UserError, match="has no port"):
         AgentConfig(collector=bad).check()

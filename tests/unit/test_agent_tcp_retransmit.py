@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from agent import bpf
-from agent.probes.tcp import retransmit as tr
+from fabricscope.agent import bpf
+from fabricscope.agent.probes.tcp import retransmit as tr
 from fabricscope import schema
 
 # struct fs_retransmit_event, packed by hand from bpf/tcp_retransmit.h (not via ctypes).

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import pytest
 
 from fabricscope.services import ALERTMANAGER, PROMETHEUS, pid_alive
-from surface.alerting.alertmanager import SEVERITY_RECEIVERS
-from surface.alerting.catalog import INFO_INHIBITOR, by_name, runbook_url
-from surface.alerting.trend_alerts import JITTER_FLOOR_S, JITTER_RATIO, JITTER_SHARE_OF_STEP
-from surface.metrics import COLLECTOR_SCRAPE_JOB
-from surface.alerting.promql import FindingSeries
-from surface.alerting.templates import render
+from fabricscope.surface.alerting.alertmanager import SEVERITY_RECEIVERS
+from fabricscope.surface.alerting.catalog import INFO_INHIBITOR, by_name, runbook_url
+from fabricscope.surface.alerting.trend_alerts import JITTER_FLOOR_S, JITTER_RATIO, JITTER_SHARE_OF_STEP
+from fabricscope.surface.metrics import COLLECTOR_SCRAPE_JOB
+from fabricscope.surface.alerting.promql import FindingSeries
+from fabricscope.surface.alerting.templates import render
 from tests.support.alerting import (AlertingPipeline, FabricExporter, Notification, WebhookReceiver,
                                     alerting_pipeline, alerts_in)
 

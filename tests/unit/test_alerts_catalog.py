@@ -12,14 +12,14 @@ import re
 
 import pytest
 
-from diagnosis.finding import CAUSES, PLACE_KEYS, Finding
-from surface.alerting import generate as alerts
-from surface.alerting.catalog import ALERTS, BOARDS, INFO_ALERTS, INFO_INHIBITOR, RUNBOOK_BASE
-from surface.alerting.catalog import by_name, paged_causes, runbook_url
-from surface.alerting.trend_alerts import JITTER_FLOOR_S
-from surface.metrics import FINDING_ACTIVE, JOB_JITTER, JOB_JITTER_BASELINE
-from surface.alerting.model import FROM_FINDING, NONE, SEVERITIES
-from surface.alerting.templates import PLACE_GO, fields, place_text, render, to_go
+from fabricscope.diagnosis.finding import CAUSES, PLACE_KEYS, Finding
+from fabricscope.surface.alerting import generate as alerts
+from fabricscope.surface.alerting.catalog import ALERTS, BOARDS, INFO_ALERTS, INFO_INHIBITOR, RUNBOOK_BASE
+from fabricscope.surface.alerting.catalog import by_name, paged_causes, runbook_url
+from fabricscope.surface.alerting.trend_alerts import JITTER_FLOOR_S
+from fabricscope.surface.metrics import FINDING_ACTIVE, JOB_JITTER, JOB_JITTER_BASELINE
+from fabricscope.surface.alerting.model import FROM_FINDING, NONE, SEVERITIES
+from fabricscope.surface.alerting.templates import PLACE_GO, fields, place_text, render, to_go
 
 #: place labels -> the template fields that may name them
 NAMES_FOR = {"node": {"place", "node"}, "tor": {"place", "tor"}, "rank": {"place", "rank"},

@@ -13,14 +13,14 @@ import sys
 import pytest
 import yaml
 
-from surface.alerting import generate as alerts
-from surface.alerting.alertmanager import (EXAMPLE_FILE, NULL_RECEIVER, PIPELINE_RECEIVER,
+from fabricscope.surface.alerting import generate as alerts
+from fabricscope.surface.alerting.alertmanager import (EXAMPLE_FILE, NULL_RECEIVER, PIPELINE_RECEIVER,
                                            SEVERITY_RECEIVERS, example)
-from surface.alerting.catalog import ALERTS, INFO_INHIBITOR, RUNBOOK_BASE
-from surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
-from surface.alerting.promtool_tests import TESTS_FILE
-from surface.alerting.rules import RULES_FILE
-from surface.alerting.runbooks import RUNBOOKS_FILE
+from fabricscope.surface.alerting.catalog import ALERTS, INFO_INHIBITOR, RUNBOOK_BASE
+from fabricscope.surface.metrics import AGENT_SCRAPE_JOB, COLLECTOR_SCRAPE_JOB
+from fabricscope.surface.alerting.promtool_tests import TESTS_FILE
+from fabricscope.surface.alerting.rules import RULES_FILE
+from fabricscope.surface.alerting.runbooks import RUNBOOKS_FILE
 from tests.support.alerting import config_for_tests
 
 ROOT = alerts.ROOT
@@ -156,7 +156,7 @@ def test_the_test_config_keeps_the_routes_and_delivers_to_the_webhook():
     (["--runbook-base", "https://example/runbooks.md#top"], "without a fragment"),
 ])
 def test_bad_arguments_get_one_line(argv, says):
-    out = subprocess.run([sys.executable, "-m", "surface.alerting", *argv], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "fabricscope.surface.alerting", *argv], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and says in out.stderr
@@ -164,10 +164,10 @@ def test_bad_arguments_get_one_line(argv, says):
 
 
 def test_check_names_the_stale_files_and_writes_nothing(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "surface.alerting", "--check", "--root",
+    out = subprocess.run([sys.executable, "-m", "fabricscope.surface.alerting", "--check", "--root",
                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "stale generated files" in out.stderr
     assert all(rel in out.stderr for rel in alerts.outputs())
     assert list(tmp_path.iterdir()) == []
-    assert subprocess.run([sys.executable, "-m", "surface.alerting", "--check"], cwd=ROOT,
+    assert subprocess.run([sys.executable, "-m", "fabricscope.surface.alerting", "--check"], cwd=ROOT,
                           capture_output=True).returncode == 0

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fabricscope.services import ALERTMANAGER, AlertmanagerServer, http_get
-from surface.metrics import FINDING_ACTIVE, JOB_JITTER, JOB_STEP
-from surface.alerting.promql import FindingSeries
+from fabricscope.surface.metrics import FINDING_ACTIVE, JOB_JITTER, JOB_STEP
+from fabricscope.surface.alerting.promql import FindingSeries
 from tests.support.alerting import FabricExporter, WebhookReceiver
 
 LOSSY = FindingSeries("lossy_link", "warning", job="j", node="node1", interface="eth0",

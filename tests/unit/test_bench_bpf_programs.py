@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import bpf_programs as bp
+from fabricscope.bench import bpf_programs as bp
 
 
 def test_breakdown_sums_programs_of_one_name_and_leaves_idle_ones_out(monkeypatch):

@@ -6,8 +6,8 @@ import contextlib
 import sys
 import types
 
-from bench import REGISTRY
-from bench.harness import Benchmark
+from fabricscope.bench import REGISTRY
+from fabricscope.bench.harness import Benchmark
 from fabricscope import cli
 
 
@@ -56,7 +56,7 @@ def test_a_reader_that_goes_away_ends_output_quietly():
 def test_the_paired_ratio_cancels_a_drift_the_medians_do_not():
     """A machine slowing down 2 % a round under a subject that costs exactly 5 %: the
     ratio of the medians is off by the drift, the paired ratio is not."""
-    from bench import harness
+    from fabricscope.bench import harness
 
     class Drifting:
         def __init__(self):
@@ -87,7 +87,7 @@ def test_the_paired_ratio_cancels_a_drift_the_medians_do_not():
 def test_every_registered_benchmark_loads_under_its_own_name():
     """`fabricscope bench NAME` runs the Benchmark the registry names, and that one says
     NAME (a renamed benchmark left under its old key would print another name)."""
-    from bench.cli import _load
+    from fabricscope.bench.cli import _load
     for name in REGISTRY:
         bench = _load(name)
         # a ratio against a baseline, or a report of its own (diagnosis-matrix)
@@ -97,7 +97,7 @@ def test_every_registered_benchmark_loads_under_its_own_name():
 
 
 def test_nic_parts_refuses_an_unknown_variant_in_one_line(capsys):
-    from bench import nic_parts
+    from fabricscope.bench import nic_parts
     assert nic_parts.main(["--parts", "none,9,7"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--parts 9" in err and "Traceback" not in err

@@ -14,9 +14,9 @@ from collections import Counter
 
 import pytest
 
-from bench.diagnosis_cost import Round, Sample, cpu_seconds, expected_latency_s
-from bench.harness import percentile
-from bench.fleet import LOSS, SECOND, Fleet
+from fabricscope.bench.diagnosis_cost import Round, Sample, cpu_seconds, expected_latency_s
+from fabricscope.bench.harness import percentile
+from fabricscope.bench.fleet import LOSS, SECOND, Fleet
 from fabricscope.lineschema import LineValidator
 
 NOW_S = int(time.time())
@@ -113,10 +113,10 @@ def test_cpu_seconds_reads_a_process_from_proc():
 
 
 def test_the_engine_names_the_planted_fault():
-    from diagnosis.engine import JobEngine
-    from diagnosis.replay import replay
-    from diagnosis.source import StoreSource
-    from diagnosis.store import Store
+    from fabricscope.diagnosis.engine import JobEngine
+    from fabricscope.diagnosis.replay import replay
+    from fabricscope.diagnosis.source import StoreSource
+    from fabricscope.diagnosis.store import Store
     from fabricscope.services import InfluxServer
 
     start = NOW_S - 40

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import bench.diagnosis_matrix as matrix
+import fabricscope.bench.diagnosis_matrix as matrix
 from fabricscope.errors import UserError
 
 

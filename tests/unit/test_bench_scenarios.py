@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.scenarios import _after_startup, _compare, _null_compare
-from diagnosis.evidence import SECOND
-from diagnosis.store import Store
+from fabricscope.bench.scenarios import _after_startup, _compare, _null_compare
+from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.store import Store
 from fabricscope.services import InfluxServer
 from tests.unit.test_diagnosis_evidence import T0, StepPlan, SynthJob, build, to_records
 
@@ -42,9 +42,9 @@ def test_a_finding_found_twice_counts_from_its_first_and_ends_with_its_last():
     """A gray-zone straggler named, closed between its late steps, then named again:
     how fast the fault was found is the first finding's, its end the last one's, and
     neither is a false alarm."""
-    from bench.scenario_space import Fault, FaultKind
-    from bench.scenarios import Expect, Outcome, Scenario, judge
-    from diagnosis.finding import Finding
+    from fabricscope.bench.scenario_space import Fault, FaultKind
+    from fabricscope.bench.scenarios import Expect, Outcome, Scenario, judge
+    from fabricscope.diagnosis.finding import Finding
     onset = 1000 * SECOND
 
     def straggler(first_s, end_s, fid):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent import bpf
+from fabricscope.agent import bpf
 
 
 def test_prog_stats_sum_the_fdinfo_of_each_program(monkeypatch, tmp_path):

@@ -9,9 +9,9 @@ from typing import NamedTuple
 
 import pytest
 
-from agent.probes.gloo.procs import describe
-from agent.probes.gloo.records import CPU_SAMPLE_S, CpuSamples, ProcessState
-from agent.probes.gloo.steps import Step
+from fabricscope.agent.probes.gloo.procs import describe
+from fabricscope.agent.probes.gloo.records import CPU_SAMPLE_S, CpuSamples, ProcessState
+from fabricscope.agent.probes.gloo.steps import Step
 from fabricscope import cgroupcpu
 from fabricscope.cgroupcpu import CgroupCpu, CpuHierarchy
 from fabricscope.lineschema import canonical_line

@@ -11,8 +11,8 @@ import urllib.request
 import grpc
 import pytest
 
-from collector.config import CollectorConfig
-from collector.server import CollectorThread
+from fabricscope.collector.config import CollectorConfig
+from fabricscope.collector.server import CollectorThread
 from fabricscope.records import Record
 from fabricscope.services import InfluxServer, http_get
 from fabricscope.wire import make_batch, pb, pb_grpc

@@ -10,9 +10,9 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry
 
-from collector import diagnosis as collector_diagnosis
-from collector.config import CollectorConfig
-from collector.jobclass import (SECOND, Drop, JobClassAnalyzer, class_line, job_classes,
+from fabricscope.collector import diagnosis as collector_diagnosis
+from fabricscope.collector.config import CollectorConfig
+from fabricscope.collector.jobclass import (SECOND, Drop, JobClassAnalyzer, class_line, job_classes,
                                 stored_classes)
 from fabricscope import schema
 from fabricscope.jobclass import OpFamily

@@ -8,11 +8,11 @@ import time
 import grpc
 import pytest
 
-from collector.config import CollectorConfig
-from collector.server import CollectorThread
-from collector.sinks import SinkError, SinkRejected, make_sink
-from collector.sinks.http import on_loopback
-from collector.sinks.influx_v1 import InfluxV1Sink
+from fabricscope.collector.config import CollectorConfig
+from fabricscope.collector.server import CollectorThread
+from fabricscope.collector.sinks import SinkError, SinkRejected, make_sink
+from fabricscope.collector.sinks.http import on_loopback
+from fabricscope.collector.sinks.influx_v1 import InfluxV1Sink
 from fabricscope.errors import UserError
 from fabricscope.records import Record
 from fabricscope.selfmetrics import Readiness, SelfMetricsServer

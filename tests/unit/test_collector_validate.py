@@ -1,8 +1,8 @@
-"""collector.validate: what is written, what is refused, with which reason (no server)."""
+"""fabricscope.collector.validate: what is written, what is refused, with which reason (no server)."""
 
 import pytest
 
-from collector.validate import REASONS, Limits, check_batch, schema_reason
+from fabricscope.collector.validate import REASONS, Limits, check_batch, schema_reason
 from fabricscope import schema
 from fabricscope.records import Record
 from fabricscope.wire import make_batch, record_to_pb

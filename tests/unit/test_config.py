@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.config import CollectorConfig
+from fabricscope.collector.config import CollectorConfig
 from fabricscope import config as fsconfig
 from fabricscope.errors import UserError
 

@@ -15,9 +15,9 @@ import yaml
 
 from fabricscope.errors import UserError
 from fabricscope.schema import measurements
-from surface.grafana import dashboards
-from surface.grafana.queries import InfluxQL, PromNames, PromQL, agg, select, tag_values
-from surface.grafana.panels import INFLUX, PROMETHEUS
+from fabricscope.surface.grafana import dashboards
+from fabricscope.surface.grafana.queries import InfluxQL, PromNames, PromQL, agg, select, tag_values
+from fabricscope.surface.grafana.panels import INFLUX, PROMETHEUS
 from tests.support.grafana import query_index, register_sdk_plugins
 
 VARIABLES = ["job", "node", "interface"]
@@ -100,7 +100,7 @@ def test_dashboards_load_into_the_sdk_model(boards):
 def test_boards_and_their_links(boards):
     assert set(boards) == {"fabricscope-job", "fabricscope-fabric", "fabricscope-collectives",
                            "fabricscope-topology", "fabricscope-findings", "fabricscope-pipeline"}
-    from surface.alerting.catalog import BOARDS
+    from fabricscope.surface.alerting.catalog import BOARDS
     assert {uid for uid, _ in BOARDS.values()} <= set(boards)    # alerts link to these
     for board in boards.values():
         ids = [p["id"] for p in board["panels"]]
@@ -250,9 +250,9 @@ def test_prometheus_names_come_from_the_registries():
 
 def test_the_job_class_panels_show_a_classification_s_columns_in_reading_order():
     from fabricscope.jobclass import Observation, classify
-    from surface import jobclass
-    from surface.grafana.boards import job_class_panels
-    from surface.grafana.panels import Board
+    from fabricscope.surface import jobclass
+    from fabricscope.surface.grafana.boards import job_class_panels
+    from fabricscope.surface.grafana.panels import Board
     ring = [Observation("AllReduce", 1 << 20, s * 10**9 + k * 10**7, s * 10**9 + k * 10**7 + 10**6,
                         rank=0) for s in range(8) for k in range(2)]
     row = jobclass.columns(classify(ring))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from surface.grafana.macros import (ALL, ANNOTATION_INTERVAL, Interval, TimeRange, Variable,
+from fabricscope.surface.grafana.macros import (ALL, ANNOTATION_INTERVAL, Interval, TimeRange, Variable,
                                     expand_influxql, expand_promql, format_interval, go_duration,
                                     interval_to_ms, panel_interval, replace_variables,
                                     round_interval_ms)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.config import AgentConfig
-from collector.config import CollectorConfig
+from fabricscope.agent.config import AgentConfig
+from fabricscope.collector.config import CollectorConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"

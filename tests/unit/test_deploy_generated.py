@@ -7,9 +7,9 @@ import json
 
 import yaml
 
-from surface import kubernetes
-from surface.grafana import dashboards
-from surface.alerting.rules import RULES_FILE
+from fabricscope.surface import kubernetes
+from fabricscope.surface.grafana import dashboards
+from fabricscope.surface.alerting.rules import RULES_FILE
 
 ROOT = kubernetes.ROOT
 

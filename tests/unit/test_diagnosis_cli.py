@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from diagnosis.evidence import SECOND
-from diagnosis.finding import Finding
-from diagnosis.store import Store
+from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.finding import Finding
+from fabricscope.diagnosis.store import Store
 from fabricscope.services import InfluxServer, free_port
 from tests.unit.test_diagnosis_evidence import (T0, HopPlan, StepPlan, SynthJob, build,
                                                 to_records)

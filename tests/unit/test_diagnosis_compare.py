@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from diagnosis.compare import (ALPHA, METRICS, attainable, block_bootstrap_ci, block_length,
+from fabricscope.diagnosis.compare import (ALPHA, METRICS, attainable, block_bootstrap_ci, block_length,
                                block_means, compare_samples, drift, holm, mann_whitney)
 
 #: (a, b, two-sided p) of scipy.stats.mannwhitneyu(a, b, method=...), scipy 1.17.1,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.matrix_replay import replay_dump, warnings_of
+from fabricscope.bench.matrix_replay import replay_dump, warnings_of
 from fabricscope.services import InfluxServer
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "diagnosis"

@@ -8,12 +8,12 @@ import random
 
 import pytest
 
-from diagnosis.detect_network import bad_cells, port_rates
-from diagnosis.engine import AMBIGUOUS_EVALS, JobEngine
-from diagnosis.evidence import SECOND, CellKey, JobEvidence, NodeSecond, Progress
-from diagnosis.finding import Finding, primary, severity_rank
-from diagnosis.replay import replay, slice_until
-from diagnosis.thresholds import DEFAULT
+from fabricscope.diagnosis.detect_network import bad_cells, port_rates
+from fabricscope.diagnosis.engine import AMBIGUOUS_EVALS, JobEngine
+from fabricscope.diagnosis.evidence import SECOND, CellKey, JobEvidence, NodeSecond, Progress
+from fabricscope.diagnosis.finding import Finding, primary, severity_rank
+from fabricscope.diagnosis.replay import replay, slice_until
+from fabricscope.diagnosis.thresholds import DEFAULT
 from tests.unit.test_diagnosis_evidence import (STORAGE, T0, HopPlan, StepPlan, SynthJob,
                                                 build, cell_second, node)
 
@@ -1009,8 +1009,8 @@ def test_a_read_still_coming_in_pieces_counts_with_what_has_come_of_it():
     the next begins: the latest step's read lacks its last piece until the next
     step reads. What has come of it is a lower bound on its length, taken now
     (the shorter of the last two steps' reads), not a step later."""
-    from diagnosis.evidence import JobEvidence, Phase, Step
-    from diagnosis.snapshot import recent_ranks
+    from fabricscope.diagnosis.evidence import JobEvidence, Phase, Step
+    from fabricscope.diagnosis.snapshot import recent_ranks
     ev = JobEvidence("j")
     table, phases = ev.steps.setdefault("0", {}), ev.phases.setdefault("0", {})
     for i, (length, read) in enumerate([(1.0, 0.05), (1.0, 0.05), (2.0, 1.0), (2.0, 1.0)]):
@@ -1031,7 +1031,7 @@ def test_a_step_whose_read_has_not_come_is_not_judged_for_lateness():
     engine yet (the agent reports a read
     once its flow settles). Those steps' compute is not known, so rank 2 is not a
     straggler on them; once its reads are in, its compute is its own again."""
-    from diagnosis.snapshot import recent_ranks
+    from fabricscope.diagnosis.snapshot import recent_ranks
     def step(i, t):     # from 15 s rank 2 reads for 0.8 s a step and the others wait
         if t < 15:
             return StepPlan(seconds=0.5, sync=0.3, data_load=0.02)

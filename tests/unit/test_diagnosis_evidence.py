@@ -18,10 +18,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from diagnosis.evidence import (SECOND, CellKey, CellSecond, JobEvidence, NodeSecond, Phase,
+from fabricscope.diagnosis.evidence import (SECOND, CellKey, CellSecond, JobEvidence, NodeSecond, Phase,
                                 Progress,
                                 Step, weighted_median)
-from diagnosis.replay import slice_until
+from fabricscope.diagnosis.replay import slice_until
 from fabricscope.records import Record
 from fabricscope.schema import validate
 

@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 
-from diagnosis.finding import Advice, Evidence, Finding, finding_id, ordered, primary
-from diagnosis.present import explain, findings_text
-from diagnosis.store import Store
+from fabricscope.diagnosis.finding import Advice, Evidence, Finding, finding_id, ordered, primary
+from fabricscope.diagnosis.present import explain, findings_text
+from fabricscope.diagnosis.store import Store
 from fabricscope.schema import validate
 from fabricscope.services import InfluxServer
-from surface.report.html_parts import finding_html
+from fabricscope.surface.report.html_parts import finding_html
 
 DB = "fabricscope"
 START = 1_700_000_025_123_456_789

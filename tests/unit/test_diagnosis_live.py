@@ -9,10 +9,10 @@ import itertools
 import pytest
 from prometheus_client import CollectorRegistry
 
-from diagnosis.evidence import SECOND
-from diagnosis.live import HEARTBEAT_TTL_S, LiveDiagnosis, owner
-from diagnosis.metrics import FINDING_ACTIVE, DiagnosisMetrics
-from diagnosis.store import Store
+from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.live import HEARTBEAT_TTL_S, LiveDiagnosis, owner
+from fabricscope.diagnosis.metrics import FINDING_ACTIVE, DiagnosisMetrics
+from fabricscope.diagnosis.store import Store
 from fabricscope.records import Record
 from fabricscope.services import InfluxServer, VictoriaMetricsServer
 from tests.unit.test_diagnosis_evidence import (T0, HopPlan, StepPlan, SynthJob, build,
@@ -144,7 +144,7 @@ def test_a_step_that_reaches_the_store_late_is_read_by_the_next_catch_up(store):
     """Steps feed the baselines and trends, so a lagging agent's steps are read when
     they come (seconds of cells and nodes are read while an evaluation can use them:
     diagnosis/live.py's _still_evaluated_ns)."""
-    from diagnosis.live import CATCH_UP_S
+    from fabricscope.diagnosis.live import CATCH_UP_S
     (job, _) = two_jobs(["only", "other"])
     records = to_records(build(SynthJob(seconds=60, job=job)))
     # catch-ups at T0+12 (the first tick), +22, +32, +42: a step of T0+26 that comes
@@ -182,10 +182,10 @@ def test_a_store_that_does_not_answer_influxql_leaves_the_engine_idle_not_failin
 
 
 def test_a_tick_reads_each_rank_from_what_it_had_reported_a_catch_up_from_back():
-    from diagnosis.engine import JobEngine
-    from diagnosis.evidence import NodeSecond, Phase, Step
-    from diagnosis.live import ReadSpan, _read_span
-    from diagnosis.source import Members, Starts
+    from fabricscope.diagnosis.engine import JobEngine
+    from fabricscope.diagnosis.evidence import NodeSecond, Phase, Step
+    from fabricscope.diagnosis.live import ReadSpan, _read_span
+    from fabricscope.diagnosis.source import Members, Starts
 
     engine = JobEngine("j")
     ev = engine.ev
@@ -223,7 +223,7 @@ def test_a_tick_reads_each_rank_from_what_it_had_reported_a_catch_up_from_back()
 
 
 def test_starts_read_each_group_from_its_own_time_and_the_rest_from_the_first():
-    from diagnosis.source import MAX_GROUPS, Starts
+    from fabricscope.diagnosis.source import MAX_GROUPS, Starts
     t1 = 200 * SECOND
     assert Starts(100 * SECOND).wheres("node", t1, 0) == [
         f"time >= {100 * SECOND} AND time < {t1}"]

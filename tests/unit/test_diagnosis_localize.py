@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from diagnosis.localize import PortRates
-from diagnosis.evidence import CellKey, CellTotals
-from diagnosis.localize import (BadCell, Place, _plausible_side, candidates, locate, path,
+from fabricscope.diagnosis.localize import PortRates
+from fabricscope.diagnosis.evidence import CellKey, CellTotals
+from fabricscope.diagnosis.localize import (BadCell, Place, _plausible_side, candidates, locate, path,
                                 told_apart)
 
 STORAGE = "198.18.0.254:9000"

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from diagnosis.engine import JobEngine
-from diagnosis.evidence import SECOND, StepSource
-from diagnosis.finding import Finding, severity_rank
-from diagnosis.replay import replay
-from diagnosis.source import Members, StoreSource
-from diagnosis.store import Store
+from fabricscope.diagnosis.engine import JobEngine
+from fabricscope.diagnosis.evidence import SECOND, StepSource
+from fabricscope.diagnosis.finding import Finding, severity_rank
+from fabricscope.diagnosis.replay import replay
+from fabricscope.diagnosis.source import Members, StoreSource
+from fabricscope.diagnosis.store import Store
 from fabricscope.services import InfluxServer
 from tests.support.nccl_jobs import COMM, nccl_records, ras_poll
 from tests.unit.test_diagnosis_evidence import T0, HopPlan, StepPlan, SynthJob, build

@@ -8,9 +8,9 @@ import urllib.parse
 
 import pytest
 
-from diagnosis.evidence import SECOND
-from diagnosis.source import Members, StoreSource
-from diagnosis.store import Store, StoreError, form_encode
+from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.source import Members, StoreSource
+from fabricscope.diagnosis.store import Store, StoreError, form_encode
 from fabricscope.records import Record
 from fabricscope.services import InfluxServer, free_port
 from tests.unit.test_diagnosis_evidence import (T0, HopPlan, StepPlan, SynthJob, build,
@@ -70,7 +70,7 @@ def test_a_read_holds_only_its_span(stored):
 
 
 def test_a_read_from_starts_takes_each_rank_from_its_own(stored):
-    from diagnosis.source import Starts
+    from fabricscope.diagnosis.source import Starts
     store, ev = stored
     members = Members(SPEC.job, dict(ev.node_of_rank))
     t1 = (T0 + 10) * SECOND

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from diagnosis.advice import advise
-from diagnosis.candidate import Candidate
-from diagnosis.engine import Gauges
-from diagnosis.finding import Evidence, Finding
-from diagnosis.metrics import FINDING_ACTIVE, DiagnosisMetrics
-from diagnosis.present import explain, findings_text
-from diagnosis.thresholds import DEFAULT, Thresholds, render_markdown
-from diagnosis.timespan import (SECOND, Span, parse_duration, parse_range, parse_time,
+from fabricscope.diagnosis.advice import advise
+from fabricscope.diagnosis.candidate import Candidate
+from fabricscope.diagnosis.engine import Gauges
+from fabricscope.diagnosis.finding import Evidence, Finding
+from fabricscope.diagnosis.metrics import FINDING_ACTIVE, DiagnosisMetrics
+from fabricscope.diagnosis.present import explain, findings_text
+from fabricscope.diagnosis.thresholds import DEFAULT, Thresholds, render_markdown
+from fabricscope.diagnosis.timespan import (SECOND, Span, parse_duration, parse_range, parse_time,
                                 window_of)
 from fabricscope.errors import UserError
 
@@ -39,7 +39,7 @@ def test_every_threshold_has_its_reason_in_the_rendered_table():
     for f in dataclasses.fields(Thresholds):
         assert len(f.metadata["why"]) > 30, f.name
     assert f"| `loss_ratio` | {DEFAULT.loss_ratio} fraction |" in table
-    out = subprocess.run([sys.executable, "-m", "diagnosis.thresholds"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "fabricscope.diagnosis.thresholds"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     assert out == table
 
@@ -193,8 +193,8 @@ def test_forgetting_a_job_removes_its_series():
 
 
 def test_compare_text_keeps_its_columns_apart_for_a_huge_change():
-    from diagnosis.compare import Result
-    from diagnosis.present import compare_text
+    from fabricscope.diagnosis.compare import Result
+    from fabricscope.diagnosis.present import compare_text
     r = Result("retransmit_ratio", "fraction", 5, 13, 6.343e-05, 0.01065, 16685.5,
                [0.00986, 0.0125], 0.003, 0.01818, 4.06e-05, 0.00172, "worse")
     line = compare_text("j", "a", "b", [r]).splitlines()[4]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import bench.diagnosis_matrix as matrix
-from bench.scenarios import Outcome
-from diagnosis import causes, docs
-from diagnosis.thresholds import render_markdown
+import fabricscope.bench.diagnosis_matrix as matrix
+from fabricscope.bench.scenarios import Outcome
+from fabricscope.diagnosis import causes, docs
+from fabricscope.diagnosis.thresholds import render_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "DIAGNOSIS.md"

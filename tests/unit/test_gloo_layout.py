@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.probes.gloo import layout as gl
+from fabricscope.agent.probes.gloo import layout as gl
 
 HEADER = Path(__file__).resolve().parents[2] / "bpf" / "gloo.h"
 SOURCE = HEADER.with_name("gloo.bpf.c")

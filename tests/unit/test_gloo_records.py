@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.probes.gloo.layout import Collective
-from agent.probes.gloo.procs import ProcessTable, describe
-from agent.probes.gloo.records import ProcessState, collective_record
-from agent.probes.nic.history import BinHistory
-from agent.procmaps import parse_environ
+from fabricscope.agent.probes.gloo.layout import Collective
+from fabricscope.agent.probes.gloo.procs import ProcessTable, describe
+from fabricscope.agent.probes.gloo.records import ProcessState, collective_record
+from fabricscope.agent.probes.nic.history import BinHistory
+from fabricscope.agent.procmaps import parse_environ
 from fabricscope import schema
 from fabricscope.lineschema import canonical_line
 
@@ -134,7 +134,7 @@ def test_model_needs_enough_recent_traffic():
 def test_a_job_whose_steps_outlast_the_window_is_modelled_over_its_last_collectives():
     """Steps of 0.8 s against a 1 s window: never more than two collectives in it, so
     the model is fitted to the last MIN_MODEL_WINDOWS of them, however slow they are."""
-    from agent.probes.gloo.records import MIN_MODEL_WINDOWS
+    from fabricscope.agent.probes.gloo.records import MIN_MODEL_WINDOWS
     state = ProcessState(INFO, model_window_s=1)
     for i in range(10):
         state.on_collective(allreduce(i * 800, i * 800 + 20), to_wall)
@@ -168,7 +168,7 @@ def test_a_process_that_exits_between_two_models_keeps_its_last_one():
 def test_the_rescan_learns_every_process_mapping_libtorch_while_it_lives():
     from types import SimpleNamespace
 
-    from agent.probes.gloo.probe import GlooProbe
+    from fabricscope.agent.probes.gloo.probe import GlooProbe
     asked = []
     probe = GlooProbe.__new__(GlooProbe)        # no BPF: only the rescan's bookkeeping
     probe._uprobes = SimpleNamespace(files={(1, 2): SimpleNamespace(pids={41, 42}),
@@ -204,8 +204,8 @@ def test_without_the_buffer_hooks_the_payload_is_left_out_not_zero():
 def test_the_probe_attaches_the_buffer_hooks_only_when_configured():
     from types import SimpleNamespace
 
-    from agent.probes.gloo import probe as gloo
-    from agent.probes.base import Clock, ProbeContext
+    from fabricscope.agent.probes.gloo import probe as gloo
+    from fabricscope.agent.probes.base import Clock, ProbeContext
     names = {}
     for on in (True, False):
         cfg = SimpleNamespace(gloo_buffer_hooks=on, poll_interval_s=1.0)

@@ -11,8 +11,8 @@ import itertools
 
 import pytest
 
-from agent.probes.gloo.layout import Collective
-from agent.probes.gloo.steps import (FALLBACK_BURSTS, StepTracker, candidates,
+from fabricscope.agent.probes.gloo.layout import Collective
+from fabricscope.agent.probes.gloo.steps import (FALLBACK_BURSTS, StepTracker, candidates,
                                      choose_step_bytes, partition)
 
 MS = 1_000_000

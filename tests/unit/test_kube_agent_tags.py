@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentConfig
-from agent.kube.cache import PodCache
-from agent.kube.client import PodSource
-from agent.kube.podlist import PodList, parse_pod_list
-from agent.kube.resolver import PodResolver
-from agent.kube.setup import build_resolver
-from agent.probes.gloo.procs import ProcessTable
-from agent.probes.gloo.records import _tags
-from agent.probes.tcp.owners import Owners
+from fabricscope.agent.config import AgentConfig
+from fabricscope.agent.kube.cache import PodCache
+from fabricscope.agent.kube.client import PodSource
+from fabricscope.agent.kube.podlist import PodList, parse_pod_list
+from fabricscope.agent.kube.resolver import PodResolver
+from fabricscope.agent.kube.setup import build_resolver
+from fabricscope.agent.probes.gloo.procs import ProcessTable
+from fabricscope.agent.probes.gloo.records import _tags
+from fabricscope.agent.probes.tcp.owners import Owners
 from fabricscope.errors import UserError
 from fabricscope.records import Record
 from fabricscope.schema import validate

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube.cgroup import CgroupVerdict, parse_pod_cgroup
+from fabricscope.agent.kube.cgroup import CgroupVerdict, parse_pod_cgroup
 
 CASES = json.loads((Path(__file__).parent / "kube_fixtures" / "cgroups.json").read_text())["cases"]
 

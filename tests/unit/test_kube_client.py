@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube.cache import PodCache, next_delay
-from agent.kube.client import (Endpoint, KubeUnreachable, PodListClient, PodSource,
+from fabricscope.agent.kube.cache import PodCache, next_delay
+from fabricscope.agent.kube.client import (Endpoint, KubeUnreachable, PodListClient, PodSource,
                                default_url, resolve_source)
 from tests.support.kubelet import StandInKubelet
 

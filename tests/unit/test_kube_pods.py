@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube.podlist import parse_pod_list
-from agent.kube.training import JobController, training_job
+from fabricscope.agent.kube.podlist import parse_pod_list
+from fabricscope.agent.kube.training import JobController, training_job
 from fabricscope.errors import UserError
 
 FIXTURES = Path(__file__).parent / "kube_fixtures"

@@ -3,11 +3,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube.cache import PodCache
-from agent.kube.podlist import PodList, parse_pod_list
-from agent.kube.resolver import PodIdentity, PodResolver, Resolution
-from agent.kube.topology import main as topology_main
-from agent.kube.topology import topology_from_nodes
+from fabricscope.agent.kube.cache import PodCache
+from fabricscope.agent.kube.podlist import PodList, parse_pod_list
+from fabricscope.agent.kube.resolver import PodIdentity, PodResolver, Resolution
+from fabricscope.agent.kube.topology import main as topology_main
+from fabricscope.agent.kube.topology import topology_from_nodes
 from fabricscope.errors import UserError
 from fabricscope.topology import parse_topology
 
@@ -137,6 +137,6 @@ def test_the_topology_command_writes_the_file_and_names_the_nodes_left_out(tmp_p
 
 
 def test_jobs_of_one_name_in_two_namespaces_stay_two_jobs():
-    from agent.kube.resolver import job_id
+    from fabricscope.agent.kube.resolver import job_id
     assert job_id("team-a", "finetune") != job_id("team-b", "finetune")
     assert job_id("research", "finetune") == "research/finetune"

@@ -1,4 +1,4 @@
-"""lab.cgroups without root: finding the cpu controller, quota arithmetic, the
+"""fabricscope.lab.cgroups without root: finding the cpu controller, quota arithmetic, the
 control files of v1 and v2 (on plain files), and the preexec join."""
 
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fabricscope.errors import UserError
-from lab import cgroups
+from fabricscope.lab import cgroups
 
 V1_MOUNTS = """\
 tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0

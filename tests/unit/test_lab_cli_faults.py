@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import cli, cli_faults
-from lab.model import plan
+from fabricscope.lab import cli, cli_faults
+from fabricscope.lab.model import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 

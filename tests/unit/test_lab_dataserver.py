@@ -1,4 +1,4 @@
-"""lab.dataserver (the lab's storage stand-in) as a real subprocess on 127.0.0.1, its
+"""fabricscope.lab.dataserver (the lab's storage stand-in) as a real subprocess on 127.0.0.1, its
 client, one real single-rank train_worker against it, and start_training's checks
 of the data-server arguments (no root)."""
 
@@ -16,8 +16,8 @@ import pytest
 
 from fabricscope.errors import UserError
 from fabricscope.services import free_port
-from lab.dataserver import MAX_LENGTH, OP_GET, DataClient, parse_addr, request
-from lab.training import read_io_log, start_training
+from fabricscope.lab.dataserver import MAX_LENGTH, OP_GET, DataClient, parse_addr, request
+from fabricscope.lab.training import read_io_log, start_training
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -48,7 +48,7 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.fixture
 def server():
     """(Popen, 'ADDR:PORT') of a fresh data server; always stopped by pid."""
-    proc = subprocess.Popen([sys.executable, "-m", "lab.dataserver", "--listen", "127.0.0.1:0"],
+    proc = subprocess.Popen([sys.executable, "-m", "fabricscope.lab.dataserver", "--listen", "127.0.0.1:0"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True)
     try:
@@ -134,7 +134,7 @@ def test_sigterm_exits_zero_with_a_connection_open(server):
 
 
 def test_bad_listen_address_is_one_line():
-    out = subprocess.run([sys.executable, "-m", "lab.dataserver", "--listen", "nonsense"],
+    out = subprocess.run([sys.executable, "-m", "fabricscope.lab.dataserver", "--listen", "nonsense"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.startswith("fabricscope: error: address 'nonsense' is not ADDR:PORT")
@@ -186,7 +186,7 @@ def test_single_rank_worker_logs_data_loads_and_checkpoints(server, tmp_path):
            "PYTHONPATH": str(ROOT)}
     env.pop("FABRICSCOPE_LAB_PARENT", None)
     before = time.time_ns()
-    run = subprocess.run([sys.executable, "-m", "lab.train_worker", "--steps", "5",
+    run = subprocess.run([sys.executable, "-m", "fabricscope.lab.train_worker", "--steps", "5",
                           "--model-mb", "0.25", "--batch", "4", "--data-server", addr,
                           "--data-bytes", str(MiB), "--checkpoint-every", "2",
                           "--io-log", str(io_log)],

@@ -8,12 +8,12 @@ import statistics
 import pytest
 
 from fabricscope.errors import UserError
-from lab.training import kind_args
-from lab.workloads import Kind
-from lab.workloads.common import width_for
-from lab.workloads.moe import zipf_weights
-from lab.workloads.pipeline import micro_batches, stage_layers
-from lab.workloads.serve import arrivals
+from fabricscope.lab.training import kind_args
+from fabricscope.lab.workloads import Kind
+from fabricscope.lab.workloads.common import width_for
+from fabricscope.lab.workloads.moe import zipf_weights
+from fabricscope.lab.workloads.pipeline import micro_batches, stage_layers
+from fabricscope.lab.workloads.serve import arrivals
 
 
 def test_ddp_without_knobs_adds_no_flag_so_its_command_line_is_unchanged():
@@ -82,7 +82,7 @@ def test_width_gives_about_the_asked_parameter_bytes():
 def test_the_cli_takes_kinds_and_knobs_and_a_serve_command():
     import argparse
 
-    from lab.cli import add_arguments, kind_knobs
+    from fabricscope.lab.cli import add_arguments, kind_knobs
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["train", "--name", "l", "--steps", "3", "--kind", "pipeline",

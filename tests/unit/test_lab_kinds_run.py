@@ -31,7 +31,7 @@ def run_ranks(tmp_path: Path, flags: list[str], world: int = 2) -> list[dict]:
                "GLOO_SOCKET_IFNAME": "lo", "FABRICSCOPE_MARKERS_DIR": str(tmp_path / "markers")}
         env.pop("FABRICSCOPE_LAB_PARENT", None)
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "lab.train_worker", "--model-mb", "0.25", "--batch", "8",
+            [sys.executable, "-m", "fabricscope.lab.train_worker", "--model-mb", "0.25", "--batch", "8",
              *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True))
     try:

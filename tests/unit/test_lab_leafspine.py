@@ -6,9 +6,9 @@ import json
 import pytest
 
 from fabricscope.errors import UserError
-from lab import naming, nft
-from lab.model import Lab, plan
-from lab.topology import load
+from fabricscope.lab import naming, nft
+from fabricscope.lab.model import Lab, plan
+from fabricscope.lab.topology import load
 
 
 @pytest.mark.parametrize("nodes,tors,blocks", [

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from fabricscope.errors import UserError
-from lab import exec_argv, exec_env, nft, tc
-from lab.topology import load, plan
-from lab.training import mlp_shape, param_bytes, rank_env
+from fabricscope.lab import exec_argv, exec_env, nft, tc
+from fabricscope.lab.topology import load, plan
+from fabricscope.lab.training import mlp_shape, param_bytes, rank_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,7 +121,7 @@ def test_exec_helpers():
 
 
 def test_cli_registers_under_fabricscope():
-    from lab import cli
+    from fabricscope.lab import cli
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["lab", "fault", "--name", "x", "--node", "1", "loss", "0.5"])
@@ -176,7 +176,7 @@ def test_unknown_lab_is_one_line_and_exit_2(tmp_path):
 def test_not_root_is_a_user_error(monkeypatch):
     import os
 
-    from lab import topology
+    from fabricscope.lab import topology
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(UserError) as err:
         topology.up("demo", 2)

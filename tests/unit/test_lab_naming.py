@@ -1,12 +1,12 @@
-"""lab.naming and lab.units: names, addresses, subnet allocation, tc-style units (no root)."""
+"""fabricscope.lab.naming and lab.units: names, addresses, subnet allocation, tc-style units (no root)."""
 
 import ipaddress
 
 import pytest
 
 from fabricscope.errors import UserError
-from lab import naming
-from lab.units import format_rate, parse_rate, parse_size, parse_time
+from fabricscope.lab import naming
+from fabricscope.lab.units import format_rate, parse_rate, parse_size, parse_time
 
 
 def test_derived_names_are_short_unique_and_stable():

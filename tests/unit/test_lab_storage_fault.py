@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from fabricscope.errors import UserError
-from lab.dataserver import DataClient
-from lab.model import plan
-from lab.storage_fault import (MIN_CHUNK, Pacer, StorageFault, Watcher, chunk_bytes, pace_wait)
+from fabricscope.lab.dataserver import DataClient
+from fabricscope.lab.model import plan
+from fabricscope.lab.storage_fault import (MIN_CHUNK, Pacer, StorageFault, Watcher, chunk_bytes, pace_wait)
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -113,7 +113,7 @@ def lab_server(tmp_path, monkeypatch):
     lab.save()
     log = tmp_path / "server.out"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "lab.dataserver", "--lab", "demo",
+        proc = subprocess.Popen([sys.executable, "-m", "fabricscope.lab.dataserver", "--lab", "demo",
                                  "--listen", "127.0.0.1:0"], cwd=ROOT, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:

@@ -1,12 +1,12 @@
-"""lab.training.TrainingRun: how it judges the ranks' exits (no root, no torch)."""
+"""fabricscope.lab.training.TrainingRun: how it judges the ranks' exits (no root, no torch)."""
 
 from __future__ import annotations
 
 import sys
 from types import SimpleNamespace
 
-from lab.train_worker import TRAINED
-from lab.training import TrainingRun
+from fabricscope.lab.train_worker import TRAINED
+from fabricscope.lab.training import TrainingRun
 
 
 def _run(tmp_path, bodies: list[str]) -> TrainingRun:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.probes.base import Clock, ProbeContext
-from agent.sources.markers import MarkersSource
+from fabricscope.agent.probes.base import Clock, ProbeContext
+from fabricscope.agent.sources.markers import MarkersSource
 from fabricscope import markers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +129,7 @@ def test_bad_rings_are_counted_once_and_skipped(tmp_path):
 
 
 def test_unwritable_directory_makes_the_source_unavailable(tmp_path):
-    from agent.probes.base import ProbeUnavailable
+    from fabricscope.agent.probes.base import ProbeUnavailable
     blocker = tmp_path / "file"
     blocker.write_text("x")
     ctx = ProbeContext("n0", frozenset(), Clock(), None)

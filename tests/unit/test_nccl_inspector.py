@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.probes.base import Clock, ProbeContext, ProbeUnavailable
-from agent.sources.nccl_inspector import Malformed, NcclInspectorSource, parse_line
+from fabricscope.agent.probes.base import Clock, ProbeContext, ProbeUnavailable
+from fabricscope.agent.sources.nccl_inspector import Malformed, NcclInspectorSource, parse_line
 from fabricscope.records import Record
 from fabricscope.schema import validate
 from tests.unit.test_ncclprof_probe import FakeProc

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.probes.base import Clock
-from agent.probes.nccl.layout import (
+from fabricscope.agent.probes.base import Clock
+from fabricscope.agent.probes.nccl.layout import (
     API_BY_ID, APIS, EVENT_SIZE, F_ID, F_OUT, F_RETURNED, NONE, DecodeError, comm_id_hash,
     decode, header_api_ids)
-from agent.probes.nccl.records import CommInfo, CommTable, observe, to_record
+from fabricscope.agent.probes.nccl.records import CommInfo, CommTable, observe, to_record
 from fabricscope import schema
 
 BPF = Path(__file__).resolve().parents[2] / "bpf" / "nccl.bpf.c"

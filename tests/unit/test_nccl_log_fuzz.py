@@ -10,9 +10,9 @@ from types import SimpleNamespace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.probes.base import Clock, ProbeContext
-from agent.probes.nccl.log_source import NcclLogSource
-from agent.probes.nccl.logparse import GARBLED, RECORD, parse_line
+from fabricscope.agent.probes.base import Clock, ProbeContext
+from fabricscope.agent.probes.nccl.log_source import NcclLogSource
+from fabricscope.agent.probes.nccl.logparse import GARBLED, RECORD, parse_line
 from tests.unit.test_nccl_logparse import NOW, fixture_lines
 
 #: fixture lines that make a record, each with at least one number in it

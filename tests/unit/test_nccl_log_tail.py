@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.probes.nccl.log_tail import FileTail, StreamTail
-from agent.probes.base import Clock, ProbeContext, ProbeUnavailable
-from agent.probes.nccl.log_source import NcclLogSource
+from fabricscope.agent.probes.nccl.log_tail import FileTail, StreamTail
+from fabricscope.agent.probes.base import Clock, ProbeContext, ProbeUnavailable
+from fabricscope.agent.probes.nccl.log_source import NcclLogSource
 from fabricscope.errors import UserError
 
 COLL = ("h:9:9 [0] NCCL INFO AllReduce: opCount {n:x} sendbuff 0x1 recvbuff 0x1 count 10 "

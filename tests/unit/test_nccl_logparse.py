@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.probes.nccl.logparse import (
+from fabricscope.agent.probes.nccl.logparse import (
     BLANK, FOREIGN, GARBLED, IGNORED, RECORD, parse_facts, parse_line, parse_timestamp,
     split_line)
-from agent.probes.nccl.logparse_facts import NetDevices, NetKind
+from fabricscope.agent.probes.nccl.logparse_facts import NetDevices, NetKind
 from fabricscope import schema
 
 FIXTURE = Path(__file__).parent / "nccl_fixtures" / "debug_info.log"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.probes.nccl.logparse import parse_facts, parse_line
+from fabricscope.agent.probes.nccl.logparse import parse_facts, parse_line
 from fabricscope import schema
 
 GOLDEN = Path(__file__).parent / "nccl_fixtures" / "golden"

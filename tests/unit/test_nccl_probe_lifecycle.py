@@ -2,9 +2,9 @@
 
 from types import SimpleNamespace
 
-from agent.probes import REGISTRY, load_class
-from agent.probes.base import Clock, ProbeContext
-from agent.probes.nccl.probe import NcclProbe
+from fabricscope.agent.probes import REGISTRY, load_class
+from fabricscope.agent.probes.base import Clock, ProbeContext
+from fabricscope.agent.probes.nccl.probe import NcclProbe
 
 
 def ctx(paths=None):
@@ -27,14 +27,14 @@ def test_stats_are_counters_with_lost():
 
 
 def test_registered_and_needs_bpf():
-    assert REGISTRY["nccl"] == "agent.probes.nccl.probe:NcclProbe"
+    assert REGISTRY["nccl"] == "fabricscope.agent.probes.nccl.probe:NcclProbe"
     assert load_class("nccl") is NcclProbe and NcclProbe.needs_bpf
     assert load_class("nccl_log").name == "nccl_log"
     assert not getattr(load_class("nccl_log"), "needs_bpf", False)
 
 
 def test_config_field_reaches_the_probe():
-    from agent.config import AgentConfig
+    from fabricscope.agent.config import AgentConfig
     from fabricscope import config as fsconfig
     cfg = fsconfig.load(AgentConfig, "agent", env={
         "FABRICSCOPE_AGENT_NCCL_PATHS": "/opt/a/libnccl.so.2, /opt/b/libnccl.so.2"})

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.probes.base import Clock, ProbeContext, ProbeUnavailable
-from agent.sources.nccl_ras import NcclRasSource, status_records
+from fabricscope.agent.probes.base import Clock, ProbeContext, ProbeUnavailable
+from fabricscope.agent.sources.nccl_ras import NcclRasSource, status_records
 from fabricscope.records import Record
 from fabricscope.schema import validate
 from tests.support.nccl_ras_server import RasStandIn

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from agent.probes.nccl.steps import Call, CallSteps, StepRecords, find_pattern
+from fabricscope.agent.probes.nccl.steps import Call, CallSteps, StepRecords, find_pattern
 from fabricscope.records import Record
 from fabricscope.schema import validate
 from tests.unit.test_ncclprof_probe import FakeProc

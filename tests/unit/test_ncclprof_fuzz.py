@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.probes.ncclprof.reader import RingReader
+from fabricscope.agent.probes.ncclprof.reader import RingReader
 from tests.support import nccl_profiler_host as nh
 
 POOL = 32

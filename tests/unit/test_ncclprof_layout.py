@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from agent.probes.ncclprof import layout
+from fabricscope.agent.probes.ncclprof import layout
 from tests.support.nccl_profiler_host import C_SIZES, PROFILER_DIR, mirror_sizes
 
 PROBE = r"""

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from agent.probes.ncclprof.layout import Flag, Kind, Wait
-from agent.probes.ncclprof.reader import RingReader
+from fabricscope.agent.probes.ncclprof.layout import Flag, Kind, Wait
+from fabricscope.agent.probes.ncclprof.reader import RingReader
 from tests.support import nccl_profiler_host as nh
 
 

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.probes.base import Clock, ProbeContext, ProbeUnavailable
-from agent.probes.gloo.procs import ProcessTable
-from agent.probes.ncclprof import layout
-from agent.probes.ncclprof.probe import NcclProfProbe
+from fabricscope.agent.probes.base import Clock, ProbeContext, ProbeUnavailable
+from fabricscope.agent.probes.gloo.procs import ProcessTable
+from fabricscope.agent.probes.ncclprof import layout
+from fabricscope.agent.probes.ncclprof.probe import NcclProfProbe
 from fabricscope.records import Record
 from fabricscope.schema import validate
 from tests.support import nccl_profiler_host as nh
@@ -259,8 +259,8 @@ def test_the_real_plugin_ring_reaches_records_through_the_probe(plugin, tmp_path
 
 
 def test_the_registry_finds_the_nccl_evidence_probes_and_none_needs_bpf():
-    from agent.probes import REGISTRY, load_class
-    assert REGISTRY["ncclprof"] == "agent.probes.ncclprof.probe:NcclProfProbe"
+    from fabricscope.agent.probes import REGISTRY, load_class
+    assert REGISTRY["ncclprof"] == "fabricscope.agent.probes.ncclprof.probe:NcclProfProbe"
     for name in ("ncclprof", "nccl_inspector", "nccl_ras"):
         cls = load_class(name)
         assert cls.name == name and not cls.needs_bpf
@@ -269,7 +269,7 @@ def test_the_registry_finds_the_nccl_evidence_probes_and_none_needs_bpf():
 def test_ring_counters_are_exported_on_metrics(tmp_path, env):
     from prometheus_client import generate_latest
 
-    from agent.metrics import AgentMetrics
+    from fabricscope.agent.metrics import AgentMetrics
     rings, proc = env
     proc.add(16)
     write_ring(ring_path(rings, 16), [coll(1)], 16, counters={layout.Counter.RING_FULL: 3})

@@ -4,8 +4,8 @@ import ctypes
 
 import pytest
 
-from agent.probes.ncclprof import layout
-from agent.probes.ncclprof.reader import RingError, RingReader, ring_paths
+from fabricscope.agent.probes.ncclprof import layout
+from fabricscope.agent.probes.ncclprof.reader import RingError, RingReader, ring_paths
 
 
 def write_ring(path, records, write_index=None, capacity=16, magic=layout.MAGIC, pid=4242):

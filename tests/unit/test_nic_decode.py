@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.config import AgentConfig
-from agent.probes.nic import drops as nic_drops
-from agent.probes.nic import qdisc as nic_qdisc
-from agent.probes.nic.flows import KEY_DTYPE, VAL_DTYPE, FlowTable
-from agent.probes.nic.ring import BIN_DTYPE
-from agent.probes.nic.settings import LinkSpeeds, from_config, ring_slots
+from fabricscope.agent.config import AgentConfig
+from fabricscope.agent.probes.nic import drops as nic_drops
+from fabricscope.agent.probes.nic import qdisc as nic_qdisc
+from fabricscope.agent.probes.nic.flows import KEY_DTYPE, VAL_DTYPE, FlowTable
+from fabricscope.agent.probes.nic.ring import BIN_DTYPE
+from fabricscope.agent.probes.nic.settings import LinkSpeeds, from_config, ring_slots
 from fabricscope import config as fsconfig
 from fabricscope.errors import UserError
 
@@ -203,7 +203,7 @@ def test_defaults_give_65536_bins_of_100_us():
 
 
 def test_rings_over_the_budget_get_fewer_slots_within_it():
-    from agent.probes.nic.settings import BIN_BYTES, RING_BUDGET_BYTES, slots_within
+    from fabricscope.agent.probes.nic.settings import BIN_BYTES, RING_BUDGET_BYTES, slots_within
     # 2 NICs on 128 CPUs: 8192 slots (0.2 s of 100 us bins at a margin of 4) fit 128 MiB
     assert slots_within(RING_BUDGET_BYTES, 2, 128) == 8192
     assert 8192 * 2 * 2 * BIN_BYTES * 128 <= RING_BUDGET_BYTES

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.probes.nic.history import BinHistory
+from fabricscope.agent.probes.nic.history import BinHistory
 
 BIN = 100_000           # 100 us
 MS = 1_000_000

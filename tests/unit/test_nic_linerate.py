@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentConfig
-from agent.probes.nic.settings import LinkSpeeds, SpeedSource, from_config
+from fabricscope.agent.config import AgentConfig
+from fabricscope.agent.probes.nic.settings import LinkSpeeds, SpeedSource, from_config
 
 PCI = "devices/pci0000:00/0000:00:03.0"
 

@@ -5,15 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentConfig
-from agent.probes import REGISTRY, load_class
-from agent.probes.base import Clock, ProbeContext
-from agent.probes.nic.probe import DROP_SLOTS, IFINDEX_SLOTS, KERNEL_STATS, NicProbe
-from agent.probes.nic.settings import LineRate, SpeedSource
-from agent.probes.nic.window import Burst, WindowStats
+from fabricscope.agent.config import AgentConfig
+from fabricscope.agent.probes import REGISTRY, load_class
+from fabricscope.agent.probes.base import Clock, ProbeContext
+from fabricscope.agent.probes.nic.probe import DROP_SLOTS, IFINDEX_SLOTS, KERNEL_STATS, NicProbe
+from fabricscope.agent.probes.nic.settings import LineRate, SpeedSource
+from fabricscope.agent.probes.nic.window import Burst, WindowStats
 from fabricscope.errors import UserError
 from fabricscope.records import Record
-from agent.bpf import inline_includes
+from fabricscope.agent.bpf import inline_includes
 from fabricscope.schema import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def probe(**cfg) -> NicProbe:
 
 
 def test_registered():
-    assert REGISTRY["nic"] == "agent.probes.nic.probe:NicProbe"
+    assert REGISTRY["nic"] == "fabricscope.agent.probes.nic.probe:NicProbe"
     assert load_class("nic") is NicProbe and NicProbe.needs_bpf
 
 

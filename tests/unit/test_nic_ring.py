@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from agent.probes.nic.ring import BIN_DTYPE, RingSet, merge, slot_ranges
+from fabricscope.agent.probes.nic.ring import BIN_DTYPE, RingSet, merge, slot_ranges
 
 BIN_NS = 100_000
 SLOTS = 16
@@ -179,7 +179,7 @@ def test_an_idle_ring_is_not_read_and_loses_nothing_however_long_it_slept():
 def test_possible_cpus_count_and_id_limit_of_a_cpulist(tmp_path):
     """Per-CPU maps hold one value per possible CPU; the mapped rings are indexed by CPU
     id, so a cpulist with a hole needs more regions than CPUs."""
-    from agent.probes.nic.bpfmap import cpu_id_limit, possible_cpus
+    from fabricscope.agent.probes.nic.bpfmap import cpu_id_limit, possible_cpus
     for text, count, limit in [("0\n", 1, 1), ("0-1\n", 2, 2), ("0-3,8-11\n", 8, 12)]:
         path = tmp_path / "possible"
         path.write_text(text)

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.probes.nic.ring import Bins
-from agent.probes.nic.window import (Burst, BurstDetector, BurstSelector, WindowAssembler, p99,
+from fabricscope.agent.probes.nic.ring import Bins
+from fabricscope.agent.probes.nic.window import (Burst, BurstDetector, BurstSelector, WindowAssembler, p99,
                                      window_shift)
 
 BIN_NS = 100_000

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from agent.config import AgentConfig
-from agent.probes.base import effective_poll_interval, ringbuf_pages
+from fabricscope.agent.config import AgentConfig
+from fabricscope.agent.probes.base import effective_poll_interval, ringbuf_pages
 
 
 def _ctx(interval: float) -> SimpleNamespace:

@@ -4,8 +4,8 @@ probe's name pattern: parsing and a fake /proc tree (no root)."""
 import os
 import re
 
-from agent import procmaps
-from agent.probes.nccl.probe import LIB_NAME
+from fabricscope.agent import procmaps
+from fabricscope.agent.probes.nccl.probe import LIB_NAME
 
 MAPS = """\
 55d0c7a00000-55d0c7a21000 r--p 00000000 fd:01 1311 /usr/bin/python3.11
@@ -99,7 +99,7 @@ def test_needles_skip_maps_without_them(tmp_path):
 
 
 def test_the_maps_cache_serves_a_second_scan_of_the_same_moment(tmp_path):
-    from agent.procmaps import MapsCache
+    from fabricscope.agent.procmaps import MapsCache
     now = [100.0]
     cache = MapsCache(ttl_s=1.0, clock=lambda: now[0])
     pid_dir = tmp_path / "42"

@@ -11,17 +11,17 @@ from html.parser import HTMLParser
 
 import pytest
 
-from diagnosis.compare import compare_samples
-from diagnosis.finding import Advice, Evidence, Finding
-from diagnosis.timespan import SECOND, Span
+from fabricscope.diagnosis.compare import compare_samples
+from fabricscope.diagnosis.finding import Advice, Evidence, Finding
+from fabricscope.diagnosis.timespan import SECOND, Span
 from fabricscope.errors import UserError
 from fabricscope.jobclass import Observation, classify
-from surface.grafana.queries import agg, select
-from surface.report import figures as fig
-from surface.report.data import (Comparison, Edge, Note, Phase, ReportData, Series, Step,
+from fabricscope.surface.grafana.queries import agg, select
+from fabricscope.surface.report import figures as fig
+from fabricscope.surface.report.data import (Comparison, Edge, Note, Phase, ReportData, Series, Step,
                                  TrafficModel, Vertex, compare_windows, series,
                                  without_line_rate)
-from surface.report.page import render, sections
+from fabricscope.surface.report.page import render, sections
 
 T0 = 1_700_000_000
 JOB = "198.18.0.1:29500"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from diagnosis.evidence import SECOND
-from diagnosis.finding import Finding
-from diagnosis.store import Store
+from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.finding import Finding
+from fabricscope.diagnosis.store import Store
 from fabricscope.records import Record
 from fabricscope.schema import validate
 from fabricscope.services import InfluxServer, free_port

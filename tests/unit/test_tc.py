@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent import tc
-from agent.probes.base import ProbeUnavailable
+from fabricscope.agent import tc
+from fabricscope.agent.probes.base import ProbeUnavailable
 
 IFACES = [SimpleNamespace(index=2, name="eth0"), SimpleNamespace(index=3, name="eth1")]
 FNS = {"ingress": SimpleNamespace(fd=10, name="in"), "egress": SimpleNamespace(fd=11, name="out")}

@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from agent import bpf
-from agent.probes.tcp import flow_layout as fl
-from agent.probes.tcp.common import addr_key
+from fabricscope.agent import bpf
+from fabricscope.agent.probes.tcp import flow_layout as fl
+from fabricscope.agent.probes.tcp.common import addr_key
 from fabricscope import schema
 
 # struct fs_flow_event, packed by hand from bpf/tcp_flows.h (not via ctypes).
@@ -155,7 +155,7 @@ def test_counter_names_cover_the_c_counters_in_order():
     import re
     from pathlib import Path
 
-    from agent.probes.tcp.retransmit import STATS
+    from fabricscope.agent.probes.tcp.retransmit import STATS
     bpf_dir = Path(bpf.__file__).resolve().parent.parent / "bpf"
     retransmit = (bpf_dir / "tcp_retransmit.h").read_text()
     flows = (bpf_dir / "tcp_flows.h").read_text()

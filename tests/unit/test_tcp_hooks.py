@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import AgentConfig
-from agent.probes.base import ProbeUnavailable
-from agent.probes.tcp.hooks import DEFAULT_HOOKS, HOOKS, FlowSettings, hook_cflags
+from fabricscope.agent.config import AgentConfig
+from fabricscope.agent.probes.base import ProbeUnavailable
+from fabricscope.agent.probes.tcp.hooks import DEFAULT_HOOKS, HOOKS, FlowSettings, hook_cflags
 from fabricscope.errors import UserError
 
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from agent.probes.tcp.owners import Owners, describe_process, parse_cgroup, parse_proc_net_tcp
+from fabricscope.agent.probes.tcp.owners import Owners, describe_process, parse_cgroup, parse_proc_net_tcp
 
 # Real lines (this machine's /proc/net/tcp and tcp6 format; x86_64, little endian).
 TCP = (
@@ -151,7 +151,7 @@ def _flow_record(flow):
 
 
 def test_records_of_a_new_flow_wait_for_the_next_scan_instead_of_leaving_untagged(tmp_path):
-    from agent.probes.tcp.retransmit import OwnerTagger
+    from fabricscope.agent.probes.tcp.retransmit import OwnerTagger
     proc = FakeProc(tmp_path)
     clock = Clock()
     owners = Owners(proc=tmp_path, clock=clock)
@@ -166,7 +166,7 @@ def test_records_of_a_new_flow_wait_for_the_next_scan_instead_of_leaving_untagge
 
 
 def test_a_record_is_released_untagged_after_one_scan_that_could_not_find_its_owner(tmp_path):
-    from agent.probes.tcp.retransmit import OwnerTagger
+    from fabricscope.agent.probes.tcp.retransmit import OwnerTagger
     FakeProc(tmp_path)
     clock = Clock()
     owners = Owners(proc=tmp_path, clock=clock)

@@ -8,10 +8,10 @@ import struct
 
 import pytest
 
-from agent.probes.tcp.common import addr_key
-from agent.probes.tcp.rx_diag import (_NLMSG, NLMSG_DONE, NLMSG_ERROR, SockRx,
+from fabricscope.agent.probes.tcp.common import addr_key
+from fabricscope.agent.probes.tcp.rx_diag import (_NLMSG, NLMSG_DONE, NLMSG_ERROR, SockRx,
                                       parse_rx_messages)
-from agent.probes.tcp.tcp_info import (FIELDS, MIN_SIZE, counter_delta, decode_rx,
+from fabricscope.agent.probes.tcp.tcp_info import (FIELDS, MIN_SIZE, counter_delta, decode_rx,
                                        decode_tcp_info)
 
 #: One SOCK_DIAG_BY_FAMILY answer (idiag_ext = INET_DIAG_INFO) for the accepting side

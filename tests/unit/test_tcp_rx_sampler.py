@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from agent.probes.tcp.rx_diag import SockRx
-from agent.probes.tcp.rx_sampler import RxSampler, merge_into, window_fields
-from agent.probes.tcp.window import retrans_only_fields
+from fabricscope.agent.probes.tcp.rx_diag import SockRx
+from fabricscope.agent.probes.tcp.rx_sampler import RxSampler, merge_into, window_fields
+from fabricscope.agent.probes.tcp.window import retrans_only_fields
 
 FLOW = ("10.0.0.1", 5000, "10.0.0.9", 443)
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="raw sockets and TCP_REPAIR need root")
@@ -203,8 +203,8 @@ def test_one_dump_reads_every_socket_of_2000_loopback_connections():
 
 
 def test_the_sampler_is_off_by_default_and_on_with_tcp_rx_info_true():
-    from agent.config import AgentConfig
-    from agent.probes.tcp.hooks import FlowSettings
+    from fabricscope.agent.config import AgentConfig
+    from fabricscope.agent.probes.tcp.hooks import FlowSettings
 
     assert FlowSettings.from_config(AgentConfig()).rx_info is False
     assert FlowSettings.from_config(AgentConfig(tcp_rx_info=True)).rx_info is True

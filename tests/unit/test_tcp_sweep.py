@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from agent.probes.tcp.flow_layout import SOCK_DTYPE
-from agent.probes.tcp.sweep import Sweeper
+from fabricscope.agent.probes.tcp.flow_layout import SOCK_DTYPE
+from fabricscope.agent.probes.tcp.sweep import Sweeper
 
 S = 1_000_000_000
 
@@ -44,13 +44,13 @@ def test_a_new_socket_at_a_known_address_is_asked_about_at_once():
 
 
 def _diag_msg(cookie: int) -> bytes:
-    from agent.probes.tcp.sweep import _NLMSG, SOCK_DIAG_BY_FAMILY
+    from fabricscope.agent.probes.tcp.sweep import _NLMSG, SOCK_DIAG_BY_FAMILY
     body = bytes(44) + cookie.to_bytes(8, "little") + bytes(20)   # inet_diag_msg is 72 bytes
     return _NLMSG.pack(_NLMSG.size + len(body), SOCK_DIAG_BY_FAMILY, 2, 1, 0) + body
 
 
 def test_cookies_are_read_from_each_message_until_done():
-    from agent.probes.tcp.sweep import _NLMSG, NLMSG_DONE, parse_cookies
+    from fabricscope.agent.probes.tcp.sweep import _NLMSG, NLMSG_DONE, parse_cookies
     out: set[int] = set()
     assert parse_cookies(_diag_msg(7) + _diag_msg(1 << 40), out) is False
     assert parse_cookies(_diag_msg(9) + _NLMSG.pack(20, NLMSG_DONE, 2, 1, 0) + bytes(4), out)
@@ -63,7 +63,7 @@ def test_a_netlink_error_and_a_malformed_message_raise_oserror():
 
     import pytest
 
-    from agent.probes.tcp.sweep import _NLMSG, NLMSG_ERROR, parse_cookies
+    from fabricscope.agent.probes.tcp.sweep import _NLMSG, NLMSG_ERROR, parse_cookies
     with pytest.raises(OSError) as err:
         parse_cookies(_NLMSG.pack(36, NLMSG_ERROR, 0, 1, 0) + struct.pack("=i", -errno.ENOENT)
                       + bytes(16), set())

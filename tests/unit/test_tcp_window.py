@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.probes.tcp.flow_layout import CWND_BUCKETS, RTT_BUCKETS, SLOT_DTYPE
-from agent.probes.tcp.window import (FlowRetrans, NodeTally, bucket_bounds, flow_fields,
+from fabricscope.agent.probes.tcp.flow_layout import CWND_BUCKETS, RTT_BUCKETS, SLOT_DTYPE
+from fabricscope.agent.probes.tcp.window import (FlowRetrans, NodeTally, bucket_bounds, flow_fields,
                                      flow_record, merge_slots, node_record, quantile_log2)
 from fabricscope import schema
 from fabricscope.records import Record

@@ -11,14 +11,14 @@ import threading
 
 import pytest
 
-from diagnosis.evidence import SECOND
-from diagnosis.finding import Finding
-from diagnosis.store import Store
+from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.finding import Finding
+from fabricscope.diagnosis.store import Store
 from fabricscope.errors import UserError
 from fabricscope.jobclass import Observation, classify
 from fabricscope.records import Record
 from fabricscope.services import InfluxServer
-from surface.top import (MIN_HEIGHT, MIN_WIDTH, Collective, Link, RankStep, Reader, TopData,
+from fabricscope.surface.top import (MIN_HEIGHT, MIN_WIDTH, Collective, Link, RankStep, Reader, TopData,
                          frame, read)
 from tests.unit.test_diagnosis_evidence import T0, build, to_records
 from tests.unit.test_report_cli import (JOB, LOSSY, NOWHERE, ROOT, fabric_records,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.training_join import WINDOW_WAIT_S, TrainingJoin
+from fabricscope.agent.training_join import WINDOW_WAIT_S, TrainingJoin
 from fabricscope import schema
 from fabricscope.records import Record
 
@@ -226,7 +226,7 @@ def test_a_transfer_waits_past_the_hold_for_the_windows_of_its_time():
 def test_collective_windows_are_kept_as_their_union():
     """Overlapping windows (two gloo threads) and a long first barrier: the coverage a
     transfer is judged by is the union, answered without walking every window."""
-    from agent.training_join import _Process
+    from fabricscope.agent.training_join import _Process
     proc = _Process()
     for start, end in [(0, 2000), (2500, 2600), (2550, 2700), (3000, 3100), (2700, 2800),
                        (100, 200), (5000, 5000)]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import AgentConfig
-from collector.config import CollectorConfig
+from fabricscope.agent.config import AgentConfig
+from fabricscope.collector.config import CollectorConfig
 from fabricscope.errors import UserError
 
 

@@ -1,4 +1,4 @@
-"""collector.delivery and collector.coalesce: spool when InfluxDB fails, slow agents down when
+"""fabricscope.collector.delivery and collector.coalesce: spool when InfluxDB fails, slow agents down when
 the spool is full, replay, and merged writes (collector in-process, real influxd)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import time
 import grpc
 import pytest
 
-from collector.coalesce import Coalescer
-from collector.config import CollectorConfig
-from collector.server import CollectorThread
-from collector.sinks.base import SinkError, SinkRejected
+from fabricscope.collector.coalesce import Coalescer
+from fabricscope.collector.config import CollectorConfig
+from fabricscope.collector.server import CollectorThread
+from fabricscope.collector.sinks.base import SinkError, SinkRejected
 from fabricscope.services import InfluxServer, http_get
 from fabricscope.wire import make_batch, pb, pb_grpc
 from tests.unit.transport_procs import complete, synthetic_counts, wait_for

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector.config import CollectorConfig
-from collector.server import CollectorThread
+from fabricscope.collector.config import CollectorConfig
+from fabricscope.collector.server import CollectorThread
 from fabricscope.lineschema import canonical_line
 from fabricscope.records import Record
 from fabricscope.services import InfluxServer

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from collector.validate import REASONS, Invalid, Limits, check_batch, check_record
+from fabricscope.collector.validate import REASONS, Invalid, Limits, check_batch, check_record
 from fabricscope import lineproto, schema
 from fabricscope.lineschema import LineValidator, canonical_line, diagnose
 from fabricscope.records import Record

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.loadgen import LoadSpec, run_load, run_prebuilt
+from fabricscope.bench.loadgen import LoadSpec, run_load, run_prebuilt
 from fabricscope.services import InfluxServer, free_port
 from tests.unit.transport_procs import Procs, complete, synthetic_counts
 

@@ -12,9 +12,9 @@ import time
 import grpc
 import pytest
 
-from collector.config import CollectorConfig
-from collector.server import CollectorThread
-from lab.stack import http_get
+from fabricscope.collector.config import CollectorConfig
+from fabricscope.collector.server import CollectorThread
+from fabricscope.lab.stack import http_get
 from fabricscope.records import Record
 from fabricscope.services import InfluxServer, VictoriaMetricsServer, free_port
 from fabricscope.tls import bearer, make_pki
@@ -118,7 +118,7 @@ def test_plain_tls_without_client_certificates(pki, influx):
 
 
 def test_tokens_file_errors_are_one_line_and_never_show_a_token(tmp_path):
-    from collector.auth import TokenTable
+    from fabricscope.collector.auth import TokenTable
     from fabricscope.errors import UserError
     bad = tmp_path / "tokens"
     bad.write_text(f"{TOKEN0}: node0\nshort: node1\n")

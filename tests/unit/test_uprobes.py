@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from agent import uprobes
-from agent.uprobes import Hook, LibraryUprobes, UprobeProbe
+from fabricscope.agent import uprobes
+from fabricscope.agent.uprobes import Hook, LibraryUprobes, UprobeProbe
 
 LIB = re.compile(r"^libdemo\.so(\.\d+)*$")
 HOOKS = [Hook("op_a", "a_entry", "op_return"), Hook("op_b", "b_entry"),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from lab.stack import http_get, metric_value
+from fabricscope.lab.stack import http_get, metric_value
 
 ROOT = Path(__file__).resolve().parents[2]
 

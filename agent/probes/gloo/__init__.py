@@ -5,4 +5,4 @@ probe (GlooProbe), layout (the options structs' offsets, per torch build), procs
 steps (steps and phases inferred from the collective windows).
 """
 
-PROBES = {"gloo": "agent.probes.gloo.probe:GlooProbe"}
+PROBES = {"gloo": "fabricscope.agent.probes.gloo.probe:GlooProbe"}

@@ -56,13 +56,13 @@ import threading
 import time
 from pathlib import Path
 
-from agent import bpf
-from agent.probes.gloo import layout
-from agent.probes.base import ProbeContext, ProbeUnavailable
-from agent.probes.base import ringbuf_pages as ringbuf_pages_for
-from agent.probes.gloo.procs import ProcessTable
-from agent.probes.gloo.records import CPU_SAMPLE_S, CpuSamples, ProcessState
-from agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
+from fabricscope.agent import bpf
+from fabricscope.agent.probes.gloo import layout
+from fabricscope.agent.probes.base import ProbeContext, ProbeUnavailable
+from fabricscope.agent.probes.base import ringbuf_pages as ringbuf_pages_for
+from fabricscope.agent.probes.gloo.procs import ProcessTable
+from fabricscope.agent.probes.gloo.records import CPU_SAMPLE_S, CpuSamples, ProcessState
+from fabricscope.agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
 from fabricscope import cgroupcpu
 from fabricscope.errors import UserError
 

@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.kube.resolver import PodIdentity, Resolution
-from agent.procmaps import parse_environ
+from fabricscope.agent.kube.resolver import PodIdentity, Resolution
+from fabricscope.agent.procmaps import parse_environ
 from fabricscope.jobs import tags_from_env
 
 

@@ -17,9 +17,9 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from agent.probes.gloo.layout import Collective
-from agent.probes.gloo.procs import ProcessInfo
-from agent.probes.gloo.steps import OpenStep, Phase, Step, StepTracker
+from fabricscope.agent.probes.gloo.layout import Collective
+from fabricscope.agent.probes.gloo.procs import ProcessInfo
+from fabricscope.agent.probes.gloo.steps import OpenStep, Phase, Step, StepTracker
 from fabricscope import busbw, trafficmodel
 from fabricscope.cgroupcpu import CgroupCpu
 from fabricscope.records import Record

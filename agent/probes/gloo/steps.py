@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.probes.gloo.layout import Collective
+from fabricscope.agent.probes.gloo.layout import Collective
 
 MERGE_GAP_NS = 200_000        # windows closer than this belong to one burst
 MIN_GROUPS = 2                # complete groups needed before G is trusted

@@ -5,5 +5,5 @@ log_source (NcclLogSource: follows NCCL_DEBUG=INFO output), log_tail (file
 following), logparse (log lines into records).
 """
 
-PROBES = {"nccl": "agent.probes.nccl.probe:NcclProbe",
-          "nccl_log": "agent.probes.nccl.log_source:NcclLogSource"}
+PROBES = {"nccl": "fabricscope.agent.probes.nccl.probe:NcclProbe",
+          "nccl_log": "fabricscope.agent.probes.nccl.log_source:NcclLogSource"}

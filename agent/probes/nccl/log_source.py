@@ -23,9 +23,9 @@ import os
 import stat
 import time
 
-from agent.probes.nccl.log_tail import FileTail, StreamTail
-from agent.probes.nccl.logparse import BLANK, FOREIGN, GARBLED, IGNORED, RECORD, parse_line
-from agent.probes.base import Probe, ProbeContext, ProbeUnavailable
+from fabricscope.agent.probes.nccl.log_tail import FileTail, StreamTail
+from fabricscope.agent.probes.nccl.logparse import BLANK, FOREIGN, GARBLED, IGNORED, RECORD, parse_line
+from fabricscope.agent.probes.base import Probe, ProbeContext, ProbeUnavailable
 from fabricscope.errors import UserError
 from fabricscope.records import Record
 

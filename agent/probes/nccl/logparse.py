@@ -18,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from agent.probes.nccl import logparse_net as net
-from agent.probes.nccl import logparse_settings as settings
-from agent.probes.nccl import logparse_topology as topology
-from agent.probes.nccl.logparse_prefix import (
+from fabricscope.agent.probes.nccl import logparse_net as net
+from fabricscope.agent.probes.nccl import logparse_settings as settings
+from fabricscope.agent.probes.nccl import logparse_topology as topology
+from fabricscope.agent.probes.nccl.logparse_prefix import (
     Garbled, Launcher, LogLine, parse_timestamp, read_launcher, split_line)
-from agent.probes.nccl.logparse_records import to_record
+from fabricscope.agent.probes.nccl.logparse_records import to_record
 from fabricscope.records import Record
 
 __all__ = ["BLANK", "FOREIGN", "GARBLED", "IGNORED", "RECORD", "Outcome", "Parsed",

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import re
 
-from agent.probes.nccl.logparse_facts import (
+from fabricscope.agent.probes.nccl.logparse_facts import (
     ErrorTrace, IbCompletion, IbRequest, NetDevice, NetDevices, NetKind, Network, SocketThreads,
     Warn)
-from agent.probes.nccl.logparse_prefix import Garbled, LogLine, to_int
+from fabricscope.agent.probes.nccl.logparse_prefix import Garbled, LogLine, to_int
 
 _NETWORK = re.compile(r"^Using network (?P<net>\S.*)$")
 _SOCK_THREADS = re.compile(

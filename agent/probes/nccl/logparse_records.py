@@ -9,8 +9,8 @@ the pid is Ray's when Ray's prefix gave one).
 
 from __future__ import annotations
 
-from agent.probes.nccl import logparse_facts as f
-from agent.probes.nccl.logparse_prefix import INT64_MAX, INT64_MIN, Garbled, Launcher, LogLine
+from fabricscope.agent.probes.nccl import logparse_facts as f
+from fabricscope.agent.probes.nccl.logparse_prefix import INT64_MAX, INT64_MIN, Garbled, Launcher, LogLine
 from fabricscope import busbw
 from fabricscope.records import Record
 

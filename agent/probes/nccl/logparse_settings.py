@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import re
 
-from agent.probes.nccl.logparse_facts import (
+from fabricscope.agent.probes.nccl.logparse_facts import (
     Affinity, ChannelCounts, EnvSetting, NvlsSupport, Thresholds, Version)
-from agent.probes.nccl.logparse_prefix import Garbled, to_int
+from fabricscope.agent.probes.nccl.logparse_prefix import Garbled, to_int
 
 VERSION = re.compile(r"(?:^|(?<=[\s:>\])|]))NCCL version (?P<v>\d+\.\d+\.\d+[^\s+]*)"
                      r"(?:\+cuda(?P<cuda>\d+\.\d+))?(?:\s.*)?$")

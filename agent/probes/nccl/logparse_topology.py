@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import re
 
-from agent.probes.nccl.logparse_facts import (
+from fabricscope.agent.probes.nccl.logparse_facts import (
     Channel, Coll, Comm, CommEvent, CommShape, Direction, Ring, RingOrder, Tree, TreeHalf)
-from agent.probes.nccl.logparse_prefix import Garbled, to_int, to_u64
+from fabricscope.agent.probes.nccl.logparse_prefix import Garbled, to_int, to_u64
 
 _CHANNEL = re.compile(
     r"^Channel (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<sr>\d+)\[(?P<sd>-?[0-9a-fA-F]+)\] -> "

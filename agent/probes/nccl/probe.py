@@ -38,14 +38,14 @@ import os
 import re
 from pathlib import Path
 
-from agent import bpf
-from agent.probes.base import ProbeContext
-from agent.probes.base import ringbuf_pages as ringbuf_pages_for
-from agent.probes.gloo.procs import ProcessTable
-from agent.probes.nccl.layout import APIS, STAT_NAMES, DecodeError, NcclEventC, decode
-from agent.probes.nccl.records import CommTable, observe, to_record
-from agent.probes.nccl.steps import StepRecords
-from agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
+from fabricscope.agent import bpf
+from fabricscope.agent.probes.base import ProbeContext
+from fabricscope.agent.probes.base import ringbuf_pages as ringbuf_pages_for
+from fabricscope.agent.probes.gloo.procs import ProcessTable
+from fabricscope.agent.probes.nccl.layout import APIS, STAT_NAMES, DecodeError, NcclEventC, decode
+from fabricscope.agent.probes.nccl.records import CommTable, observe, to_record
+from fabricscope.agent.probes.nccl.steps import StepRecords
+from fabricscope.agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
 from fabricscope.errors import UserError
 
 log = logging.getLogger("fabricscope.agent.nccl")

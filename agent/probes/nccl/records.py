@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from agent.probes.base import Clock
-from agent.probes.nccl.layout import NONE, ROOTED_OPS, NcclEvent
+from fabricscope.agent.probes.base import Clock
+from fabricscope.agent.probes.nccl.layout import NONE, ROOTED_OPS, NcclEvent
 from fabricscope import busbw
 from fabricscope.records import Record
 

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.probes.gloo.procs import ProcessTable
-from agent.probes.gloo.steps import SEPARATION
-from agent.probes.ncclprof.records import job_tags
+from fabricscope.agent.probes.gloo.procs import ProcessTable
+from fabricscope.agent.probes.gloo.steps import SEPARATION
+from fabricscope.agent.probes.ncclprof.records import job_tags
 from fabricscope.records import Record
 
 MIN_REPEATS = 3          # repetitions of the sequence needed before it is trusted

@@ -3,4 +3,4 @@ read from its per-process shared-memory rings: layout (the ring's C layout mirro
 reader (one ring, read incrementally), records (decoded records into Records), probe
 (NcclProfProbe: finds the rings, attributes them to jobs, removes a dead process's)."""
 
-PROBES = {"ncclprof": "agent.probes.ncclprof.probe:NcclProfProbe"}
+PROBES = {"ncclprof": "fabricscope.agent.probes.ncclprof.probe:NcclProfProbe"}

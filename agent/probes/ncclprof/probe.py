@@ -29,11 +29,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.probes.base import Probe, ProbeContext, ProbeUnavailable
-from agent.probes.gloo.procs import ProcessTable
-from agent.probes.ncclprof.layout import Kind
-from agent.probes.ncclprof.reader import RingError, RingReader, ring_paths
-from agent.probes.ncclprof.records import ProxyWindow, collective_record, job_tags
+from fabricscope.agent.probes.base import Probe, ProbeContext, ProbeUnavailable
+from fabricscope.agent.probes.gloo.procs import ProcessTable
+from fabricscope.agent.probes.ncclprof.layout import Kind
+from fabricscope.agent.probes.ncclprof.reader import RingError, RingReader, ring_paths
+from fabricscope.agent.probes.ncclprof.records import ProxyWindow, collective_record, job_tags
 from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.ncclprof")

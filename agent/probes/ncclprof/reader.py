@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.probes.ncclprof.layout import (
+from fabricscope.agent.probes.ncclprof.layout import (
     ALGOS, DTYPES, FUNCS, HEADER_SIZE, MAGIC, PROTOS, RECORD_SIZE, VERSION, Counter, Flag, Kind,
     RawRecord, RingHeader, Wait)
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.probes.gloo.procs import ProcessInfo
-from agent.probes.ncclprof.layout import Flag, Kind, Wait
-from agent.probes.ncclprof.reader import NcclProfRecord
+from fabricscope.agent.probes.gloo.procs import ProcessInfo
+from fabricscope.agent.probes.ncclprof.layout import Flag, Kind, Wait
+from fabricscope.agent.probes.ncclprof.reader import NcclProfRecord
 from fabricscope.jobs import tags_from_env
 from fabricscope.records import Record
 

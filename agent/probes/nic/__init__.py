@@ -6,4 +6,4 @@ stats, skb/kfree_skb reasons), settings (link speeds), bpfmap (raw map syscalls)
 standalone (`python -m agent.probes.nic.standalone`: the probe alone, JSON lines).
 """
 
-PROBES = {"nic": "agent.probes.nic.probe:NicProbe"}
+PROBES = {"nic": "fabricscope.agent.probes.nic.probe:NicProbe"}

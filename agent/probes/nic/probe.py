@@ -40,17 +40,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.probes.nic import bpfmap as nic_bpfmap
+from fabricscope.agent.probes.nic import bpfmap as nic_bpfmap
 
-from agent.probes.nic import drops as nic_drops
+from fabricscope.agent.probes.nic import drops as nic_drops
 
-from agent.probes.nic import qdisc as nic_qdisc
-from agent.probes.nic import settings as settings_mod
-from agent.probes.base import Probe, ProbeUnavailable
-from agent.probes.nic.flows import KEY_DTYPE, VAL_DTYPE, FlowDelta, FlowTable
-from agent.probes.nic.history import BinHistory
-from agent.probes.nic.ring import BIN_DTYPE, RingSet, mapped_reader
-from agent.probes.nic.window import (Burst, BurstDetector, BurstSelector, WindowAssembler,
+from fabricscope.agent.probes.nic import qdisc as nic_qdisc
+from fabricscope.agent.probes.nic import settings as settings_mod
+from fabricscope.agent.kernel import Capability
+from fabricscope.agent.probes.base import Probe, ProbeUnavailable
+from fabricscope.agent.probes.nic.flows import KEY_DTYPE, VAL_DTYPE, FlowDelta, FlowTable
+from fabricscope.agent.probes.nic.history import BinHistory
+from fabricscope.agent.probes.nic.ring import BIN_DTYPE, RingSet, mapped_reader
+from fabricscope.agent.probes.nic.window import (Burst, BurstDetector, BurstSelector, WindowAssembler,
                                      WindowGrid, WindowStats, window_shift)
 from fabricscope.errors import UserError
 from fabricscope.records import Record
@@ -72,6 +73,7 @@ L2_LEN = {1: 14, 772: 14}          # ARPHRD_ETHER, ARPHRD_LOOPBACK; others: raw 
 class NicProbe(Probe):
     name = "nic"
     needs_bpf = True
+    capabilities = (Capability.BPF, Capability.PERFMON, Capability.NET_ADMIN)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -157,7 +159,7 @@ class NicProbe(Probe):
             register_interface(self._bpf, link.index, slot * 2, L2_LEN.get(link.arphrd, 0))
 
     def _attach_tc(self) -> None:
-        from agent import tc
+        from fabricscope.agent import tc
 
         kind = type(self._bpf).SCHED_CLS
         fns = {"ingress": self._bpf.load_func(b"fs_nic_ingress", kind),
@@ -346,7 +348,7 @@ class NicProbe(Probe):
         (see __init__), the kernel's FS_NIC_STAT_*, and the TC programs' run time
         (bpf_run_ns, bpf_runs: 0 unless sysctl kernel.bpf_stats_enabled=1)."""
         if self._bpf is not None:
-            from agent import bpf
+            from fabricscope.agent import bpf
             kernel = dict(zip(KERNEL_STATS, bpf.percpu_sums(self._bpf[b"stats"],
                                                             len(KERNEL_STATS))))
             if self._ring_packets is not None:     # the programs count no skbs themselves
@@ -419,7 +421,7 @@ def _item_size(ctype) -> int:
 
 
 def _compile(s, n_ifaces: int, cpu_ids: int, drops, extra: list[str]):
-    from agent import bpf
+    from fabricscope.agent import bpf
 
     flags = [f"-DFS_NIC_BIN_NS={s.bin_ns}", f"-DFS_NIC_RING_SLOTS={s.ring_slots}",
              f"-DFS_NIC_CPUS={cpu_ids}",

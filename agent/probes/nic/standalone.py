@@ -27,7 +27,7 @@ def _emit(obj) -> None:
 
 
 def run(argv: list[str] | None = None) -> int:
-    from agent.config import AgentConfig
+    from fabricscope.agent.config import AgentConfig
     from fabricscope import config as fconfig
 
     parser = argparse.ArgumentParser(prog="nic_standalone", description=__doc__.split("\n")[0])
@@ -40,10 +40,10 @@ def run(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
-    from agent import kernel
+    from fabricscope.agent import kernel
     kernel.prepare(cfg.kernel_headers)
-    from agent.probes.base import Clock, ProbeContext, effective_poll_interval
-    from agent.probes.nic.probe import NicProbe
+    from fabricscope.agent.probes.base import Clock, ProbeContext, effective_poll_interval
+    from fabricscope.agent.probes.nic.probe import NicProbe
 
     probe = NicProbe(ProbeContext(cfg.node, frozenset(), Clock(), cfg))
     try:
@@ -69,7 +69,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    from agent.probes.base import ProbeUnavailable
+    from fabricscope.agent.probes.base import ProbeUnavailable
     try:
         sys.exit(run())
     except UserError as exc:

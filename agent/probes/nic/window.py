@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from agent.probes.nic.ring import Bins
+from fabricscope.agent.probes.nic.ring import Bins
 
 
 def p99(nonzero: np.ndarray, total: int, q: float = 0.99) -> float:

@@ -10,7 +10,7 @@ rx_sampler, rx_diag and tcp_info (receive-side counters of each socket, from its
 tcp_info through sock_diag, added to the flow windows).
 """
 
-PROBES = {"tcp_retransmit": "agent.probes.tcp.retransmit:TcpRetransmitProbe",
-          "tcp_flows": "agent.probes.tcp.flows:TcpFlowsProbe"}
+PROBES = {"tcp_retransmit": "fabricscope.agent.probes.tcp.retransmit:TcpRetransmitProbe",
+          "tcp_flows": "fabricscope.agent.probes.tcp.flows:TcpFlowsProbe"}
 #: tcp_flows compiles tcp_retransmit's programs into its own object: never both
 INCLUDES = {"tcp_flows": ("tcp_retransmit",)}

@@ -12,7 +12,7 @@ import ipaddress
 import re
 from pathlib import Path
 
-from agent import bpf
+from fabricscope.agent import bpf
 
 # 0: not a state; a close seen only at socket teardown does not know the one before
 TCP_STATES = {0: "UNKNOWN", 1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1",

@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 
-from agent.probes.tcp.common import FsFlow, flow_key, flow_tags, state_name
+from fabricscope.agent.probes.tcp.common import FsFlow, flow_key, flow_tags, state_name
 from fabricscope.records import Record
 
 RTT_BUCKETS = 24          # FS_RTT_BUCKETS

@@ -57,18 +57,18 @@ import time
 
 import numpy as np
 
-from agent import bpf
-from agent.probes.nic import bpfmap as nic_bpfmap
-from agent.probes.base import ProbeUnavailable
-from agent.probes.tcp.common import FsFlow, flow_key
-from agent.probes.tcp.flow_layout import (FLOW_DTYPE, FLOW_STATS, SOCK_DTYPE, STAT_DTYPE,
+from fabricscope.agent import bpf
+from fabricscope.agent.probes.nic import bpfmap as nic_bpfmap
+from fabricscope.agent.probes.base import ProbeUnavailable
+from fabricscope.agent.probes.tcp.common import FsFlow, flow_key
+from fabricscope.agent.probes.tcp.flow_layout import (FLOW_DTYPE, FLOW_STATS, SOCK_DTYPE, STAT_DTYPE,
                                           FlowEvent, FlowStat, Sock, connecting_pid,
                                           decode_flow_event)
-from agent.probes.tcp.hooks import MAX_FLOW_MAP_BYTES, FlowSettings, hook_cflags
-from agent.probes.tcp.retransmit import STATS, TcpRetransmitProbe, record_flow
-from agent.probes.tcp.rx_sampler import RxSampler, merge_into
-from agent.probes.tcp.sweep import Sweeper, live_cookies, replay_destroy
-from agent.probes.tcp.window import (FlowRetrans, NodeTally, flow_fields, flow_record,
+from fabricscope.agent.probes.tcp.hooks import MAX_FLOW_MAP_BYTES, FlowSettings, hook_cflags
+from fabricscope.agent.probes.tcp.retransmit import STATS, TcpRetransmitProbe, record_flow
+from fabricscope.agent.probes.tcp.rx_sampler import RxSampler, merge_into
+from fabricscope.agent.probes.tcp.sweep import Sweeper, live_cookies, replay_destroy
+from fabricscope.agent.probes.tcp.window import (FlowRetrans, NodeTally, flow_fields, flow_record,
                                      merge_slots, node_record, retrans_only_fields)
 from fabricscope.records import Record
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.probes.base import ProbeUnavailable
-from agent.probes.tcp.common import tracepoint_field_types
+from fabricscope.agent.probes.base import ProbeUnavailable
+from fabricscope.agent.probes.tcp.common import tracepoint_field_types
 
 #: hook -> (cflag, fields the program reads)
 HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from agent.kube.resolver import PodIdentity
-from agent.procmaps import parse_environ
+from fabricscope.agent.kube.resolver import PodIdentity
+from fabricscope.agent.procmaps import parse_environ
 from fabricscope.jobs import tags_from_env
 
 #: (local address, local port, remote address, remote port); addresses as text

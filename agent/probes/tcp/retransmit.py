@@ -61,14 +61,15 @@ import logging
 import os
 import re
 
-from agent import addresses as addrs
-from agent import bpf, tc
-from agent.probes.tcp.owners import Owners
-from agent.probes.base import Probe, ProbeUnavailable
-from agent.probes.base import ringbuf_pages as ringbuf_pages_for
-from agent.probes.tcp.common import (FsFlow, addr_key, addr_text, fill_own_addrs,  # noqa: F401
+from fabricscope.agent import addresses as addrs
+from fabricscope.agent import bpf, tc
+from fabricscope.agent.kernel import Capability
+from fabricscope.agent.probes.tcp.owners import Owners
+from fabricscope.agent.probes.base import Probe, ProbeUnavailable
+from fabricscope.agent.probes.base import ringbuf_pages as ringbuf_pages_for
+from fabricscope.agent.probes.tcp.common import (FsFlow, addr_key, addr_text, fill_own_addrs,  # noqa: F401
                                      flow_key, flow_tags, state_name)
-from agent.tc import TcPrograms
+from fabricscope.agent.tc import TcPrograms
 from fabricscope.records import Record
 
 log = logging.getLogger("fabricscope.agent.tcp_retransmit")
@@ -206,6 +207,8 @@ class OwnerTagger:
 class TcpRetransmitProbe(Probe):
     name = "tcp_retransmit"
     needs_bpf = True
+    # tracepoints, and a TC program that counts segments on the wire
+    capabilities = (Capability.BPF, Capability.PERFMON, Capability.NET_ADMIN)
     family = "tcp_retransmit"          # the bpf/<family>.bpf.c this probe compiles
 
     def __init__(self, ctx):

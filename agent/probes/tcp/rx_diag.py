@@ -29,10 +29,10 @@ import socket
 import struct
 from typing import NamedTuple
 
-from agent.probes.tcp.common import addr_text
-from agent.probes.tcp.sweep import (_NLMSG, NETLINK_SOCK_DIAG, NLM_F_DUMP, NLM_F_REQUEST,
+from fabricscope.agent.probes.tcp.common import addr_text
+from fabricscope.agent.probes.tcp.sweep import (_NLMSG, NETLINK_SOCK_DIAG, NLM_F_DUMP, NLM_F_REQUEST,
                                     NLMSG_DONE, NLMSG_ERROR, SOCK_DIAG_BY_FAMILY)
-from agent.probes.tcp.tcp_info import decode_rx
+from fabricscope.agent.probes.tcp.tcp_info import decode_rx
 
 INET_DIAG_INFO = 2
 _REQ = struct.Struct("=BBBxI48x")    # inet_diag_req_v2 without a socket id

@@ -28,10 +28,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from agent.probes.tcp.common import addr_key
-from agent.probes.tcp.rx_diag import SockRx, dump_rx
-from agent.probes.tcp.tcp_info import counter_delta
-from agent.probes.tcp.window import retrans_only_fields
+from fabricscope.agent.probes.tcp.common import addr_key
+from fabricscope.agent.probes.tcp.rx_diag import SockRx, dump_rx
+from fabricscope.agent.probes.tcp.tcp_info import counter_delta
+from fabricscope.agent.probes.tcp.window import retrans_only_fields
 
 log = logging.getLogger("fabricscope.agent.tcp_rx")
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.probes.nic import bpfmap as nic_bpfmap
+from fabricscope.agent.probes.nic import bpfmap as nic_bpfmap
 
 log = logging.getLogger("fabricscope.agent.tcp_sweep")
 

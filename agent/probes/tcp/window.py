@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.probes.tcp.common import flow_tags
-from agent.probes.tcp.flow_layout import SSTHRESH_INFINITE
+from fabricscope.agent.probes.tcp.common import flow_tags
+from fabricscope.agent.probes.tcp.flow_layout import SSTHRESH_INFINITE
 from fabricscope.records import Record
 
 U32_MAX = 0xFFFFFFFF
