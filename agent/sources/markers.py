@@ -26,6 +26,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fabricscope.agent.kube.resolver import Resolution
 from fabricscope.agent.probes.base import Probe, ProbeUnavailable
 from fabricscope import markers as fmt
 from fabricscope.services import pid_alive
@@ -77,7 +78,8 @@ class RingReader:
             self.close()
             raise BadRing("metadata is not JSON") from None
         self.capacity, self.pid = capacity, pid
-        self.tags = tags_from_meta(meta if isinstance(meta, dict) else {}, pid)
+        self.meta = meta if isinstance(meta, dict) else {}
+        self.tags = tags_from_meta(self.meta, pid)
         self.read_upto = 0          # entries consumed (index of the next to read)
         self.lost = 0               # entries overwritten before we read them
 
@@ -118,7 +120,46 @@ class RingReader:
 class _Ring:
     reader: RingReader
     inode: int
+    pid: int                                # the writer, as this agent's /proc knows it
     open_step: Entry | None = None          # step marker still waiting for its end
+
+
+def _maps_inode(base: Path, inode: int) -> bool:
+    try:
+        with open(base / "maps") as f:
+            return any(len(fields) > 5 and fields[4] == str(inode)
+                       for fields in (line.split(maxsplit=5) for line in f))
+    except OSError:
+        return False
+
+
+def _innermost_pid(base: Path) -> int | None:
+    try:
+        for line in (base / "status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def writer_pid(proc: Path, header_pid: int, inode: int) -> int | None:
+    """The ring's writer as seen in `proc`: the header holds its pid in its own pid
+    namespace (a pod's, where the agent has the host's: hostPID). It is the process
+    that maps the ring's inode: the header's pid itself where the namespaces agree,
+    else the one whose innermost pid (NSpid) is the header's. None when no process
+    maps it (the writer has exited, or the file was written without a mapping)."""
+    if _maps_inode(proc / str(header_pid), inode):
+        return header_pid
+    try:
+        entries = [e for e in os.scandir(proc) if e.name.isdigit()]
+    except OSError:
+        return None
+    for e in entries:
+        base = Path(e.path)
+        if _innermost_pid(base) == header_pid and _maps_inode(base, inode):
+            return int(e.name)
+    return None
 
 
 @dataclass
@@ -152,8 +193,10 @@ class MarkersSource(Probe):
     name = "markers"
     needs_bpf = False
 
-    def __init__(self, ctx, directory: str | None = None, pid_alive=pid_alive):
+    def __init__(self, ctx, directory: str | None = None, pid_alive=pid_alive,
+                 proc: Path = Path("/proc")):
         super().__init__(ctx)
+        self._proc = proc
         self.dir = Path(directory or getattr(ctx.config, "markers_dir", fmt.DEFAULT_DIR))
         self._pid_alive = pid_alive
         self._rings: dict[Path, _Ring] = {}
@@ -177,7 +220,7 @@ class MarkersSource(Probe):
         self._discover()
         out: list[Record] = []
         for path, ring in list(self._rings.items()):
-            alive = self._pid_alive(ring.reader.pid)   # before reading: no entry after it
+            alive = self._pid_alive(ring.pid)   # before reading: no entry after it
             try:
                 out += self._tracker.feed(ring, ring.reader.read_new())
             except BadRing as exc:
@@ -203,11 +246,29 @@ class MarkersSource(Probe):
                 inode = de.inode()
                 if (path, inode) in self._skip or not RingReader.initialized(path):
                     continue
-                self._rings[path] = _Ring(RingReader(path), inode)
+                ring = self._open(path, inode)
+                if ring is not None:
+                    self._rings[path] = ring
             except BadRing as exc:
                 self._mark_bad(path, str(exc), inode)
             except OSError:
                 continue        # vanished between scandir and open
+
+    def _open(self, path: Path, inode: int) -> _Ring | None:
+        """The ring with its writer's pid, and in Kubernetes its pod's tags and training
+        job; None while the pod is not listed yet (opened again at the next poll)."""
+        reader = RingReader(path)
+        pid = writer_pid(self._proc, reader.pid, inode) or reader.pid
+        pods = getattr(self.ctx, "pods", None)
+        if pods is not None:
+            resolution, pod = pods.for_pid(self._proc, pid)
+            if resolution is Resolution.PENDING:
+                reader.close()
+                return None
+            if pod is not None:
+                reader.tags = {**tags_from_meta(reader.meta, reader.pid, pod.job, pod.index),
+                               **pod.tags()}
+        return _Ring(reader, inode, pid)
 
     def _mark_bad(self, path: Path, why: str, inode: int) -> None:
         self._skip.add((path, inode))

@@ -7,20 +7,11 @@ NCCL's, gloo's times are EXECUTION windows: gloo::<op>() runs the whole
 collective on the calling (ProcessGroupGloo worker) thread and returns when done.
 """
 
+from fabricscope.measurements import JOB_TAGS as _JOB_TAGS
+from fabricscope.measurements import POD_TAGS as _POD_TAGS
 from fabricscope.schema import Field, Measurement
 
 _SOURCE = "agent probe gloo (bpf/gloo.bpf.c, uprobes on libtorch_cpu.so)"
-_POD_TAGS = {
-    "namespace": "Kubernetes namespace of the process's pod",
-    "pod": "Kubernetes pod the process runs in",
-}
-_JOB_TAGS = {
-    "job": "job id (FABRICSCOPE_JOB, else the Kubernetes job controller's pod label, else "
-           "MASTER_ADDR:MASTER_PORT, else pid), as train_step",
-    "rank": "training rank (RANK env, else the pod's index in its job; '-' when unknown), "
-            "as train_step",
-    **_POD_TAGS,
-}
 
 MEASUREMENTS = [
     Measurement(

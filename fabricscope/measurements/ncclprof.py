@@ -8,22 +8,13 @@ EXECUTION times: the kernel's start and end on the GPU (GPU globaltimer) where N
 gives them.
 """
 
+from fabricscope.measurements import JOB_TAGS as _JOB_TAGS
+from fabricscope.measurements import POD_TAGS as _POD_TAGS
 from fabricscope.schema import Field, Measurement
 
 _PROF = "agent probe ncclprof (profiler/ plugin rings, agent/probes/ncclprof/)"
 _INSPECTOR = "agent source nccl_inspector (NCCL Inspector JSON dumps, NCCL >= 2.28)"
 _STEPS = "agent probe nccl (steps from the calls' repeating pattern, agent/probes/nccl/steps.py)"
-_POD_TAGS = {
-    "namespace": "Kubernetes namespace of the process's pod",
-    "pod": "Kubernetes pod the process runs in",
-}
-_JOB_TAGS = {
-    "job": "job id (FABRICSCOPE_JOB, else the Kubernetes job controller's pod label, else "
-           "MASTER_ADDR:MASTER_PORT, else pid) from the process's environment, as "
-           "gloo_collective and train_step",
-    "rank": "training rank (RANK env, else the pod's index in its job; '-' when unknown)",
-    **_POD_TAGS,
-}
 _COMM = "NCCL communicator hash (hex, as NCCL logs it; the same on every rank)"
 
 MEASUREMENTS = [

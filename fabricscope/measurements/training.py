@@ -1,5 +1,6 @@
 """Measurements of the training markers source (fabricscope/markers.py)."""
 
+from fabricscope.measurements import JOB_TAGS, POD_TAGS
 from fabricscope.schema import Field, Measurement
 
 MEASUREMENTS = [
@@ -7,8 +8,8 @@ MEASUREMENTS = [
         name="train_step",
         doc="One training step as marked by the training script (fabricscope.markers.step).",
         source="agent source markers (agent/sources/markers.py)",
-        tags={"job": "job id (FABRICSCOPE_JOB, else MASTER_ADDR:MASTER_PORT, else pid)",
-              "rank": "training rank (RANK env; '-' when unset)"},
+        tags=JOB_TAGS,
+        optional_tags=frozenset(POD_TAGS),
         fields={
             "step": Field(int, "step", "step number"),
             "seconds": Field(float, "s", "wall time from this step's marker to the next marker"),

@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from fabricscope.agent.kube.resolver import PodIdentity, Resolution
 from fabricscope.agent.probes.base import Clock, ProbeContext
-from fabricscope.agent.sources.markers import MarkersSource
+from fabricscope.agent.sources.markers import MarkersSource, writer_pid
 from fabricscope import markers
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def source(directory: Path, alive=lambda pid: True) -> MarkersSource:
-    ctx = ProbeContext("n0", frozenset(), Clock(), None)
-    src = MarkersSource(ctx, directory=str(directory), pid_alive=alive)
+def source(directory: Path, alive=lambda pid: True, pods=None,
+           proc: Path = Path("/proc")) -> MarkersSource:
+    ctx = ProbeContext("n0", frozenset(), Clock(), None, pods=pods)
+    src = MarkersSource(ctx, directory=str(directory), pid_alive=alive, proc=proc)
     src.attach()
     return src
 
@@ -135,3 +137,60 @@ def test_unwritable_directory_makes_the_source_unavailable(tmp_path):
     ctx = ProbeContext("n0", frozenset(), Clock(), None)
     with pytest.raises(ProbeUnavailable, match="markers directory"):
         MarkersSource(ctx, directory=str(blocker / "sub")).attach()
+
+
+class OnePod:
+    """A PodResolver that places every process in one pod of a training job
+    (agent/kube/resolver.py; the real one is tested in test_kube_*)."""
+
+    def __init__(self, resolution=Resolution.POD):
+        self.resolution = resolution
+        self.asked: list[int] = []
+
+    def for_pid(self, proc, pid):
+        self.asked.append(pid)
+        if self.resolution is not Resolution.POD:
+            return self.resolution, None
+        return Resolution.POD, PodIdentity("team-a", "llama-worker-1", "uid-1",
+                                           job="team-a/llama", index="1")
+
+
+def test_a_ring_in_a_pod_carries_its_pod_and_its_training_job(tmp_path, writer):
+    pods = OnePod()
+    src = source(tmp_path, pods=pods)
+    markers.step(0)
+    markers.step(1)
+    (rec,) = src.poll()
+    assert rec.tags == {"job": "team-a/llama", "rank": "1", "namespace": "team-a",
+                        "pod": "llama-worker-1"}
+    assert pods.asked == [os.getpid()]      # the writer maps its ring: found by its pid
+
+
+def test_a_ring_whose_pod_is_not_listed_yet_is_read_once_it_is(tmp_path, writer):
+    pods = OnePod(Resolution.PENDING)
+    src = source(tmp_path, pods=pods)
+    markers.step(0)
+    markers.step(1)
+    assert src.poll() == []
+    pods.resolution = Resolution.POD
+    assert [r.tags["job"] for r in src.poll()] == ["team-a/llama"]
+
+
+def fake_proc(root: Path, pid: int, nspid: str, maps_inode: int | None) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "status").write_text(f"Name:\tpython\nNSpid:\t{nspid}\n")
+    line = "7f00-7f10 rw-s 00000000 00:1a {} /run/fabricscope/markers/7.ring\n"
+    (d / "maps").write_text(line.format(maps_inode) if maps_inode is not None else "")
+
+
+def test_a_writer_in_its_own_pid_namespace_is_found_by_the_ring_it_maps(tmp_path):
+    # the header says pid 7 (the pod's pid namespace); on the host it is 4242. The
+    # host's pid 7 is another process, which does not map the ring
+    fake_proc(tmp_path, 7, "7", None)
+    fake_proc(tmp_path, 4100, "4100 7", 999)          # another pod's pid 7
+    fake_proc(tmp_path, 4242, "4242 7", 1234)
+    assert writer_pid(tmp_path, 7, 1234) == 4242
+    assert writer_pid(tmp_path, 7, 5555) is None      # nobody maps it: exited
+    fake_proc(tmp_path, 9, "9", 1234)
+    assert writer_pid(tmp_path, 9, 1234) == 9         # one pid namespace: the header's
