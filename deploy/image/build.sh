@@ -5,8 +5,10 @@
 # (its python3 is the CPython 3.11 the wheel and its dependencies are built for),
 # with fabricscope and its Python dependencies installed under
 # /usr/local/lib/python3.11/dist-packages and /usr/local/bin/fabricscope. The agent's
-# adds Debian's BCC (python3-bpfcc); kernel headers come from the node
-# (/lib/modules and /usr/src, mounted by the DaemonSet). The collector's has neither.
+# adds Debian's BCC (python3-bpfcc) and the NCCL profiler plugin
+# (/usr/local/lib/fabricscope/, for the DaemonSet's init container to put on the node);
+# kernel headers come from the node (/lib/modules and /usr/src, mounted by the
+# DaemonSet). The collector's has neither.
 #
 # Environment:
 #   IMAGE_OUT      where to build (default build/image; emptied first)
@@ -43,19 +45,26 @@ log=$OUT/build.log
 "$VENV/bin/pip" install -q --target "$OUT/site" "$OUT"/wheels/fabricscope-*.whl >>"$log" 2>&1 \
   || fail "installing the wheel's dependencies failed (see $log)" "check access to PyPI"
 rm -rf "$OUT/site/bin"            # console scripts for this venv's python; the image has its own
+# the NCCL profiler plugin (C, libc only), which the agent's image carries for the
+# DaemonSet's init container to drop on the node for training pods
+make -s -C profiler >>"$log" 2>&1 || fail "building the NCCL profiler plugin failed (see $log)" \
+                                          "install gcc and make"
 
-rootfs() {   # NAME PACKAGES
-  local target=$OUT/$1.tar
-  [ "$FORMAT" = dir ] && { target=$OUT/$1/; mkdir -p "$target"; }
-  mmdebstrap --quiet --variant=apt --include="$2" \
+rootfs() {   # NAME PACKAGES [HOOK...]
+  local name=$1 packages=$2 target=$OUT/$1.tar
+  shift 2
+  [ "$FORMAT" = dir ] && { target=$OUT/$name/; mkdir -p "$target"; }
+  mmdebstrap --quiet --variant=apt --include="$packages" "$@" \
     --customize-hook="mkdir -p \"\$1/$SITE\" && cp -a '$OUT/site/.' \"\$1/$SITE/\"" \
     --customize-hook="printf '#!/usr/bin/python3\nimport sys\nfrom fabricscope.cli import main\nsys.exit(main())\n' > \"\$1/usr/local/bin/fabricscope\" && chmod 755 \"\$1/usr/local/bin/fabricscope\"" \
     --customize-hook="rm -rf \"\$1\"/var/lib/apt/lists/* \"\$1\"/var/cache/apt/*" \
     bookworm "$target" "deb $MIRROR bookworm main" "deb $SECURITY bookworm-security main" \
-    >>"$log" 2>&1 || fail "mmdebstrap failed for the $1 image (see $log)" \
+    >>"$log" 2>&1 || fail "mmdebstrap failed for the $name image (see $log)" \
                            "check access to $MIRROR"
 }
-rootfs agent python3,python3-bpfcc,iproute2
+plugin=$PWD/profiler/build/libnccl-profiler-fabricscope.so
+rootfs agent python3,python3-bpfcc,iproute2 \
+  --customize-hook="install -D -m 644 '$plugin' \"\$1/usr/local/lib/fabricscope/libnccl-profiler-fabricscope.so\""
 rootfs collector python3
 
 if [ "$FORMAT" = tar ]; then

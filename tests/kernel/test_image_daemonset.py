@@ -8,6 +8,7 @@ stops with the one line that names it."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -124,6 +125,25 @@ def stop_container(popen: subprocess.Popen) -> None:
         popen.wait(timeout=30)
     except subprocess.TimeoutExpired:
         terminate(popen, 10)
+
+
+def test_the_init_container_puts_the_nccl_profiler_plugin_on_the_node(images, tmp_path):
+    """With no capability and a read-only root, as the manifest runs it: the plugin
+    the image carries lands in the node's directory, whole, and NCCL finds its
+    entry points in it."""
+    init = agent_pod().init_container("nccl-profiler")
+    assert init.granted() == []
+    proc = subprocess.run(init.argv(images / "agent", tmp_path, "node0"), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    (mount,) = init.container["volumeMounts"]
+    placed = tmp_path / "host" / mount["name"]
+    assert sorted(p.name for p in placed.iterdir()) == ["libnccl-profiler-fabricscope.so"]
+    plugin = placed / "libnccl-profiler-fabricscope.so"
+    shipped = images / "agent" / "usr/local/lib/fabricscope/libnccl-profiler-fabricscope.so"
+    assert plugin.read_bytes() == shipped.read_bytes()
+    lib = ctypes.CDLL(str(plugin))
+    assert all(hasattr(lib, f"ncclProfiler_v{v}") for v in range(1, 7))
 
 
 @pytest.mark.parametrize("dropped", ["BPF", "PERFMON", "NET_ADMIN", "SYS_PTRACE"])

@@ -25,6 +25,7 @@ rlimits), and there is no Kubernetes. How each part of the pod spec maps:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +60,12 @@ class AgentPod:
 
     @property
     def capabilities(self) -> list[str]:
-        return list(self.container["securityContext"]["capabilities"]["add"])
+        return list(self.container["securityContext"]["capabilities"].get("add", []))
+
+    def init_container(self, name: str) -> "AgentPod":
+        """The same pod, running its init container `name` instead."""
+        (found,) = [c for c in self.spec.get("initContainers", []) if c["name"] == name]
+        return dataclasses.replace(self, container=found)
 
     def granted(self, drop: str | None = None) -> list[str]:
         """The capabilities the container gets here: the manifest's, less `drop` and
@@ -70,7 +76,7 @@ class AgentPod:
 
     def argv(self, rootfs: Path, workdir: Path, node: str, *extra_args: str,
              drop: str | None = None) -> list[str]:
-        """bwrap's argv for the agent container, with `drop` left out of its
+        """bwrap's argv for the container, with `drop` left out of its
         capabilities; extra_args after the manifest's args."""
         sc = self.container["securityContext"]
         assert not sc.get("privileged") and sc["capabilities"]["drop"] == ["ALL"]
@@ -102,7 +108,8 @@ class AgentPod:
                 argv += ["--setenv", env["name"], node]
             else:
                 argv += ["--setenv", env["name"], env["value"]]
-        return [*argv, "--", *self.container["command"], *self.container["args"], *extra_args]
+        return [*argv, "--", *self.container["command"], *self.container.get("args", []),
+                *extra_args]
 
 
 def agent_pod() -> AgentPod:
