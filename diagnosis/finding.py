@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from fabricscope.diagnosis.causes import MEANING, SEVERITIES, Cause, severity_rank  # noqa: F401
 from fabricscope.records import Record
+from fabricscope.jobs import job_label
 
 #: cause -> what it means
 CAUSES = {str(c): meaning for c, meaning in MEANING.items()}
@@ -94,7 +95,7 @@ class Finding:
             parts[0] += f" ({p['interface']})"
         if p["peer"]:
             parts.append(f"peer {p['peer']}")
-        return ", ".join(x for x in parts if x) or f"job {self.job}"
+        return ", ".join(x for x in parts if x) or f"job {job_label(self.job)}"
 
     def to_json(self) -> dict:
         out = asdict(self)

@@ -11,6 +11,7 @@ import time
 
 from fabricscope.diagnosis.compare import VERDICT_RULE
 from fabricscope.diagnosis.finding import Finding, ordered, primary, taken_over_note
+from fabricscope.jobs import job_label
 
 SECOND = 1_000_000_000
 MARK = {"critical": "!!", "warning": "! ", "info": "  "}
@@ -57,7 +58,7 @@ def findings_text(findings: list[Finding], show_info: bool = True) -> str:
 
 def explain(f: Finding) -> str:
     """The finding's chain of evidence: seen, where, when, what it rules out, what to do."""
-    lines = [f"{f.cause} ({f.severity}) at {f.where}, job {f.job}",
+    lines = [f"{f.cause} ({f.severity}) at {f.where}, job {job_label(f.job)}",
              f"id {f.id}; started {_t(f.start_ns)}, first raised {_t(f.first_seen_ns)}, "
              + (f"ended {_t(f.end_ns)}" if f.end_ns else "still open"),
              "", f.summary]
@@ -91,7 +92,7 @@ def explain(f: Finding) -> str:
 
 
 def compare_text(job: str, before, after, results) -> str:
-    lines = [f"job {job}", f"before {before}  |  after {after}", "",
+    lines = [f"job {job_label(job)}", f"before {before}  |  after {after}", "",
              f"{'metric':<18}{'before':>12}{'after':>12}{'change':>11}{'95% CI of change':>26}"
              f"{'p (adj.)':>10}{'drift b/a':>20}  verdict"]
     for r in results:

@@ -11,7 +11,20 @@ RANK, else the pod's index in its job, '-' when neither is known.
 
 from __future__ import annotations
 
+import re
+
 from fabricscope.markers import META_ENV
+
+#: a Kubernetes training job's id: NAMESPACE/NAME (a DNS label, a DNS subdomain)
+_KUBE_JOB = re.compile(r"^([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)/([a-z0-9](?:[-a-z0-9.]*[a-z0-9])?)$")
+
+
+def job_label(job: str) -> str:
+    """A job as a person names it: a Kubernetes training job (NAMESPACE/NAME) as
+    "NAME in namespace NAMESPACE"; any other id (a rendezvous address, a
+    FABRICSCOPE_JOB) as it is."""
+    m = _KUBE_JOB.match(job)
+    return f"{m.group(2)} in namespace {m.group(1)}" if m else job
 
 
 def tags_from_meta(meta: dict, pid: int, orchestrator_job: str = "",

@@ -28,6 +28,7 @@ from fabricscope.errors import UserError
 from fabricscope.surface import jobclass
 from fabricscope.surface.grafana.queries import agg, raw, select
 from fabricscope.surface.report.data import Scope
+from fabricscope.jobs import job_label
 
 LINK_S = 5                  # links and findings: the last seconds
 COLLECTIVE_S = 10
@@ -186,7 +187,7 @@ def _table(title: str, head: str, rows: list[Line]) -> list[Line]:
 def class_lines(data: TopData) -> list[Line]:
     """One line per job whose classification the frame was handed: its class and the
     rule that decided it."""
-    return [Line(f"job {job}: {jobclass.read(c).headline}", "note")
+    return [Line(f"job {job_label(job)}: {jobclass.read(c).headline}", "note")
             for job, c in sorted(data.classes.items())]
 
 
@@ -236,7 +237,7 @@ def frame(data: TopData | None, width: int, height: int) -> list[Line]:
         text = f"terminal too small ({width}x{height}): needs {MIN_WIDTH}x{MIN_HEIGHT}"
         return [Line(text[:max(1, width - 1)], "critical"), Line("q quits"[:max(1, width - 1)])]
     when = time.strftime("%H:%M:%S", time.localtime(data.at_ns / SECOND)) if data else "-"
-    head = [Line(f"fabricscope top  job {data.job if data and data.job else 'all'}  {when}  "
+    head = [Line(f"fabricscope top  job {job_label(data.job) if data and data.job else 'all'}  {when}  "
                  "q quits", "title")]
     if data is None:
         return head + [Line("reading the store...", "note")]

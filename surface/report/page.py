@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from html import escape
 
 from fabricscope.errors import UserError
+from fabricscope.jobs import job_label
 from fabricscope.surface.report import figures as fig
 from fabricscope.surface.report.data import ReportData, collect, comparison
 from fabricscope.surface.report.html_parts import (compare_html, findings_html, line_rate_html, links_html,
@@ -132,7 +133,7 @@ def render(data: ReportData, plotly_js: str | None = None) -> str:
     secs = sections(data)
     figures = {f.id: f.figure for s in secs for f in s.figures if f.has_data}
     nav = "".join(f'<a href="#{s.id}">{escape(s.title)}</a>' for s in secs)
-    title = f"fabricscope report: job {data.job}"
+    title = f"fabricscope report: job {job_label(data.job)}"
     payload = json.dumps(figures, separators=(",", ":")).replace("</", "<\\/")
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"

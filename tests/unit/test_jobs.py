@@ -21,3 +21,15 @@ def test_environment_follows_the_same_rule_and_ignores_other_variables():
     assert tags_from_env(env, 7) == {"rank": "1", "job": "198.18.0.1:29500"}
     assert tags_from_env({**env, "FABRICSCOPE_JOB": "llm"}, 7) == {"rank": "1", "job": "llm"}
     assert tags_from_env({"PATH": "/bin"}, 7) == {"rank": "-", "job": "7"}
+
+
+def test_a_kubernetes_job_is_named_as_a_person_names_it_and_other_ids_as_they_are():
+    from fabricscope.diagnosis.finding import Finding
+    from fabricscope.diagnosis.present import explain
+    from fabricscope.jobs import job_label
+    assert job_label("research/llama-70b-pretrain") == "llama-70b-pretrain in namespace research"
+    for other in ("198.18.0.1:29500", "job-a", "4242", "a/b/c", "Team/Run"):
+        assert job_label(other) == other
+    f = Finding("lossy_link", "critical", "research/llama-70b-pretrain", {"node": "node1"},
+                1, "Lossy link at node1")
+    assert "job llama-70b-pretrain in namespace research" in explain(f)
