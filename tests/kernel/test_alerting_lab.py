@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fabricscope.services import ALERTMANAGER, PROMETHEUS
+from tests.support.servers import ALERTMANAGER, PROMETHEUS
 
 pytestmark = [
     pytest.mark.root,

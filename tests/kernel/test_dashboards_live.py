@@ -3,7 +3,7 @@
 One lab run for the module: 3 nodes on 1 Gbit/s shaped links, InfluxDB + collector +
 one agent per node (lab.stack, gloo buffer hooks on for the traffic model), a data
 server, 2 % loss on node 1's port and 15 real DDP steps over gloo. Debian's
-Prometheus (fabricscope.services.PrometheusServer) scrapes the collector and the
+Prometheus (tests.support.servers.PrometheusServer) scrapes the collector and the
 agents every second meanwhile.
 
 No Grafana server can run here, so each query is expanded as Grafana would expand
@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from fabricscope.services import PrometheusServer, http_get
+from fabricscope.services import http_get
+from tests.support.servers import PrometheusServer
 from fabricscope.surface.grafana import dashboards
 from fabricscope.surface.grafana.macros import (ALL, ANNOTATION_INTERVAL, TimeRange, Variable, expand_influxql,
                                     expand_promql, panel_interval)
@@ -75,7 +76,7 @@ PROM_MAY_BE_EMPTY = {
 
 
 class LabelledPrometheus(PrometheusServer):
-    """fabricscope.services.PrometheusServer (every second) with whole scrape configs:
+    """tests.support.servers.PrometheusServer (every second) with whole scrape configs:
     the agents' targets carry their `node` label, as deploy/prometheus/
     prometheus.example.yaml relabels them in a cluster."""
 

@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from fabricscope.services import AlertmanagerServer, PrometheusServer
+from tests.support.servers import AlertmanagerServer, PrometheusServer
 from fabricscope.surface.alerting.alertmanager import example
 from fabricscope.surface.alerting.generate import PROMETHEUS_DIR, ROOT
 from fabricscope.surface.metrics import (FINDING_ACTIVE, FINDING_LABELS, JOB_GRAD_SYNC_SLOWDOWN, JOB_JITTER,

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from fabricscope.services import ALERTMANAGER, PROMETHEUS, pid_alive
+from fabricscope.services import pid_alive
+from tests.support.servers import ALERTMANAGER, PROMETHEUS
 from fabricscope.surface.alerting.alertmanager import SEVERITY_RECEIVERS
 from fabricscope.surface.alerting.catalog import INFO_INHIBITOR, by_name, runbook_url
 from fabricscope.surface.alerting.trend_alerts import JITTER_FLOOR_S, JITTER_RATIO, JITTER_SHARE_OF_STEP

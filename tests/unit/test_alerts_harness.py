@@ -10,7 +10,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fabricscope.services import ALERTMANAGER, AlertmanagerServer, http_get
+from fabricscope.services import http_get
+from tests.support.servers import ALERTMANAGER, AlertmanagerServer
 from fabricscope.surface.metrics import FINDING_ACTIVE, JOB_JITTER, JOB_STEP
 from fabricscope.surface.alerting.promql import FindingSeries
 from tests.support.alerting import FabricExporter, WebhookReceiver

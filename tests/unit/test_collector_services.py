@@ -7,7 +7,8 @@ import socket
 
 import pytest
 
-from fabricscope.services import InfluxServer, VictoriaMetricsServer
+from fabricscope.services import InfluxServer
+from tests.support.servers import VictoriaMetricsServer
 
 
 def alive(pid: int) -> bool:

@@ -16,7 +16,8 @@ from fabricscope.collector.sinks.influx_v1 import InfluxV1Sink
 from fabricscope.errors import UserError
 from fabricscope.records import Record
 from fabricscope.selfmetrics import Readiness, SelfMetricsServer
-from fabricscope.services import InfluxServer, VictoriaMetricsServer, free_port
+from fabricscope.services import InfluxServer, free_port
+from tests.support.servers import VictoriaMetricsServer
 from fabricscope.wire import make_batch, pb, pb_grpc
 
 DB = "fs_sink"

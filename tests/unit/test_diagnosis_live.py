@@ -14,7 +14,8 @@ from fabricscope.diagnosis.live import HEARTBEAT_TTL_S, LiveDiagnosis, owner
 from fabricscope.diagnosis.metrics import FINDING_ACTIVE, DiagnosisMetrics
 from fabricscope.diagnosis.store import Store
 from fabricscope.records import Record
-from fabricscope.services import InfluxServer, VictoriaMetricsServer
+from fabricscope.services import InfluxServer
+from tests.support.servers import VictoriaMetricsServer
 from tests.unit.test_diagnosis_evidence import (T0, HopPlan, StepPlan, SynthJob, build,
                                                 to_records)
 

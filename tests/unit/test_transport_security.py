@@ -16,7 +16,8 @@ from fabricscope.collector.config import CollectorConfig
 from fabricscope.collector.server import CollectorThread
 from fabricscope.lab.stack import http_get
 from fabricscope.records import Record
-from fabricscope.services import InfluxServer, VictoriaMetricsServer, free_port
+from fabricscope.services import InfluxServer, free_port
+from tests.support.servers import VictoriaMetricsServer
 from fabricscope.tls import bearer, make_pki
 from fabricscope.wire import make_batch, pb, pb_grpc
 from tests.unit.transport_procs import ServiceProc, synthetic_counts, wait_for
