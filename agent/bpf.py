@@ -2,7 +2,7 @@
 layouts, read per-CPU counters, read tracepoint formats (TC attach: agent/tc.py).
 
 BCC is imported only inside functions: the agent must prepare the kernel
-(agent.kernel.prepare: tracefs, headers) before the first `import bcc`, because
+(fabricscope.agent.kernel.prepare: tracefs, headers) before the first `import bcc`, because
 BCC picks its tracefs path at import time.
 """
 

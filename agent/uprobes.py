@@ -230,7 +230,7 @@ def shared_maps(ctx: ProbeContext, proc: Path):
 
 def exported_symbols(path: bytes, regex: bytes) -> set[str]:
     """Names of the functions the ELF file at `path` defines that match `regex`."""
-    from bcc import BPF   # not at import: BCC must come after agent.kernel.prepare()
+    from bcc import BPF   # not at import: BCC must come after fabricscope.agent.kernel.prepare()
     return {name.decode() for name, _ in BPF.get_user_functions_and_addresses(path, regex)}
 
 

@@ -1,6 +1,6 @@
 """Benchmarks (`fabricscope bench NAME`): ratios against a baseline in the same run.
 
-Registry: benchmark name -> module exposing BENCH (a bench.harness.Benchmark), or
+Registry: benchmark name -> module exposing BENCH (a fabricscope.bench.harness.Benchmark), or
 "module:NAME" for another Benchmark of that module.
 Modules are imported only when their benchmark runs or is listed.
 """

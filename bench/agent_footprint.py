@@ -1,7 +1,7 @@
 """agent-footprint: what one agent costs its node, idle and under DDP traffic.
 
 A 3-node lab with InfluxDB, a collector and one agent per node (the agent's
-default probes, shipping), all real (lab.stack). Baseline round:
+default probes, shipping), all real (fabricscope.lab.stack). Baseline round:
 the agents idle for `--steps` x 1 s. Subject round: a real gloo DDP run of
 `--steps` steps (8 MiB model) on the three nodes. The figure: agent CPU seconds
 per wall second (utime + stime from /proc/PID/stat, mean over the 3 agents) over

@@ -8,7 +8,7 @@ after) are read from each agent's program fds (/proc/PID/fdinfo: run_cnt,
 run_time_ns) before and after `--seconds` of training. Program names come from the
 kernel (BPF_PROG_GET_FD_BY_ID + BPF_OBJ_GET_INFO_BY_FD; the first 15 characters).
 
-    python -m bench.bpf_programs [--seconds 10] [--model-mb 8]
+    python -m fabricscope.bench.bpf_programs [--seconds 10] [--model-mb 8]
 
 The three agents share this kernel: a tracepoint program runs three times per event
 (twice leaving at the address check), so divide those rows by three for a node of

@@ -1,7 +1,7 @@
 """How often compare invents a change, and how often it sees a real one.
 
-    FABRICSCOPE_MATRIX_DUMP=/tmp/dump python -m bench.diagnosis_matrix --set dev --runs 12
-    python -m bench.compare_calibration /tmp/dump/*-healthy.json.gz /tmp/dump/*-cleared.json.gz
+    FABRICSCOPE_MATRIX_DUMP=/tmp/dump python -m fabricscope.bench.diagnosis_matrix --set dev --runs 12
+    python -m fabricscope.bench.compare_calibration /tmp/dump/*-healthy.json.gz /tmp/dump/*-cleared.json.gz
 
 From matrix dumps (bench/scenarios._dump), the step times of each job's reference
 rank (its lowest), as compare reads them:

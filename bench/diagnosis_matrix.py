@@ -2,8 +2,8 @@
 over scenarios drawn from the space of bench/scenario_space.py.
 
     fabricscope bench diagnosis-matrix [--set dev|eval] [--runs N] [--first K] [--json]
-    python -m bench.diagnosis_matrix --set eval --runs 60
-    python -m bench.diagnosis_matrix --render bench/results/diagnosis-eval.json
+    python -m fabricscope.bench.diagnosis_matrix --set eval --runs 60
+    python -m fabricscope.bench.diagnosis_matrix --render bench/results/diagnosis-eval.json
 
 Run i of a set is drawn from its own seed (the set's base + i) and printed with
 its parameters. Runs of one lab shape (nodes, ToRs) share one lab, stack and

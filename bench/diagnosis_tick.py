@@ -1,6 +1,6 @@
 """What one engine tick costs at a given job size, in this process, without real time.
 
-    python -m bench.diagnosis_tick [--nodes 1000] [--ticks 4]
+    python -m fabricscope.bench.diagnosis_tick [--nodes 1000] [--ticks 4]
 
 `fabricscope bench diagnosis-cost` measures the engine inside a collector fed in
 real time, which this 2-core machine manages only up to a few hundred nodes. This

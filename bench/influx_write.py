@@ -22,7 +22,7 @@ must be acknowledged OK. The generator's CPU time within it is reported beside t
 ratio (`generator CPU-s per round`; about 0.1 s for 400k points, where the real
 shippers in one process spend about 1.1 s, mostly on gzip).
 `FABRICSCOPE_BENCH_LOADGEN=shipper` sends with those shippers instead
-(bench/loadgen.py run_load: agent.shipper.Shipper, batches built within the clock).
+(bench/loadgen.py run_load: fabricscope.agent.shipper.Shipper, batches built within the clock).
 
 influxd shares this machine's two CPUs with the collector (the baseline has them
 almost to itself), so the ratio is a lower bound of what a collector host of its

@@ -1,11 +1,11 @@
 """iperf3-overhead: iperf3 TCP throughput across the lab with every probe attached / without.
 
-What the issue's goal names: a 2-node lab (lab.topology: each node a namespace
+What the issue's goal names: a 2-node lab (fabricscope.lab.topology: each node a namespace
 whose NIC is a veth to the lab's bridge; links unshaped, so one TCP stream runs
 as fast as the CPUs carry it; RPS off, see _receive_on_sender_cpu), an iperf3
 server on node 1 for the whole benchmark, a real collector and InfluxDB.
 Baseline round: `iperf3 -c node1 -t T` from node 0, no agent. Subject round: one
-agent per node with every default probe (agent.config.DEFAULT_PROBES: tcp_flows,
+agent per node with every default probe (fabricscope.agent.config.DEFAULT_PROBES: tcp_flows,
 which includes the retransmits, nic, markers, gloo, nccl), shipping to the
 collector, started before the round; the round runs once every agent is ready
 and has polled SETTLE_POLLS times (its first polls drain what piled up while it

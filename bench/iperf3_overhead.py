@@ -4,7 +4,7 @@ Testbed: two fresh network namespaces joined by one veth (MTU 1500, TSO/GRO as
 the kernel sets them), addresses .1/.2 of a random 198.19.X.0/24 (away from the
 lab's 198.18.x allocations), IPv6 off, static neighbours. An iperf3 server runs
 in B for the whole benchmark. Baseline round: `iperf3 -c -t T` from A, no probe.
-Subject round: the same with the nic probe (`agent.probes.nic.standalone`, agent
+Subject round: the same with the nic probe (`fabricscope.agent.probes.nic.standalone`, agent
 defaults: 100 us bins, 0.2 s drains, flows) attached on both veth ends, started
 before and stopped after the round. Figure: bits/s received.
 
@@ -96,7 +96,7 @@ def netns_pair(mtu: int = 1500):
 
 @dataclass
 class Runner:
-    """`python -m agent.probes.nic.standalone` inside a namespace, lines collected."""
+    """`python -m fabricscope.agent.probes.nic.standalone` inside a namespace, lines collected."""
 
     proc: subprocess.Popen
     lines: list[dict] = field(default_factory=list)

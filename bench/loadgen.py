@@ -4,7 +4,7 @@ pre-built messages for benchmarks.
     result = asyncio.run(run_load(LoadSpec(target="127.0.0.1:9470", agents=250,
                                            batches=8, records=50)))
 
-Each simulated agent is the real agent.shipper.Shipper (acks, resends, backoff,
+Each simulated agent is the real fabricscope.agent.shipper.Shipper (acks, resends, backoff,
 slow-down, gzip, TLS and tokens: exactly what `fabricscope agent` runs) with its
 own gRPC channel, i.e. its own TCP connection and stream, as a fleet of nodes
 would open. Agent i reports as node `<prefix><i>` and sends `batches` batches

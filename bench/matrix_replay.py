@@ -1,7 +1,7 @@
 """Replay a diagnosis-matrix dump through the engine as it is now.
 
-    FABRICSCOPE_MATRIX_DUMP=/tmp/dump python -m bench.diagnosis_matrix --set dev --runs 12
-    python -m bench.matrix_replay /tmp/dump/*.json.gz
+    FABRICSCOPE_MATRIX_DUMP=/tmp/dump python -m fabricscope.bench.diagnosis_matrix --set dev --runs 12
+    python -m fabricscope.bench.matrix_replay /tmp/dump/*.json.gz
 
 A dump (bench/scenarios._dump_data, gzipped JSON) holds a scenario's raw measurements as the store
 answered them, the lab's node-to-ToR map and the fault's onset. Each is loaded
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_results(path: str, outcomes: list, dumps: list[str]) -> None:
-    """The replayed runs as a results file (bench.diagnosis_matrix.read_results), with
+    """The replayed runs as a results file (fabricscope.bench.diagnosis_matrix.read_results), with
     the command that replays them again."""
     from fabricscope.bench.diagnosis_matrix import summarize
     dumps = sorted({str(Path(d).parent) for d in dumps})

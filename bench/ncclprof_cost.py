@@ -9,7 +9,7 @@ every function returns at once, so the difference is the plugin's own work. Roun
 alternate; the figure is the median over rounds of (subject - baseline) ns per
 collective, on this machine's CPU. NCCL's own call overhead is not in it.
 
-    .venv/bin/python -m bench.ncclprof_cost [--rounds 7] [--collectives 20000]
+    .venv/bin/python -m fabricscope.bench.ncclprof_cost [--rounds 7] [--collectives 20000]
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """What each part of the nic TC program costs a CPU-bound TCP stream: iperf3 throughput
 with variants of the program on both ends of a veth pair, against none, in one run.
 
-    python -m bench.nic_parts [--rounds 10] [--seconds 2] [--parts none,0,1,3,5,7]
+    python -m fabricscope.bench.nic_parts [--rounds 10] [--seconds 2] [--parts none,0,1,3,5,7]
 
 Variants are bpf/nic.bpf.c compiled with -DFS_NIC_PARTS=mask (FS_NIC_PART_*: 1 the
 interface lookup and the clock, 2 the time bins, 4 the flow table; 0 returns at
-once: the bare hook; 7 is what the agent runs), attached by agent.tc (tcx where
+once: the bare hook; 7 is what the agent runs), attached by fabricscope.agent.tc (tcx where
 the kernel has it) in a helper process per end that does nothing else: no drains,
 no agent. Each round measures every variant once, in an order reversed every
 other round, so drift hits all alike; the figure per variant is the median of its

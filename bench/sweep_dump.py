@@ -6,7 +6,7 @@ own holding N loopback connections (2N sockets), for each N, repeated, and print
 the medians with the ratio to `ss -tane` listing the same sockets (its cookies are
 compared too: the two must agree).
 
-    python -m bench.sweep_dump [--sockets 0,1000,3000] [--repeats 7]
+    python -m fabricscope.bench.sweep_dump [--sockets 0,1000,3000] [--repeats 7]
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ DB = "fsbench"
 class Env:
     influx: InfluxServer
     address: str
-    proc: object            # lab.stack.Proc
+    proc: object            # fabricscope.lab.stack.Proc
 
     def cpu_seconds(self) -> float:
         times = psutil.Process(self.proc.popen.pid).cpu_times()

@@ -1,7 +1,7 @@
 """wire-bytes: agent->collector bytes on the wire per node per second under DDP, gzip / none.
 
-A 3-node lab (lab/), real DDP over gloo (lab.training, `--steps` steps, default
-20), the whole stack from lab.stack (influxd, collector, one agent
+A 3-node lab (lab/), real DDP over gloo (fabricscope.lab.training, `--steps` steps, default
+20), the whole stack from fabricscope.lab.stack (influxd, collector, one agent
 per node with its default probes). Each round starts the agents, trains, and
 stops the agents (which flushes what they hold), counting every byte of every
 IP packet sent to the collector's port with an nftables counter in the root

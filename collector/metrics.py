@@ -3,7 +3,7 @@
 A dedicated CollectorRegistry (not prometheus_client's global one) lets tests and
 benches run several collectors in one process. Every name starts with
 `fabricscope_collector_`; the `reason` label takes values from the bounded set
-in collector.validate.REASONS.
+in fabricscope.collector.validate.REASONS.
 """
 
 from __future__ import annotations

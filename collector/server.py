@@ -8,8 +8,8 @@
 or, from synchronous code (tests, demo, benches), `with CollectorThread(config) as c:`.
 
 Many agents stream at once, one long-lived stream each, handled by
-collector.stream.StreamSession (ack semantics are documented there) and
-collector.delivery.Delivery (sink, spool, slow-down). Nothing needed for
+fabricscope.collector.stream.StreamSession (ack semantics are documented there) and
+fabricscope.collector.delivery.Delivery (sink, spool, slow-down). Nothing needed for
 correctness lives in one replica: duplicates are harmless because InfluxDB
 overwrites identical points, so agents may reconnect to any replica. gRPC
 binds with SO_REUSEPORT, so several replicas on one host may share one port
@@ -114,7 +114,7 @@ class Collector:
         self.delivery: Delivery | None = None
         self._server: grpc.aio.Server | None = None
         self._http: SelfMetricsServer | None = None
-        self.diagnosis = None          # diagnosis.live.LiveDiagnosis when config.diagnosis
+        self.diagnosis = None          # fabricscope.diagnosis.live.LiveDiagnosis when config.diagnosis
         self.port = 0
 
     @property

@@ -20,7 +20,7 @@ its data flows). Per-step samples are autocorrelated and not normal, so:
   ALPHA is 0.01, not 0.05: compare is asked after every tuning change, and a change
   that did nothing reported as `better` keeps a useless knob and stops the search for
   the real cause. The lab's healthy steps, resampled and compared with themselves,
-  came out changed in 2-4 % of runs at 0.05 (`python -m bench.compare_calibration`);
+  came out changed in 2-4 % of runs at 0.05 (`python -m fabricscope.bench.compare_calibration`);
 - the 95 % interval of the change of the median is a moving-block bootstrap
   (blocks of n^(1/3) consecutive samples keep the autocorrelation);
 - step time drifts inside a healthy run (checkpoints, caches, neighbours), so

@@ -1,11 +1,11 @@
 """The generated parts of docs/DIAGNOSIS.md, rendered where they live in code.
 
-    python -m diagnosis.docs            # writes the generated blocks into docs/DIAGNOSIS.md
-    python -m diagnosis.docs --check    # exit 2 naming the stale blocks, writes nothing
+    python -m fabricscope.diagnosis.docs            # writes the generated blocks into docs/DIAGNOSIS.md
+    python -m fabricscope.diagnosis.docs --check    # exit 2 naming the stale blocks, writes nothing
 
 Each block sits between two marker comments, and only its text is rewritten:
 
-    <!-- BEGIN generated causes: python -m diagnosis.docs -->
+    <!-- BEGIN generated causes: python -m fabricscope.diagnosis.docs -->
     ...
     <!-- END generated causes -->
 
@@ -15,7 +15,7 @@ Each block sits between two marker comments, and only its text is rewritten:
 - thresholds: diagnosis/thresholds.py's table;
 - space: bench/scenario_space.py's kinds, ranges and seed ranges;
 - accuracy-dev, accuracy-eval: bench/results/diagnosis-{dev,eval}.json as
-  `python -m bench.diagnosis_matrix --render` prints them, or the command that
+  `python -m fabricscope.bench.diagnosis_matrix --render` prints them, or the command that
   measures them where a file is absent.
 The prose around the blocks is written by hand.
 """

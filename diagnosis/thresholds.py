@@ -3,7 +3,7 @@
 None of these is fitted to the lab's scenarios: each comes from the physics of
 the fabric, from TCP, or from what a healthy run of the job itself shows (the
 job's own baseline); docs/DIAGNOSIS.md renders this table (`python -m
-diagnosis.thresholds`), and a test keeps it current.
+fabricscope.diagnosis.thresholds`), and a test keeps it current.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ canonical form (int `-12i`, float as Python's repr, string quoted with `"` and
 `\\` escaped, bool `true`/`false`); a positive timestamp. The node tag is then
 compared with the batch's node and the timestamp with the accepted window. A
 line that does not match is diagnosed by `diagnose` (slow path, only for
-refused lines) to give the same reasons collector.validate uses for records.
+refused lines) to give the same reasons fabricscope.collector.validate uses for records.
 
 A whole batch is first tried at once (`LineValidator.check_all`): its lines,
 joined, against one expression of every measurement's lines with the batch's
@@ -138,7 +138,7 @@ def _batch_regex(measurements: list[schema.Measurement]) -> re.Pattern:
 class LineVerdict:
     """Why a line is refused."""
 
-    reason: str                # a key of collector.validate.REASONS
+    reason: str                # a key of fabricscope.collector.validate.REASONS
     detail: str
 
 

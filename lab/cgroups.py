@@ -8,7 +8,7 @@
 
 Which one the host has is read from /proc/self/mounts (the cpu controller sits on
 one hierarchy at a time). The cgroups are made at `lab up` and removed with the
-lab; only the node's training ranks join theirs (lab.training, in the child
+lab; only the node's training ranks join theirs (fabricscope.lab.training, in the child
 before exec), so a quota slows the rank as a slow host would while the node's
 agent keeps its telemetry on time. A quota is QUOTA of every 100 ms period:
 pct % of one CPU; the kernel throttles the cgroup for the rest of a period

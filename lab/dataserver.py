@@ -1,6 +1,6 @@
 """A stand-in for remote storage: dataset shards to read, a checkpoint store to write.
 
-    python -m lab.dataserver --listen ADDR:PORT [--metrics-listen ADDR:PORT] [--lab NAME]
+    python -m fabricscope.lab.dataserver --listen ADDR:PORT [--metrics-listen ADDR:PORT] [--lab NAME]
 
 Real training reads its data from, and writes its checkpoints to, a storage
 service (NFS, object store, a data-loader fleet). None exists in the lab, so
@@ -24,7 +24,7 @@ served as Prometheus metrics (fabricscope_lab_dataserver_*). Under a launcher
 that sets FABRICSCOPE_LAB_PARENT it leaves when the launcher dies.
 
 With --lab NAME it is that lab's storage and can be slowed while it runs: the
-lab's storage fault (lab.faults.storage: a rate and/or a per-request delay, see
+lab's storage fault (fabricscope.lab.faults.storage: a rate and/or a per-request delay, see
 lab/storage_fault.py) applies to every request that starts after it was set; the
 server prints {"storage_fault": {...}} when it sees the fault change.
 
@@ -315,7 +315,7 @@ def running_dataserver(lab, node_index: int | None = 0, timeout_s: float = 60.0,
     node_index None: in the root namespace on the lab's gateway (bridge) address, a
     peer that is no rank's node, so every rank's transfers cross its NIC (a server on
     node 0 serves rank 0 over that namespace's loopback). It applies the lab's
-    storage fault (lab.faults.storage), also one set while it runs. Always stopped
+    storage fault (fabricscope.lab.faults.storage), also one set while it runs. Always stopped
     by pid on exit (SIGTERM, SIGKILL after grace_s), also on errors."""
     from fabricscope.lab.stack import await_condition
     from fabricscope.services import terminate

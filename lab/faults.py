@@ -12,7 +12,7 @@ shape(lab, i, rate, burst, limit=None, latency=None)
     derived from latency (default 2 ms worth at the rate: a shallow switch buffer).
 cpu(lab, i, pct)
     Node i's training ranks get pct % of one CPU (1 <= pct <= 100 x CPUs): the
-    CFS quota of the node's cgroup (lab.cgroups), pct ms of every 100 ms. Only
+    CFS quota of the node's cgroup (fabricscope.lab.cgroups), pct ms of every 100 ms. Only
     ranks join that cgroup, so the node's agent is not slowed: a CPU straggler.
 loss_uplink(lab, tor, pct, direction="both") / shape_uplink(lab, tor, rate, burst,
         limit=None, latency=None, direction="up")
@@ -21,7 +21,7 @@ loss_uplink(lab, tor, pct, direction="both") / shape_uplink(lab, tor, rate, burs
     egress, where a rack's traffic aggregates), "down" on frames the spine sends
     toward the ToR (the spine-side end's egress), "both" on each.
 storage(lab, rate=None, delay=None)
-    Slows the lab's data server (lab.storage_fault): the payload of every request
+    Slows the lab's data server (fabricscope.lab.storage_fault): the payload of every request
     paced at `rate`, and `delay` before every reply; the running server picks it
     up at its next request. Neither given: the storage is fast again.
 clear(lab, i=None, uplink=None)

@@ -1,5 +1,5 @@
 """What a lab is, as its state file records it: Lab, LabTor, LabNode, and plan()
-(pure: the Lab that `up` would build, touching nothing). lab.topology builds and
+(pure: the Lab that `up` would build, touching nothing). fabricscope.lab.topology builds and
 removes labs and re-exports these names; lab/__init__.py documents the JSON."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class LabNode:
     dir: str             # per-node state directory (train.log)
     markers_dir: str     # FABRICSCOPE_MARKERS_DIR for training processes on this node
     tor: str = "tor0"    # the ToR it hangs off (LabTor.name)
-    cgroup: str = ""     # its CPU cgroup (lab.cgroups; "" where the host has none)
+    cgroup: str = ""     # its CPU cgroup (fabricscope.lab.cgroups; "" where the host has none)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

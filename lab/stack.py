@@ -104,7 +104,7 @@ def start_proc(name: str, argv: list[str], workdir: Path, env: dict | None = Non
 
 @dataclass
 class Stack:
-    lab: object                      # lab.topology.Lab
+    lab: object                      # fabricscope.lab.topology.Lab
     workdir: Path
     influx: object | None = None     # fabricscope.services.InfluxServer
     collector: Proc | None = None

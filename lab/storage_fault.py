@@ -19,7 +19,7 @@ piece of a slow read is a transfer of its own and the read's span (first block
 to last) is seen whole, however long the pauses.
 
 The fault lives in the lab's state file (`Lab.storage_fault`, set by
-lab.faults.storage); the data server of a lab (`--lab NAME`) re-reads it only
+fabricscope.lab.faults.storage); the data server of a lab (`--lab NAME`) re-reads it only
 when the file changed (one stat() per request: Lab.save replaces the file, a new
 inode), so a fault takes effect without restarting the server.
 """

@@ -12,7 +12,7 @@ Leaf-spine, `lab up --nodes N --tors K` (K > 1):
 
 A bridge is a switch (STP off: one L2 subnet shaped as a tree has no loop; no
 forwarding delay: ports forward as soon as they are up, like edge ports). Nodes
-hang off the ToRs in contiguous blocks (lab.naming.tor_blocks). The gateway
+hang off the ToRs in contiguous blocks (fabricscope.lab.naming.tor_blocks). The gateway
 address is on the bridge above every node (the only ToR, else the spine), so the
 root namespace (collector, InfluxDB, the data server) sits behind the spine and
 reaches every node, and cross-ToR traffic crosses two uplinks. Nodes get no
@@ -29,7 +29,7 @@ at ~10x the CPU.
 
 `lab up` also writes <lab dir>/topology.yaml (node -> ToR, the format production
 generates from node labels; fabricscope/topology.py reads it) and makes one CPU
-cgroup per node (lab.cgroups) for the CPU fault. Teardown removes all of it,
+cgroup per node (fabricscope.lab.cgroups) for the CPU fault. Teardown removes all of it,
 found by the lab's derived names, so it also works without the state file.
 
 State lives in $FABRICSCOPE_LAB_DIR/<name>.json (default /run/fabricscope/labs);

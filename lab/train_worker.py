@@ -1,6 +1,6 @@
 """One rank of `fabricscope lab train` (started by lab/training.py, one per node).
 
-    ip netns exec <netns> python -m lab.train_worker --steps K --model-mb M --batch B
+    ip netns exec <netns> python -m fabricscope.lab.train_worker --steps K --model-mb M --batch B
         [--data-server ADDR:PORT [--data-bytes N] [--checkpoint-every K]] [--io-log PATH]
         [--kind ddp|fsdp|moe|pipeline|serve [knobs]]
 
@@ -15,7 +15,7 @@ Every step: fabricscope.markers.step(n) first, then forward, backward (the
 gradient allreduce), optimizer step; rank 0 prints {"step": n, "seconds": s} on
 stdout. After the last step: markers.done(). Exits when its launcher dies.
 
-With --data-server (a lab.dataserver, playing remote storage) the rank keeps two
+With --data-server (a fabricscope.lab.dataserver, playing remote storage) the rank keeps two
 persistent connections to it, opened after init_process_group, one for the
 dataset and one for checkpoints (as a job reading shards from one store and writing
 checkpoints to another would; on one connection a checkpoint and the next step's
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         storage.close()
     markers.done()
     dist.barrier()
-    # every rank has trained: what follows is teardown (lab.training.TRAINED)
+    # every rank has trained: what follows is teardown (fabricscope.lab.training.TRAINED)
     print(TRAINED, file=sys.stderr, flush=True)
     dist.destroy_process_group()
     return 0

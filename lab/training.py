@@ -7,7 +7,7 @@ with kind= the other kinds of job (FSDP, MoE, pipeline, serving; lab/workloads/)
         if run.wait() != 0:
             raise RuntimeError(run.error)
 
-Each rank is `ip netns exec <netns> <this python> -m lab.train_worker ...` with
+Each rank is `ip netns exec <netns> <this python> -m fabricscope.lab.train_worker ...` with
 RANK, WORLD_SIZE, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, MASTER_ADDR (node 0's address),
 MASTER_PORT, GLOO_SOCKET_IFNAME (the node's NIC), FABRICSCOPE_MARKERS_DIR (the
 node's markers dir) and OMP_NUM_THREADS=1 in its environment; `extra_env` is
@@ -18,7 +18,7 @@ other ranks' stdout) goes to <node dir>/train.log. When one rank fails, the
 others are ended (SIGTERM, SIGKILL after 3 s), and the run's returncode is the
 failed rank's.
 
-With data_server (a lab.dataserver address, see running_dataserver) every rank
+With data_server (a fabricscope.lab.dataserver address, see running_dataserver) every rank
 also GETs data_bytes per step and PUTs a checkpoint every checkpoint_every steps
 over one persistent connection; with io_log_dir each rank logs every transfer to
 {io_log_dir}/rank{r}.jsonl, read back with TrainingRun.io_events(rank).
@@ -252,7 +252,7 @@ class TrainingRun:
 def start_rank(argv: list[str], env: dict | None, cgroup: str, stdout, stderr) -> subprocess.Popen:
     """Start one rank's process (argv: already wrapped to run in its node's netns) in
     its own session and, when `cgroup` is given, in that cgroup from its first
-    instruction (see lab.cgroups.joiner)."""
+    instruction (see fabricscope.lab.cgroups.joiner)."""
     from fabricscope.lab.cgroups import joiner
     return subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                             stdout=stdout, stderr=stderr, start_new_session=True,
@@ -412,7 +412,7 @@ def start_training(lab: Lab | str, steps: int, model_mb: float = 8, extra_env: d
     master_port: rank 0's rendezvous port (default: random in 20000-39999);
     timeout_s: end all ranks when the run takes longer (default: no limit;
     each rank's gloo collectives time out after 300 s anyway).
-    data_server: ADDR:PORT of a lab.dataserver; data_bytes: bytes each rank GETs
+    data_server: ADDR:PORT of a fabricscope.lab.dataserver; data_bytes: bytes each rank GETs
     per step (0: none); checkpoint_every: each rank PUTs its state_dict after
     every K-th step (0: never); io_log_dir: each rank's transfers go to
     {io_log_dir}/rank{r}.jsonl (see TrainingRun.io_events); cpus: the CPUs every

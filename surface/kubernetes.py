@@ -1,10 +1,10 @@
 """Kubernetes objects for the Prometheus Operator and Grafana, from the alert catalog and boards.
 
-`python -m surface.kubernetes` writes them into deploy/kubernetes/, from the same
+`python -m fabricscope.surface.kubernetes` writes them into deploy/kubernetes/, from the same
 sources as deploy/prometheus/ and grafana/:
 
-    python -m surface.kubernetes            # writes the files below under the repository
-    python -m surface.kubernetes --check    # exit 2 naming the stale ones, writes nothing
+    python -m fabricscope.surface.kubernetes            # writes the files below under the repository
+    python -m fabricscope.surface.kubernetes --check    # exit 2 naming the stale ones, writes nothing
 
 - a PrometheusRule whose groups are the alert catalog's (surface/alerting/rules.py: the same
   groups as deploy/prometheus/fabricscope-alerts.yaml);

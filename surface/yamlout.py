@@ -27,7 +27,7 @@ def _str(dumper: yaml.SafeDumper, text: str):
 
 
 Dumper.add_representer(str, _str)
-# closed vocabularies (diagnosis.causes) are strings, written as their values
+# closed vocabularies (fabricscope.diagnosis.causes) are strings, written as their values
 Dumper.add_multi_representer(enum.StrEnum, lambda dumper, v: _str(dumper, str(v)))
 _OPTIONS = dict(Dumper=Dumper, sort_keys=False, width=1 << 16, allow_unicode=True,
                 default_flow_style=False)

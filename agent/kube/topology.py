@@ -9,7 +9,7 @@ to the one a ToR serves, a node's ToR is the values of its labels joined with '.
 (a rack name is unique only inside its block). A node lacking one of them is left
 out and named on stderr.
 
-    kubectl get nodes -o json | python -m agent.kube.topology \
+    kubectl get nodes -o json | python -m fabricscope.agent.kube.topology \
         --level cloud.google.com/gce-topology-block \
         --level cloud.google.com/gce-topology-subblock -o topology.yaml
 

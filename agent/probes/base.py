@@ -40,11 +40,11 @@ class ProbeContext:
     node: str                      # node name (tag `node` is added by the pipeline, not probes)
     addresses: frozenset[str]      # IP addresses owned by this node: attribution filter
     clock: Clock
-    config: object                 # agent.config.AgentConfig
+    config: object                 # fabricscope.agent.config.AgentConfig
     cflags: list[str] = field(default_factory=list)   # extra BCC cflags (kernel headers etc.)
-    maps_cache: object = None      # agent.procmaps.MapsCache shared by the uprobe probes
-    pods: object = None            # agent.kube.resolver.PodResolver; None outside Kubernetes
-    nic_bins: object = None        # agent.probes.nic.history.BinHistory, set by the nic probe
+    maps_cache: object = None      # fabricscope.agent.procmaps.MapsCache shared by the uprobe probes
+    pods: object = None            # fabricscope.agent.kube.resolver.PodResolver; None outside Kubernetes
+    nic_bins: object = None        # fabricscope.agent.probes.nic.history.BinHistory, set by the nic probe
 
 
 #: the poll interval the BPF ring buffers' default sizes were chosen for
@@ -69,7 +69,7 @@ def effective_poll_interval(configured: float, probes) -> float:
 class Probe(abc.ABC):
     #: name used in config `probes:` and in metrics labels
     name: str = ""
-    #: what it needs beyond root's uid (agent.kernel.check_capabilities)
+    #: what it needs beyond root's uid (fabricscope.agent.kernel.check_capabilities)
     capabilities: tuple[Capability, ...] = ()
     #: set by attach() when what the probe holds in the kernel must be drained more often
     #: than the configured poll interval (None: any interval will do)

@@ -1,7 +1,7 @@
 """Where the collector writes records: InfluxDB line protocol over HTTP (v1 or v2 API).
 
 `make_sink(config)` picks the implementation named by `influx_api`; every sink
-implements collector.sinks.base.Sink.
+implements fabricscope.collector.sinks.base.Sink.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A sink takes records, encodes them once with fabricscope.lineproto and sends
 them in chunks of `influx_batch_lines`, gzipped unless the server is on this host
-(collector.sinks.http.on_loopback). It retries a temporary failure
+(fabricscope.collector.sinks.http.on_loopback). It retries a temporary failure
 `influx_retries` times, then raises SinkError (server unreachable, 5xx,
 timeout: the collector spools the batch, or answers RETRY and the agent
 resends) and SinkRejected when the server refused the points for good

@@ -1,5 +1,5 @@
 """InfluxDB 1.x sink: POST line protocol to /write?db=...&precision=ns, gzipped unless
-InfluxDB is on this host (collector.sinks.http.on_loopback).
+InfluxDB is on this host (fabricscope.collector.sinks.http.on_loopback).
 
 Creates the database at start (`CREATE DATABASE` is a no-op when it exists) and
 again when a write finds it gone. Status mapping: 204 written; 400 refused for

@@ -32,7 +32,7 @@ def emit(rank: int, line: dict) -> None:
 
 
 def finish() -> int:
-    """markers.done(), then the final barrier and TRAINED (see lab.train_worker)."""
+    """markers.done(), then the final barrier and TRAINED (see fabricscope.lab.train_worker)."""
     import torch.distributed as dist
 
     from fabricscope import markers

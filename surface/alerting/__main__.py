@@ -1,4 +1,4 @@
-"""`python -m surface.alerting`: surface/alerting/generate.py."""
+"""`python -m fabricscope.surface.alerting`: surface/alerting/generate.py."""
 
 import sys
 

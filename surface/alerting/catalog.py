@@ -25,7 +25,7 @@ from fabricscope.surface.alerting.promql import FindingSeries
 from fabricscope.surface.yamlout import generated_header
 
 #: Where docs/runbooks.md is published; every runbook_url is this plus `#<anchor>`.
-#: `python -m surface.alerting --runbook-base URL` renders a copy for another home.
+#: `python -m fabricscope.surface.alerting --runbook-base URL` renders a copy for another home.
 RUNBOOK_BASE = "https://github.com/fabricscope/fabricscope/blob/main/docs/runbooks.md"
 #: the first lines of every YAML file made from this list
 GENERATED = generated_header("python -m surface.alerting", "surface/alerting/catalog.py",

@@ -1,8 +1,8 @@
 """Write every file made from the alert catalog, or check that they are current.
 
-    python -m surface.alerting            # writes the files below under the repository
-    python -m surface.alerting --check    # exit 2 naming the stale ones, writes nothing
-    python -m surface.alerting --runbook-base https://wiki.example/fabricscope-runbooks
+    python -m fabricscope.surface.alerting            # writes the files below under the repository
+    python -m fabricscope.surface.alerting --check    # exit 2 naming the stale ones, writes nothing
+    python -m fabricscope.surface.alerting --runbook-base https://wiki.example/fabricscope-runbooks
 
 Output is deterministic: the same catalog renders the same bytes.
 """

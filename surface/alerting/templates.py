@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import string
 
-#: The place of an alert for a person, as diagnosis.finding.Finding.where says it:
+#: The place of an alert for a person, as fabricscope.diagnosis.finding.Finding.where says it:
 #: a ToR (and its interface), else a node (its interface, the peer), else a rank,
 #: else the peer, else the job.
 PLACE_GO = (

@@ -1,4 +1,4 @@
-"""`python -m surface.grafana`: surface/grafana/dashboards.py."""
+"""`python -m fabricscope.surface.grafana`: surface/grafana/dashboards.py."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Grafana dashboards as code: `python -m surface.grafana` writes grafana/.
+"""Grafana dashboards as code: `python -m fabricscope.surface.grafana` writes grafana/.
 
 Writes, deterministically (sorted keys, stable uids and panel ids):
 - grafana/dashboards/<uid>.json, one per board (surface/grafana/boards.py, boards_ops.py),

@@ -4,7 +4,7 @@ InfluxQL queries name measurements, fields and tags of the schema
 (fabricscope/measurements/, `fabricscope.schema.measurements()`); PromQL queries
 name metrics of the collector's and agents' registries (collector/metrics.py,
 agent/metrics.py). A name that is not there fails at generation time with a
-one-line UserError, so a renamed field breaks `python -m surface.grafana`, not
+one-line UserError, so a renamed field breaks `python -m fabricscope.surface.grafana`, not
 a panel in production.
 
 Every InfluxQL query filters on the dashboard variables `job`, `node` and

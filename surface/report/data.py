@@ -5,7 +5,7 @@ Every time series comes from the same query builders as the Grafana boards
 expanded as Grafana would for the report's window (surface/grafana_macros) with
 the job as the `job` variable and the job's nodes as `node`: the report and the
 boards show the same numbers. The findings are those the live engine recorded
-(diagnosis.cli.recorded); the compare section is diagnosis.compare's statistics.
+(fabricscope.diagnosis.cli.recorded); the compare section is fabricscope.diagnosis.compare's statistics.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The report's text parts as HTML: the summary, every finding's chain of evidence
-(what diagnosis.present.explain says, as headed lists and tables), the compare
+(what fabricscope.diagnosis.present.explain says, as headed lists and tables), the compare
 table and the links table. Every value from the store is escaped here."""
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def primary_card(f: Finding) -> str:
 
 def finding_html(f: Finding) -> str:
     """One finding's whole chain: what was seen, what it costs, what it rules out, what
-    to change (diagnosis.present.explain's content)."""
+    to change (fabricscope.diagnosis.present.explain's content)."""
     facts = [("place", f.where), ("when", _when(f)), ("first raised", hms(f.first_seen_ns)),
              ("id", f.id)]
     if f.step_seconds_added or f.share_of_step:

@@ -2,7 +2,7 @@
 
 netns_pair(mtu): two fresh namespaces joined by one veth, addresses .1/.2 of a
 random 198.19.X.0/24, IPv6 off, static neighbours, removed on any exit.
-running(prefix, *flags): `python -m agent.probes.nic.standalone` under `prefix`
+running(prefix, *flags): `python -m fabricscope.agent.probes.nic.standalone` under `prefix`
 (e.g. pair.exec(ns); [] for the host's namespace), its JSON lines collected.
 burstgen(): the path of tests/kernel/burstgen.c's executable, built once per source
 hash; BURSTGEN: the script that builds and runs it (`PYTHON BURSTGEN --dst ...`).

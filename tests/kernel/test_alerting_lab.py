@@ -1,7 +1,7 @@
 """Live: a real lab's faults page through a real Prometheus and a real Alertmanager.
 
 One 3-node lab with wire-sized frames, InfluxDB + a collector running the live
-diagnosis engine + one agent per node (lab.stack), and one long DDP job over gloo.
+diagnosis engine + one agent per node (fabricscope.lab.stack), and one long DDP job over gloo.
 Prometheus scrapes the collector (honor_labels: a finding's `job` is the training
 job) and the agents every second and evaluates the generated rules
 (deploy/prometheus/fabricscope-alerts.yaml); Alertmanager, with the example's

@@ -1,7 +1,7 @@
 """Every panel query of the Grafana boards, run against real servers holding a real run.
 
 One lab run for the module: 3 nodes on 1 Gbit/s shaped links, InfluxDB + collector +
-one agent per node (lab.stack, gloo buffer hooks on for the traffic model), a data
+one agent per node (fabricscope.lab.stack, gloo buffer hooks on for the traffic model), a data
 server, 2 % loss on node 1's port and 15 real DDP steps over gloo. Debian's
 Prometheus (tests.support.servers.PrometheusServer) scrapes the collector and the
 agents every second meanwhile.
@@ -14,7 +14,7 @@ where the run must have produced data, that there is some.
 
 The collector's diagnosis engine is off here (`--no-diagnosis`), so that the findings
 and the fabric graph the panels map are known ones: the `finding`, `annotation` and
-`topology_*` points are written by the test, from diagnosis.finding.Finding.to_record
+`topology_*` points are written by the test, from fabricscope.diagnosis.finding.Finding.to_record
 and Records of the schema, through the real encoder (fabricscope.lineproto) into that
 InfluxDB. What the live engine writes is asserted in test_diagnosis_smoke.py and, on
 recorded runs, in tests/unit/test_diagnosis_corpus.py.

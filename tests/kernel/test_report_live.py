@@ -3,7 +3,7 @@ real lab run.
 
 The run, shared by the module: a 3-node lab with wire-sized frames, a data server
 behind the bridge, InfluxDB + a collector running the live diagnosis engine + one
-agent per node (lab.stack), and real DDP over gloo (8 MiB model, 1 MiB read per
+agent per node (fabricscope.lab.stack), and real DDP over gloo (8 MiB model, 1 MiB read per
 step, a checkpoint every 10 steps). After the job's baseline steps, 2 % random loss
 goes on at node 1's switch port and stays until the engine's `lossy_link` finding
 is in the store (`faulty`): the top tests read that state, so they come first. Then

@@ -1,4 +1,4 @@
-"""`python -m bench.diagnosis_matrix` ends with one line, not a traceback, when it is
+"""`python -m fabricscope.bench.diagnosis_matrix` ends with one line, not a traceback, when it is
 interrupted (SIGINT, or SIGTERM, which the lab turns into KeyboardInterrupt) or its
 lab cannot start."""
 

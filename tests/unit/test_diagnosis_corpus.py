@@ -12,7 +12,7 @@ warning names a fault's cause and place, every fault that cost >= 10 % of the st
 is named, nothing else is warned of), and its warnings are exactly those recorded
 in expected.json (cause, place, severity). A change to the engine that changes a
 finding fails here until expected.json is written anew
-(`python -m bench.matrix_replay --record tests/corpus/diagnosis`) and the change
+(`python -m fabricscope.bench.matrix_replay --record tests/corpus/diagnosis`) and the change
 is reviewed. How accurate the engine is, is measured by `fabricscope bench
 diagnosis-matrix` on runs nobody tuned it to, not asserted here.
 """

@@ -96,7 +96,7 @@ def test_an_unmeasured_set_says_so_with_the_command_that_measures_it(repo):
 
 
 def _results() -> dict:
-    """What `python -m bench.diagnosis_matrix --set eval --runs 3 --json` writes."""
+    """What `python -m fabricscope.bench.diagnosis_matrix --set eval --runs 3 --json` writes."""
     loss = [{"cause": "lossy_link", "place": {"node": "node1"}, "required": True}]
     shape = [{"cause": "buffer_saturation", "place": {"tor": "tor0"}, "required": True}]
     runs = [

@@ -1,4 +1,4 @@
-"""Every kind of lab job runs for real: two ranks of lab.train_worker over gloo on
+"""Every kind of lab job runs for real: two ranks of fabricscope.lab.train_worker over gloo on
 loopback (no lab, no root), a tiny model, a few steps; rank 0's lines are checked."""
 
 from __future__ import annotations

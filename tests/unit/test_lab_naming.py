@@ -1,4 +1,4 @@
-"""fabricscope.lab.naming and lab.units: names, addresses, subnet allocation, tc-style units (no root)."""
+"""fabricscope.lab.naming and fabricscope.lab.units: names, addresses, subnet allocation, tc-style units (no root)."""
 
 import ipaddress
 

@@ -1,4 +1,4 @@
-"""fabricscope.collector.delivery and collector.coalesce: spool when InfluxDB fails, slow agents down when
+"""fabricscope.collector.delivery and fabricscope.collector.coalesce: spool when InfluxDB fails, slow agents down when
 the spool is full, replay, and merged writes (collector in-process, real influxd)."""
 
 from __future__ import annotations

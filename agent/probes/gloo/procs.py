@@ -48,7 +48,7 @@ class ProcessTable:
     def __init__(self, proc: Path = Path("/proc"), own_netns: int | None = None,
                  pods=None):
         self.proc = proc
-        self.pods = pods            # agent.kube.resolver.PodResolver, None outside Kubernetes
+        self.pods = pods            # fabricscope.agent.kube.resolver.PodResolver, None outside Kubernetes
         self.own_netns = own_netns if own_netns is not None else _netns(proc / "self")
         self._known: dict[int, ProcessInfo] = {}
 

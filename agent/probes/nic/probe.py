@@ -27,7 +27,7 @@ over a veth pair keeps 0.91-0.94 of its throughput with the probe on both ends, 
 empty TC programs alone keep 0.95-0.99 (the hook's own cost on this VM); both probe
 processes together 1.3 % of one core; ~77 wire packets per user-space event.
 
-Standalone: `python -m agent.probes.nic.standalone --interfaces eth0` prints records.
+Standalone: `python -m fabricscope.agent.probes.nic.standalone --interfaces eth0` prints records.
 """
 
 from __future__ import annotations

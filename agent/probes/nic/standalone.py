@@ -1,7 +1,7 @@
 """Run the nic probe alone and print its records as JSON lines (debugging, tests, bench).
 
-    python -m agent.probes.nic.standalone --interfaces eth0 --link-speed-bps eth0=1gbit
-    ip netns exec NS python -m agent.probes.nic.standalone --duration 10
+    python -m fabricscope.agent.probes.nic.standalone --interfaces eth0 --link-speed-bps eth0=1gbit
+    ip netns exec NS python -m fabricscope.agent.probes.nic.standalone --duration 10
 
 Takes every agent flag (docs/config.md). Prints `{"event": "ready", "interfaces":
 [...], "clock_offset_ns": N}` once attached (record time = CLOCK_MONOTONIC + N),

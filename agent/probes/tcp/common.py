@@ -55,7 +55,7 @@ def state_name(state: int) -> str:
 
 
 def flow_key(flow: FsFlow) -> tuple[str, int, str, int]:
-    """(local address, local port, remote address, remote port): agent.probes.tcp.owners.FlowKey."""
+    """(local address, local port, remote address, remote port): fabricscope.agent.probes.tcp.owners.FlowKey."""
     return (addr_text(flow.saddr.a), int(flow.sport), addr_text(flow.daddr.a), int(flow.dport))
 
 

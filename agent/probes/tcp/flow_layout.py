@@ -1,6 +1,6 @@
 """Python side of bpf/tcp_flows.h: ctypes mirrors, numpy views, flow event decoding.
 
-The mirrors are checked against what clang compiled at load (agent.bpf.check_layout)
+The mirrors are checked against what clang compiled at load (fabricscope.agent.bpf.check_layout)
 and against the host C compiler in tests/unit/test_tcp_flows_layout.py.
 """
 

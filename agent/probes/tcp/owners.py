@@ -164,7 +164,7 @@ class Owners:
     #: kernel pids name processes in this /proc (None: decide once, from whether the
     #: agent's pid namespace is the host's)
     host_pids: bool | None = None
-    #: agent.kube.resolver.PodResolver in Kubernetes (namespace, pod and job tags)
+    #: fabricscope.agent.kube.resolver.PodResolver in Kubernetes (namespace, pod and job tags)
     pods: object = None
 
     def __post_init__(self) -> None:
