@@ -1,12 +1,12 @@
 """The collector's wiring of the diagnosis engine (diagnosis/live.py): its store, its
 replica id, its topology and its metrics in the collector's registry; and, after each
-of its ticks, the classes of the jobs it owns (collector/jobclass.py)."""
+of its ticks, the classes of the jobs it owns (diagnosis/jobclass.py)."""
 
 from __future__ import annotations
 
 import socket
 
-from fabricscope.collector.jobclass import JobClassAnalyzer
+from fabricscope.diagnosis.jobclass import JobClassAnalyzer
 from fabricscope.diagnosis.live import LiveDiagnosis
 from fabricscope.diagnosis.metrics import DiagnosisMetrics
 from fabricscope.diagnosis.store import Store

@@ -156,7 +156,7 @@ def diagnose(args) -> int:
     findings = [] if args.recompute else recorded(store, span, args.job)
     if not findings:
         findings = recompute(store, span, args.job, _tor_of(args))
-    from fabricscope.collector.jobclass import class_line, job_classes
+    from fabricscope.diagnosis.jobclass import class_line, job_classes
     classes = job_classes(store, span.start_ns, span.end_ns, args.job, {f.job for f in findings})
     if args.json:
         print(json.dumps({"job_class": classes, "findings": [f.to_json() for f in findings]},

@@ -10,7 +10,7 @@ its to_dict(), the shape a stored record would carry) and draws it:
 (surface/report/html_parts.py job_class_facts) and the Training job board
 (surface/grafana/boards.py job_class_panels, with the columns of `columns`). The
 collector writes each owned job's class as a `job_class` point
-(collector/jobclass.py) and `fabricscope diagnose` prints it; the board, `top` and
+(diagnosis/jobclass.py) and `fabricscope diagnose` prints it; the board, `top` and
 the report do not read that point yet.
 """
 

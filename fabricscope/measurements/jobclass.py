@@ -1,5 +1,5 @@
 """The measurement of a job's class (fabricscope/jobclass.py), as the collector's
-analyzer (collector/jobclass.py) writes it from the job's collectives.
+analyzer (diagnosis/jobclass.py) writes it from the job's collectives.
 
 One point per job and classification: written when the class changes, and again
 every REWRITE_S while it holds, so a board or `fabricscope diagnose` over any
@@ -27,7 +27,7 @@ MEASUREMENTS = [
             "records): the class, the sentence with the numbers that decided it, and "
             "those numbers. Written when the class changes and every "
             f"{REWRITE_S:.0f} s while it holds. Time: when it was decided.",
-        source="collector job-class analyzer (collector/jobclass.py, in the job's "
+        source="collector job-class analyzer (diagnosis/jobclass.py, in the job's "
                "owning replica)",
         tags={"job": "job id (as gloo_collective's job tag)",
               "class": "data_parallel, sharded, moe_alltoall, pipeline, inference, mixed "

@@ -1,4 +1,4 @@
-"""collector/jobclass.py over a fake store's answers: each kind's class and reason,
+"""diagnosis/jobclass.py over a fake store's answers: each kind's class and reason,
 a change of kind, the rewrite period, rows that cannot be used, and the hooks in
 the collector's diagnosis and `fabricscope diagnose`."""
 
@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from fabricscope.collector import diagnosis as collector_diagnosis
 from fabricscope.collector.config import CollectorConfig
-from fabricscope.collector.jobclass import (SECOND, Drop, JobClassAnalyzer, class_line, job_classes,
+from fabricscope.diagnosis.jobclass import (SECOND, Drop, JobClassAnalyzer, class_line, job_classes,
                                 stored_classes)
 from fabricscope import schema
 from fabricscope.jobclass import OpFamily
