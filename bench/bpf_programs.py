@@ -73,7 +73,7 @@ def bpf_stats_on():
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.bpf_programs", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m fabricscope.bench.bpf_programs", description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--model-mb", type=float, default=8.0)
     args = p.parse_args(argv)

@@ -127,7 +127,7 @@ def text(summary: dict, outcomes) -> str:
 
 def read_results(path: str) -> dict:
     """A results file as `--json` writes it: {"summary": ..., "runs": [...]}."""
-    fix = f"write it with `python -m bench.diagnosis_matrix --set dev --json {path}`"
+    fix = f"write it with `python -m fabricscope.bench.diagnosis_matrix --set dev --json {path}`"
     try:
         with open(path) as fh:
             results = json.load(fh)
@@ -156,7 +156,7 @@ def markdown(results: dict, path: str) -> str:
     the_set = set_of(seeds[0]) if seeds else SetName.DEV
     first = seeds[0] - SET_BASE[the_set] if seeds else 0
     command = results.get("command") or (
-        f"python -m bench.diagnosis_matrix --set {the_set.value} --runs {len(runs)}"
+        f"python -m fabricscope.bench.diagnosis_matrix --set {the_set.value} --runs {len(runs)}"
         + (f" --first {first}" if first else "") + f" --json {path}")
     how = ("recorded live, replayed through the engine as it is now, with"
            if results.get("replayed") else "measured with")
@@ -229,7 +229,7 @@ BENCH = Matrix()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.diagnosis_matrix",
+    p = argparse.ArgumentParser(prog="python -m fabricscope.bench.diagnosis_matrix",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--set", choices=[s.value for s in SetName], default=SetName.DEV.value,
                    help="the development set (for work) or the evaluation set (to measure)")

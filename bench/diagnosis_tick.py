@@ -130,7 +130,7 @@ def measure(nodes: int, ticks: int, log=print) -> list[TickCost]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.diagnosis_tick",
+    p = argparse.ArgumentParser(prog="python -m fabricscope.bench.diagnosis_tick",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--ticks", type=int, default=4)

@@ -178,7 +178,7 @@ def write_results(path: str, outcomes: list, dumps: list[str]) -> None:
     the command that replays them again."""
     from fabricscope.bench.diagnosis_matrix import summarize
     dumps = sorted({str(Path(d).parent) for d in dumps})
-    command = ("python -m bench.matrix_replay " + " ".join(f"{d}/*.json.gz" for d in dumps)
+    command = ("python -m fabricscope.bench.matrix_replay " + " ".join(f"{d}/*.json.gz" for d in dumps)
                + f" --json {path}")
     with open(path, "w") as fh:
         json.dump({"summary": summarize(outcomes), "runs": [o.to_dict() for o in outcomes],

@@ -120,7 +120,7 @@ def measure(rounds: int, seconds: int, variants: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.nic_parts",
+    parser = argparse.ArgumentParser(prog="python -m fabricscope.bench.nic_parts",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seconds", type=int, default=2, help="iperf3 -t per measurement")

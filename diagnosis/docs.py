@@ -33,7 +33,7 @@ from fabricscope.diagnosis.causes import EVIDENCE, MEANING, RULES_OUT, SEVERITY_
 from fabricscope.diagnosis.thresholds import DEFAULT, render_markdown
 from fabricscope.errors import UserError, exit_code_of
 
-COMMAND = "python -m diagnosis.docs"
+COMMAND = "python -m fabricscope.diagnosis.docs"
 ROOT = Path(__file__).resolve().parents[1]
 DOC = "docs/DIAGNOSIS.md"
 RESULTS = "bench/results/diagnosis-{}.json"
@@ -123,7 +123,7 @@ def accuracy(set_name: str, root: Path) -> str:
     rel = RESULTS.format(set_name)
     if (root / rel).is_file():
         return markdown(read_results(str(root / rel)), rel)
-    return (f"Not measured yet: `python -m bench.diagnosis_matrix --set {set_name} --runs "
+    return (f"Not measured yet: `python -m fabricscope.bench.diagnosis_matrix --set {set_name} --runs "
             f"{SET_RUNS} --json {rel}` (as root: it runs real labs), then `{COMMAND}`.\n")
 
 

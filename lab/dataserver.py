@@ -214,7 +214,7 @@ def _serve_metrics(server: DataServer, listen: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.dataserver",
+    parser = argparse.ArgumentParser(prog="python -m fabricscope.lab.dataserver",
                                      description="Lab stand-in for dataset/checkpoint storage.")
     parser.add_argument("--listen", required=True, help="ADDR:PORT (port 0: pick a free one)")
     parser.add_argument("--metrics-listen", help="ADDR:PORT for Prometheus /metrics")

@@ -141,7 +141,7 @@ def kind_problem(args, world: int) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.train_worker")
+    parser = argparse.ArgumentParser(prog="python -m fabricscope.lab.train_worker")
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--model-mb", type=float, default=8.0)
     parser.add_argument("--batch", type=int, default=32)

@@ -38,7 +38,7 @@ COMPONENT_DIR = "deploy/kubernetes/components/prometheus-operator"
 RULE_FILE = f"{COMPONENT_DIR}/generated-prometheusrule.yaml"
 DASHBOARDS_FILE = f"{COMPONENT_DIR}/generated-grafana-dashboards.yaml"
 DATASOURCES_FILE = f"{COMPONENT_DIR}/generated-grafana-datasources.yaml"
-COMMAND = "python -m surface.kubernetes"
+COMMAND = "python -m fabricscope.surface.kubernetes"
 NAMESPACE = "fabricscope"
 #: labels kube-prometheus-stack's Grafana sidecar watches (its chart defaults)
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}

@@ -56,7 +56,7 @@ def topology_from_nodes(node_list: object, levels: list[str]) -> tuple[Topology,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.kube.topology",
+    parser = argparse.ArgumentParser(prog="python -m fabricscope.agent.kube.topology",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("nodes", nargs="?", default="-",
                         help="`kubectl get nodes -o json` output (default: stdin)")

@@ -28,7 +28,7 @@ from fabricscope.surface.yamlout import generated_header
 #: `python -m fabricscope.surface.alerting --runbook-base URL` renders a copy for another home.
 RUNBOOK_BASE = "https://github.com/fabricscope/fabricscope/blob/main/docs/runbooks.md"
 #: the first lines of every YAML file made from this list
-GENERATED = generated_header("python -m surface.alerting", "surface/alerting/catalog.py",
+GENERATED = generated_header("python -m fabricscope.surface.alerting", "surface/alerting/catalog.py",
                              "what the catalog renders")
 
 

@@ -23,7 +23,7 @@ from fabricscope.surface.alerting.runbooks import RUNBOOKS_FILE, render_runbooks
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = "deploy/prometheus"
 ALERTMANAGER_DIR = "deploy/alertmanager"
-COMMAND = "python -m surface.alerting"
+COMMAND = "python -m fabricscope.surface.alerting"
 
 
 def outputs(base: str = RUNBOOK_BASE) -> dict[str, str]:

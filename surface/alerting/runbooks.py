@@ -12,7 +12,7 @@ RUNBOOKS_FILE = "docs/runbooks.md"
 _INTRO = f"""\
 # fabricscope alert runbooks
 
-Rendered from `surface/alerting/catalog.py` by `python -m surface.alerting`; do not edit by
+Rendered from `surface/alerting/catalog.py` by `python -m fabricscope.surface.alerting`; do not edit by
 hand. Every alert's `runbook_url` points at its section here. The rules are in
 `deploy/prometheus/fabricscope-alerts.yaml`, their promtool tests next to them, an
 Alertmanager example in `deploy/alertmanager/`.

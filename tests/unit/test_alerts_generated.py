@@ -41,7 +41,7 @@ def _run(*argv: str, cwd=PROM) -> subprocess.CompletedProcess:
 
 
 def test_checked_in_files_are_what_the_catalog_renders():
-    assert alerts.stale(ROOT) == [], "stale; fix: python -m surface.alerting"
+    assert alerts.stale(ROOT) == [], "stale; fix: python -m fabricscope.surface.alerting"
 
 
 def test_rendering_is_deterministic_and_the_runbook_base_is_one_setting(tmp_path):

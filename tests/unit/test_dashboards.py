@@ -60,7 +60,7 @@ def test_checked_in_files_are_what_the_code_generates(tmp_path):
     for path in generated:
         checked_in = dashboards.GRAFANA_DIR / path
         assert checked_in.is_file() and checked_in.read_text() == (tmp_path / path).read_text(), \
-            f"grafana/{path} is stale: run `python -m surface.grafana`"
+            f"grafana/{path} is stale: run `python -m fabricscope.surface.grafana`"
     assert dashboards.stale() == []
     assert dashboards.main(["--check"]) == 0
 

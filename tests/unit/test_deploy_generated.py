@@ -19,7 +19,7 @@ def _docs(rel: str) -> list[dict]:
 
 
 def test_checked_in_files_are_what_the_sources_render():
-    assert kubernetes.stale(ROOT) == [], "run `python -m surface.kubernetes`"
+    assert kubernetes.stale(ROOT) == [], "run `python -m fabricscope.surface.kubernetes`"
 
 
 def test_rendering_is_deterministic():
@@ -32,7 +32,7 @@ def test_check_names_the_stale_file_and_the_fix(tmp_path, capsys):
     assert kubernetes.main(["--root", str(tmp_path), "--check"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
-    assert kubernetes.RULE_FILE in err and "python -m surface.kubernetes" in err
+    assert kubernetes.RULE_FILE in err and "python -m fabricscope.surface.kubernetes" in err
 
 
 def test_a_missing_root_is_one_line_naming_the_fix(tmp_path, capsys):

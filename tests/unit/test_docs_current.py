@@ -20,11 +20,11 @@ DOC = ROOT / "docs" / "DIAGNOSIS.md"
 
 def test_diagnosis_md_has_the_current_thresholds_table():
     assert render_markdown() in DOC.read_text(), \
-        "run `python -m diagnosis.thresholds` and put its table into docs/DIAGNOSIS.md"
+        "run `python -m fabricscope.diagnosis.thresholds` and put its table into docs/DIAGNOSIS.md"
 
 
 def test_the_generated_blocks_of_diagnosis_md_are_current():
-    assert docs.stale() == [], "run `python -m diagnosis.docs`"
+    assert docs.stale() == [], "run `python -m fabricscope.diagnosis.docs`"
 
 
 def test_every_cause_has_its_severity_evidence_and_what_it_rules_out():
@@ -91,7 +91,7 @@ def test_a_document_without_a_blocks_markers_fails_with_one_line(repo, capsys):
 
 def test_an_unmeasured_set_says_so_with_the_command_that_measures_it(repo):
     block = docs.blocks(repo)["accuracy-eval"]
-    assert block.startswith("Not measured yet: `python -m bench.diagnosis_matrix --set eval ")
+    assert block.startswith("Not measured yet: `python -m fabricscope.bench.diagnosis_matrix --set eval ")
     assert "--json bench/results/diagnosis-eval.json`" in block
 
 
@@ -117,7 +117,7 @@ def test_a_results_file_renders_as_its_sets_table_with_its_command(tmp_path, cap
     path.write_text(json.dumps(_results()))
     assert matrix.main(["--render", str(path)]) == 0
     table = capsys.readouterr().out
-    assert f"`python -m bench.diagnosis_matrix --set eval --runs 3 --json {path}`" in table
+    assert f"`python -m fabricscope.bench.diagnosis_matrix --set eval --runs 3 --json {path}`" in table
     assert "seeds 90000-90002" in table
     assert "| 50.0% (1 of 2) |" in table                       # right: loss yes, shape no
     assert "| precision: warnings that name a fault | 50.0% (1 of 2) |" in table
