@@ -262,13 +262,16 @@ class _Timing:
     cv: float | None
 
 
-def _timing(exchange: list[Observation], bin_s: float) -> _Timing:
+def _timing(exchange: list[Observation], bin_s: float, trains: bool = False) -> _Timing:
     """Period and ops per step of a loop, or the arrival rate of random work.
 
     The op sequence says what repeats (a training step, a served request: the same
     calls in the same order); the gaps between its repeats say whether a clock
     drives them (a step loop: jitter only) or arrivals at random (Poisson), by their
-    spread (_spread; SPREAD_PERIODIC lies halfway). Random work's rate is that of
+    spread (_spread; SPREAD_PERIODIC lies halfway). Where the job reduces gradients
+    (`trains`), its repeat is a step whatever the spread: only training has a
+    backward pass, and a loop of short steps on a busy host jitters by as much as
+    its steps last. Random work's rate is that of
     the repeats: a request's when its calls repeat once per request, a multiple
     of it when a request repeats one layer's calls several times (an upper bound).
     With no repeating sequence, the activity series' autocorrelation is asked for a
@@ -283,6 +286,8 @@ def _timing(exchange: list[Observation], bin_s: float) -> _Timing:
             return _Timing(float(gaps.mean()), float(ops), None, spread)
         lag, seq = found
         gaps = np.diff(np.array([o.start_ns for o in seq[::lag]], dtype=float)) / 1e9
+        if trains and len(gaps) >= REPEATS_MIN - 1 and gaps.mean() > 0:
+            return _Timing(float(gaps.mean()), float(lag), None, _spread(gaps))
         if len(gaps) and gaps.mean() > 0:
             return _Timing(None, None, float(1 / gaps.mean()), _spread(gaps))
         return _Timing(None, None, onset_rate or None, None)
@@ -304,13 +309,13 @@ def classify(observations, bin_s: float = BIN_S) -> Classification:
         return Classification(JobClass.UNKNOWN, "no AllReduce, AllGather/ReduceScatter, "
                               "AlltoAll or Send/Recv in the window", (), mix, p50, p90,
                               None, None, None, None, len(kept), dropped)
-    timing = _timing(exchange, bin_s)
+    gradient = [o for o in exchange if o.op.lower() in GRADIENT_OPS]
+    timing = _timing(exchange, bin_s, trains=bool(gradient))
     period, per_step, rate, cv = timing.period_s, timing.per_step, timing.rate, timing.cv
     exchanged = sum(mix[f].bytes for f in EXCHANGE if f in mix)
     shares = {f: (mix[f].bytes / exchanged if exchanged else mix[f].count / len(exchange))
               for f in EXCHANGE if f in mix}
     components = tuple(CLASS_OF[f] for f in sorted(shares, key=lambda f: -shares[f]))
-    gradient = [o for o in exchange if o.op.lower() in GRADIENT_OPS]
     top = max(shares, key=lambda f: shares[f])
     if not gradient and period is None:
         job_class = JobClass.INFERENCE

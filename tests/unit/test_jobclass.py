@@ -168,3 +168,16 @@ def test_a_gloo_collective_record_becomes_an_observation():
 def test_the_result_serialises_with_plain_names():
     d = classify(loop(DDP)).to_dict()
     assert d["class"] == "data_parallel" and d["mix"]["allreduce"]["bytes_share"] == 1.0
+
+
+def test_a_training_loop_whose_short_steps_jitter_as_much_as_they_last_keeps_its_period():
+    """DDP steps of ~10 ms on a busy host: the gaps between steps spread like random
+    arrivals, but a job that reduces gradients trains, and its repeat is its step."""
+    from fabricscope.jobclass import SPREAD_PERIODIC
+    obs = loop([("AllReduce", 2 << 20, 1, 2)], steps=12, step_ms=10.0, jitter=0.9, seed=7)
+    result = classify(obs)
+    assert result.gap_spread > SPREAD_PERIODIC              # a clock test alone would fail
+    assert result.job_class is JobClass.DATA_PARALLEL
+    starts = sorted(o.start_ns for o in obs)
+    assert result.period_s == pytest.approx((starts[-1] - starts[0]) / 11 / 1e9)
+    assert result.collectives_per_step == 1 and result.arrival_rate_per_s is None
