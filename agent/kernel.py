@@ -166,11 +166,16 @@ COVERED_BY_SYS_ADMIN = (Capability.BPF, Capability.PERFMON)
 MEMCG_ACCOUNTING = (5, 11)        # BPF memory charged to the cgroup, not RLIMIT_MEMLOCK
 
 
-def effective_capabilities(status: Path = Path("/proc/self/status")) -> int:
+def capability_set(name: str = "CapEff", status: Path = Path("/proc/self/status")) -> int:
+    """One of a process's capability sets (CapEff, CapBnd, ...) as a bit mask."""
     for line in status.read_text().splitlines():
-        if line.startswith("CapEff:"):
+        if line.startswith(f"{name}:"):
             return int(line.split()[1], 16)
     return 0
+
+
+def effective_capabilities(status: Path = Path("/proc/self/status")) -> int:
+    return capability_set("CapEff", status)
 
 
 def _release(release: str) -> tuple[int, int]:

@@ -22,11 +22,13 @@ import json
 import logging
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabricscope.agent.kube.resolver import Resolution
+from fabricscope.agent.procmaps import parse_maps
 from fabricscope.agent.probes.base import Probe, ProbeUnavailable
 from fabricscope import markers as fmt
 from fabricscope.services import pid_alive
@@ -126,11 +128,13 @@ class _Ring:
 
 def _maps_inode(base: Path, inode: int) -> bool:
     try:
-        with open(base / "maps") as f:
-            return any(len(fields) > 5 and fields[4] == str(inode)
-                       for fields in (line.split(maxsplit=5) for line in f))
+        text = (base / "maps").read_text()
     except OSError:
         return False
+    return any(m.inode == inode for m in parse_maps(text, _ANY_FILE))
+
+
+_ANY_FILE = re.compile(r"")      # parse_maps matches basenames: every mapped file
 
 
 def _innermost_pid(base: Path) -> int | None:

@@ -29,20 +29,13 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabricscope.agent.kernel import Capability
+from fabricscope.agent.kernel import Capability, capability_set
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "kubernetes" / "base"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-def bounding_set(status: Path = Path("/proc/self/status")) -> int:
-    for line in status.read_text().splitlines():
-        if line.startswith("CapBnd:"):
-            return int(line.split()[1], 16)
-    return 0
 
 
 def _objects() -> list[dict]:
@@ -70,7 +63,7 @@ class AgentPod:
     def granted(self, drop: str | None = None) -> list[str]:
         """The capabilities the container gets here: the manifest's, less `drop` and
         those this host cannot grant."""
-        bounding = bounding_set()
+        bounding = capability_set("CapBnd")
         return [c for c in self.capabilities
                 if c != drop and bounding >> Capability[c] & 1]
 
