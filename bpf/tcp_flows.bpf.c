@@ -309,6 +309,28 @@ static __always_inline __u32 add_transfer(__u64 sk, struct fs_sock *s, struct fs
 	return recovered;
 }
 
+/* Where the socket's sent and acknowledged bytes count from, at its first hit (snd_una
+ * `una`): the first sequence number of its data that TC egress saw leave, when that
+ * is at or below `una`: the bytes between left while we watched and were acknowledged
+ * in hits the kernel skipped (see recover_received; a fresh connection's first ACKs
+ * of a slow start, measured 7,240 bytes of one). Else `una` itself: a socket older
+ * than the agent, whose earlier bytes are not ours to count, or one TC has not seen. */
+static __always_inline __u32 una_baseline(__u64 sk, struct fs_flow *flow, __u32 una)
+{
+#if defined(FS_RAW_RETRANSMIT)
+	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
+
+	/* a packet never leaves beyond snd_end, so una <= snd_end for this connection's
+	 * entry; a stale one (a freed socket's at this address) rarely passes */
+	if (tx && fs_flow_same(&tx->flow, flow) && una - tx->first_seq < 0x80000000 &&
+	    tx->snd_end - una < 0x80000000) {
+		fstat_add(FS_FSTAT_ACKED_BEFORE_FIRST_HIT, una - tx->first_seq);
+		return tx->first_seq;
+	}
+#endif
+	return una;
+}
+
 /* snd_una/snd_nxt progress of the socket since its previous hit (returns the bytes
  * newly acknowledged), and its transfer bookkeeping (`in`: payload of this segment;
  * *recovered: received bytes of missed hits found now, see recover_received). */
@@ -317,27 +339,22 @@ static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
 {
 	struct fs_sock *s = socks.lookup(&sk);
 
-	/* Both count from the first snd_una seen, so bytes in flight then are "sent"
-	 * too and sent >= acked holds. */
 	if (!s) {
 		s = new_sock(sk, bpf_ktime_get_ns());
-		if (s) {
-			s->last_una = una;
-			s->last_nxt = una;
-			s->has_una = 1;
-			ack_baseline(sk, flow, s);
-			*recovered = add_transfer(sk, s, flow, family, in, 0, una != nxt);
-		}
-		return 0;
-	}
-	if (!s->has_ack && !s->received)
+		if (!s)
+			return 0;
 		ack_baseline(sk, flow, s);
+	} else if (!s->has_ack && !s->received) {
+		ack_baseline(sk, flow, s);
+	}
 	if (!s->has_una) {
-		s->last_una = una;
-		s->last_nxt = una;
+		/* Both count from the baseline, so bytes in flight then are "sent" too and
+		 * sent >= acked holds. */
+		__u32 base = una_baseline(sk, flow, una);
+
+		s->last_una = base;
+		s->last_nxt = base;
 		s->has_una = 1;
-		*recovered = add_transfer(sk, s, flow, family, in, 0, una != nxt);
-		return 0;
 	}
 	__u32 sent = nxt - s->last_nxt;
 	if (sent && sent < 0x80000000) {
@@ -357,7 +374,8 @@ static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
 
 TRACEPOINT_PROBE(tcp, tcp_probe)
 {
-	struct fs_flow flow = {};
+	/* aligned: fs_flow_same compares it a word at a time */
+	struct fs_flow flow __attribute__((aligned(4))) = {};
 	int zero = 0;
 
 	if (!fs_own_sockaddr(&flow, args->saddr, args->daddr))

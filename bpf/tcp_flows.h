@@ -38,7 +38,10 @@
 				     * skipped (found by TC egress or the next socket's hit) */
 #define FS_FSTAT_CLOSED_AT_SWEEP 13 /* closes reported by user space's sweep: the socket
 				     * was gone from sock_diag with its entry still here */
-#define FS_NFSTATS 14
+#define FS_FSTAT_ACKED_BEFORE_FIRST_HIT 14 /* bytes acknowledged before a socket's
+					    * first tcp_probe hit, counted from the first
+					    * sequence number TC saw leave (una_baseline) */
+#define FS_NFSTATS 15
 
 /* One flow's aggregates over one window, on one CPU. */
 struct fs_flow_slot {
@@ -70,8 +73,8 @@ struct fs_flow_stat {
 struct fs_sock {
 	__u64 start_ns;       /* SYN_SENT seen (active open); 0: not seen */
 	__u64 est_ns;         /* ESTABLISHED seen; 0: not seen */
-	__u64 acked;          /* bytes: snd_una advances since first seen */
-	__u64 sent;           /* bytes: snd_nxt advances since the first snd_una seen */
+	__u64 acked;          /* bytes: snd_una advances since the baseline (una_baseline) */
+	__u64 sent;           /* bytes: snd_nxt advances since the baseline */
 	__u64 received;       /* bytes: payload of the segments received */
 	__u64 xfer_start;     /* the transfer in progress: first hit that moved bytes; 0: none */
 	__u64 xfer_last;      /* its last hit that moved bytes */

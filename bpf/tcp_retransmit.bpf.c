@@ -408,6 +408,8 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 		.ifindex = skb->ifindex,
 		.last_bytes = seen->bytes,
 		.ack_ns = seen->ts_ns,
+		/* a SYN takes its sequence number: data starts after it */
+		.first_seq = seq + ((flags & FS_TCP_SYN) != 0),
 	};
 	struct fs_sock_tx *old = socks_tx.lookup(&sk);
 
@@ -440,6 +442,10 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 		}
 		if (old->has_ack && old->ack_seq == tx.ack_seq)
 			tx.ack_ns = old->ack_ns;
+		/* A connection never sends beyond the highest sequence number it sent: a
+		 * packet past it, or a SYN, starts a new connection at this address. */
+		if (!syn_sent && (__s32)(seq - old->snd_end) <= 0)
+			tx.first_seq = old->first_seq;
 #ifdef FS_ON_OPEN_TX
 		/* the first packet after our SYN that acknowledges: we connected */
 		if (old->state == FS_TCP_SYN_SENT && !syn_sent && (flags & FS_TCP_ACK) &&

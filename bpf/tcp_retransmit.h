@@ -52,6 +52,10 @@ struct fs_sock_tx {
 	__u32 last_bytes; /* payload of the last packet */
 	__u64 ack_ns;     /* when ack_seq first left (a later packet repeating it, as a
 	                   * request that follows a read does, leaves it as it was) */
+	__u32 first_seq;  /* the first sequence number of the connection's data that TC
+	                   * saw leave (after a SYN: the one it takes), tcp_flows' baseline
+	                   * for bytes acknowledged before its first tcp_probe hit */
+	__u32 pad_tx;
 };
 
 /* Congestion state of one own socket (key: skaddr), from tcp/tcp_cong_state_set. */

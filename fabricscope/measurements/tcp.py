@@ -193,7 +193,9 @@ MEASUREMENTS = [
             "kernel skipped that hook, at socket teardown, tcp_destroy_sock; when it "
             "skipped that too, once a new socket reuses the address or sock_diag no "
             "longer lists the socket, stamped with its last packet). Bytes "
-            "are counted from the first segment the probe saw while ESTABLISHED (ACKs "
+            "are counted from the first byte of the connection's data that TC egress "
+            "saw leave (a connection older than the agent: from the first segment the "
+            "probe saw while ESTABLISHED; ACKs "
             "of the closing handshake are not traced, so the last bytes may be missing "
             "from bytes_acked; bytes_sent has them).",
         source=_SOURCE_F,

@@ -124,8 +124,9 @@ def traffic(procs_spec):
     procs = []
     try:
         for node, argv in procs_spec:
-            procs.append(subprocess.Popen(exec_argv(node, argv), stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
+            procs.append(subprocess.Popen(exec_argv(node, argv), stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
         yield procs
     finally:
         for p in procs:
