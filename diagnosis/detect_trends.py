@@ -152,9 +152,18 @@ def telemetry(snap: Snapshot, lost_before: dict[str, int],
     freshest = max(ev.last_seen_ns.values())
     stepping = any(times and times[-1] >= freshest - 10 * SECOND
                    for times in map(ev.step_times, ev.steps))
+    # a node's steps come from its agent too: while they keep coming the agent is up
+    # and reaches the collector, and its network windows are only late (an agent
+    # still starting its probes on a loaded host), not a gap the sentence below names
+    step_seen: dict[str, int] = {}
+    for rank, node in ev.node_of_rank.items():
+        times = ev.step_times(rank)
+        if times:
+            step_seen[node] = max(step_seen.get(node, 0), times[-1])
     for node in nodes:
         seen = ev.last_seen_ns.get(node)
         quiet_since = seen if seen is not None else known_ns.get(node, freshest)
+        quiet_since = max(quiet_since, step_seen.get(node, 0))
         if stepping and freshest - quiet_since >= t.silent_seconds * SECOND:
             ago = (freshest - seen) / SECOND if seen else None
             text = f"for {ago:.0f} s" if ago is not None else "at all"

@@ -992,6 +992,19 @@ def test_a_silent_node_is_a_telemetry_gap_and_the_jobs_end_is_not():
     assert [f for f in findings if f.cause == "telemetry_gap"] == []
 
 
+def test_a_node_whose_steps_come_but_not_yet_its_windows_is_no_gap():
+    """Its agent is up and reaches the collector (the steps are its records too): its
+    network windows are late, as an agent starting its probes on a loaded host has
+    them, and 'its agent is down or cut off' would be false."""
+    spec = SynthJob(seconds=60)
+    ev = build(spec)
+    for key in [k for k in ev.cells if k.node == "node2"]:
+        del ev.cells[key]
+    del ev.nodes["node2"], ev.last_seen_ns["node2"]
+    found = replay(JobEngine(spec.job), ev, spec.t0_s, spec.end_s)
+    assert [f for f in found if f.cause == "telemetry_gap"] == []
+
+
 def test_records_an_agent_dropped_are_an_info_gap():
     ev = build(SynthJob(seconds=20))
     engine = JobEngine(ev.job)
