@@ -6,6 +6,9 @@
  *   gloo::<op>(<Op>Options&) return     end time; the event goes to the ring buffer
  *   gloo::transport::tcp::UnboundBuffer::send / recv (entry)
  *                                       bytes this thread hands to the transport
+ *   c10d::ProcessGroupGloo::send / recv (entry), the SendWork / RecvWork constructor
+ *   (entry) and SendWork / RecvWork::wait (entry and return)
+ *                                       point-to-point transfers (below)
  *
  * ProcessGroupGloo runs each collective synchronously on one of its worker threads,
  * so entry and return pair up per thread id, and the send/recv calls made by that
@@ -23,7 +26,7 @@
  * network namespace; user space puts processes of other nodes into `deny`.
  *
  * Options (cflags): the layout macros above, -DFS_UB_SIZE_OFF, -DFS_CTX_RANK_OFF,
- * -DFS_CTX_SIZE_OFF, -DMAX_THREADS=n -DMAX_DENY=n -DRINGBUF_PAGES=n.
+ * -DFS_CTX_SIZE_OFF, -DMAX_THREADS=n -DMAX_DENY=n -DP2P_WORKS=n -DRINGBUF_PAGES=n.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/ptrace.h>
@@ -36,6 +39,9 @@
 #endif
 #ifndef MAX_DENY
 #define MAX_DENY 4096
+#endif
+#ifndef P2P_WORKS
+#define P2P_WORKS 4096
 #endif
 #ifndef RINGBUF_PAGES
 #define RINGBUF_PAGES 16
@@ -82,6 +88,7 @@ static __always_inline int on_entry(struct pt_regs *ctx, __u32 op, long elements
 	ev.pid = tgid;
 	ev.tid = (__u32)id;
 	ev.op = op;
+	ev.peer = -1;
 	ev.ctx_rank = -1;
 	ev.ctx_size = -1;
 	/* options.context is a std::shared_ptr: its first word is the Context* */
@@ -184,5 +191,110 @@ int buffer_recv(struct pt_regs *ctx)
 	}
 	ev->recv_bytes += transfer_bytes(ctx);
 	ev->recvs += 1;
+	return 0;
+}
+
+/* Point-to-point transfers: torch.distributed.send/recv (and isend/irecv) call
+ * ProcessGroupGloo::send/recv, which post the tensor's UnboundBuffer and return a
+ * SendWork/RecvWork that the caller waits on; gloo::<op>() is not involved, so the
+ * collective hooks never see them. An event runs from the call to the return of its
+ * work's wait(): for a blocking send or recv the caller's whole time in it (a recv:
+ * waiting for the peer, then the transfer).
+ *
+ * The call (entry; it returns c10::intrusive_ptr<Work> through a hidden pointer, so
+ * the arguments are this=PARM2, tensors=PARM3, peer rank=PARM4) notes the start and
+ * the peer per thread; the work's constructor, which the call runs on the same
+ * thread (this=PARM1, the UnboundBuffer's unique_ptr by invisible reference=PARM3),
+ * moves them to `p2p_works` under the work's address with the buffer's size; wait()
+ * (this=PARM1) finds them there and emits at its return. */
+struct fs_p2p_call {
+	__u64 start_ns;
+	__s32 peer;
+	__u32 op;
+};
+BPF_HASH(p2p_calls, __u64, struct fs_p2p_call, MAX_THREADS);
+BPF_TABLE("lru_hash", __u64, struct fs_gloo_event, p2p_works, P2P_WORKS);
+BPF_HASH(p2p_waits, __u64, __u64, MAX_THREADS);
+
+static __always_inline int p2p_call(struct pt_regs *ctx, __u32 op)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+
+	if (deny.lookup(&tgid)) {
+		stat_add(FS_GS_FILTERED, 1);
+		return 0;
+	}
+	struct fs_p2p_call call = {.start_ns = bpf_ktime_get_ns(), .op = op,
+				   .peer = (__s32)PT_REGS_PARM4(ctx)};
+	p2p_calls.update(&id, &call);
+	return 0;
+}
+
+int p2p_send_call(struct pt_regs *ctx) { return p2p_call(ctx, FS_GLOO_SEND); }
+int p2p_recv_call(struct pt_regs *ctx) { return p2p_call(ctx, FS_GLOO_RECV); }
+
+static __always_inline int p2p_work_made(struct pt_regs *ctx, __u32 op)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	struct fs_p2p_call *call = p2p_calls.lookup(&id);
+
+	if (!call || call->op != op) {
+		if (!deny.lookup(&tgid))
+			stat_add(FS_GS_P2P_UNPAIRED, 1);
+		return 0;
+	}
+	struct fs_gloo_event ev = {};
+
+	ev.start_ns = call->start_ns;
+	ev.peer = call->peer;
+	ev.pid = tgid;
+	ev.tid = (__u32)id;
+	ev.op = op;
+	ev.ctx_rank = -1;
+	ev.ctx_size = -1;
+	if (buffer_size((const char *)PT_REGS_PARM3(ctx), FS_OUT_PTR, &ev.out_size))
+		ev.flags |= FS_F_NO_OUT;
+	p2p_calls.delete(&id);
+	__u64 work = PT_REGS_PARM1(ctx);
+	/* a work at this address before: freed without a wait that returned */
+	if (p2p_works.lookup(&work))
+		stat_add(FS_GS_P2P_UNWAITED, 1);
+	if (p2p_works.update(&work, &ev))
+		stat_add(FS_GS_ACTIVE_FULL, 1);
+	else
+		stat_add(FS_GS_ENTRIES, 1);
+	return 0;
+}
+
+int p2p_send_work(struct pt_regs *ctx) { return p2p_work_made(ctx, FS_GLOO_SEND); }
+int p2p_recv_work(struct pt_regs *ctx) { return p2p_work_made(ctx, FS_GLOO_RECV); }
+
+int p2p_wait_entry(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 work = PT_REGS_PARM1(ctx);
+
+	if (p2p_works.lookup(&work))
+		p2p_waits.update(&id, &work);
+	return 0;
+}
+
+int p2p_wait_return(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 *work = p2p_waits.lookup(&id);
+
+	if (!work)
+		return 0;
+	__u64 key = *work;
+	p2p_waits.delete(&id);
+	struct fs_gloo_event *ev = p2p_works.lookup(&key);
+	if (!ev)
+		return 0;
+	ev->end_ns = bpf_ktime_get_ns();
+	fs_count_emit(events.ringbuf_output(ev, sizeof(*ev), 0), FS_GS_EMITTED, FS_GS_LOST);
+	p2p_works.delete(&key);
 	return 0;
 }

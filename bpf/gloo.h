@@ -16,7 +16,9 @@
 #define FS_GLOO_ALLTOALL 7
 #define FS_GLOO_ALLTOALLV 8
 #define FS_GLOO_BARRIER 9
-#define FS_GLOO_NOPS 10
+#define FS_GLOO_SEND 10     /* point to point: ProcessGroupGloo::send and its wait */
+#define FS_GLOO_RECV 11     /* ... ProcessGroupGloo::recv and its wait */
+#define FS_GLOO_NOPS 12
 
 /* how an options object holds its output buffer (layout macro `out_kind`) */
 #define FS_OUT_NONE 0      /* no output buffer read */
@@ -39,9 +41,15 @@
 #define FS_GS_ACTIVE_FULL 6   /* entries not recorded: too many threads in collectives */
 #define FS_GS_SENDS_OUTSIDE 7 /* UnboundBuffer::send outside a collective (p2p send) */
 #define FS_GS_RECVS_OUTSIDE 8 /* UnboundBuffer::recv outside a collective (p2p recv) */
-#define FS_GS_NSTATS 9
+#define FS_GS_P2P_UNPAIRED 9  /* send/recv works made without their call seen (a recv from
+			       * any source, or attached mid-call): no event */
+#define FS_GS_P2P_UNWAITED 10 /* send/recv works freed before a wait on them returned (an
+			       * isend never waited for): found when a new work reuses the
+			       * address (the LRU map forgets the rest unseen) */
+#define FS_GS_NSTATS 11
 
-/* One collective as executed by one thread: entry to return of gloo::<op>(). */
+/* One collective as executed by one thread: entry to return of gloo::<op>(); or one
+ * point-to-point transfer: its call to the return of its work's wait(). */
 struct fs_gloo_event {
 	__u64 start_ns;      /* bpf_ktime_get_ns at entry */
 	__u64 end_ns;        /* at return */
@@ -59,6 +67,8 @@ struct fs_gloo_event {
 	__s32 ctx_rank;      /* options.context->rank */
 	__s32 ctx_size;      /* options.context->size */
 	__u32 flags;         /* FS_F_* */
+	__s32 peer;          /* Send/Recv: the peer's rank in the process group; -1: none */
+	__u32 pad;
 };
 
 #endif

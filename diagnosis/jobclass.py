@@ -72,8 +72,10 @@ def observation_of(tags: dict, row: dict) -> Observation | Drop:
     if not _number(seconds) or seconds < 0:
         return Drop.BAD_SECONDS
     rank = str(tags.get("rank", ""))
+    peer = row.get("peer")
     return Observation(str(op), size, start, start + int(seconds * SECOND),
-                       rank=int(rank) if rank.isdigit() else None)
+                       rank=int(rank) if rank.isdigit() else None,
+                       peer=int(peer) if _number(peer) and peer >= 0 else None)
 
 
 @dataclass
@@ -86,7 +88,7 @@ class Read:
 def read_window(store: Store, job: str, t0_ns: int, t1_ns: int, seen_to_ns: int = 0) -> Read:
     """The job's usable collectives of [t0, t1) and the rows dropped; rows stamped
     before seen_to_ns were read before and count only in `dropped`."""
-    q = (f'SELECT "bytes", "seconds" FROM {SOURCE} WHERE job = {quote(job)} AND '
+    q = (f'SELECT "bytes", "seconds", "peer" FROM {SOURCE} WHERE job = {quote(job)} AND '
          f"time >= {int(t0_ns)} AND time < {int(t1_ns)} GROUP BY rank, op "
          f"ORDER BY time DESC LIMIT {ROWS_PER_SERIES}")
     out = Read([], {}, {})
@@ -122,6 +124,12 @@ def job_class_record(job: str, now_ns: int, c: Classification, rows_dropped: int
         value = d[name]
         if value is not None and math.isfinite(value):
             fields[name] = float(value)
+    if c.stages is not None:
+        fields["bubble_share"] = float(c.stages.bubble_share)
+        fields["stages"] = json.dumps(d["stages"]["stages"])
+        if c.stages.slow_stage is not None:
+            fields["slow_stage"] = int(c.stages.slow_stage)
+            fields["stage_cost_share"] = float(c.stages.cost_share)
     return Record("job_class", now_ns, {"job": job, "class": c.job_class.value}, fields)
 
 

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fabricscope import trafficmodel
+from fabricscope.stagemodel import StageModel, stage_model
 
 BIN_S = 0.001            # activity series resolution: a gloo collective lasts ~1 ms or more
 #: a loop repeats when this share of its calls match the call one repeat later: the
@@ -139,6 +140,7 @@ class Classification:
     gap_spread: float | None                # IQR / median of the gaps between repeats
     observations: int                       # used
     dropped: dict[str, int] = field(default_factory=dict)
+    stages: StageModel | None = None        # where Send/Recv carry bytes: per stage
 
     def to_dict(self) -> dict:
         return {"class": self.job_class.value, "reason": self.reason,
@@ -148,7 +150,8 @@ class Classification:
                 "period_s": self.period_s, "collectives_per_step": self.collectives_per_step,
                 "arrival_rate_per_s": self.arrival_rate_per_s,
                 "gap_spread": self.gap_spread,
-                "observations": self.observations, "dropped": dict(self.dropped)}
+                "observations": self.observations, "dropped": dict(self.dropped),
+                "stages": self.stages.to_dict() if self.stages else None}
 
 
 def observation_from_record(record) -> Observation:
@@ -203,21 +206,35 @@ def _symbols(seq: list[Observation]) -> list[tuple]:
             for o in seq]
 
 
-def _repeat(exchange: list[Observation]) -> tuple[int, list[Observation]] | None:
-    """(L, the rank's sequence) where the busiest rank's op sequence repeats every L
-    ops (at least REPEATS_MIN times), else None. Every rank of a job runs the same
-    loop, so one rank's sequence stands for the job's."""
-    by_rank: dict = {}
-    for o in exchange:
-        by_rank.setdefault(o.rank, []).append(o)
-    seq = sorted(max(by_rank.values(), key=len), key=lambda o: o.start_ns)
+def _rank_repeat(seq: list[Observation]) -> int | None:
+    """The shortest L with which the sequence repeats (at least REPEATS_MIN times)."""
     sym = _symbols(seq)
     n = len(sym)
     for lag in range(1, n // REPEATS_MIN + 1):
         same = sum(a == b for a, b in zip(sym, sym[lag:]))
         if same >= REPEAT_MATCH * (n - lag):
-            return lag, seq
+            return lag
     return None
+
+
+def _repeat(exchange: list[Observation]) -> tuple[int, list[Observation]] | None:
+    """(L, the rank's sequence) for the rank whose op sequence repeats with the longest
+    period L (ties: the busiest rank), else None. Every rank runs the job's loop, but
+    a rank's own calls can repeat inside it: a middle pipeline stage alternates
+    receive and send every micro-batch, while the first stage sends all its
+    micro-batches and then receives their gradients, once per step. The step is the
+    loop every rank's sequence repeats with, so the longest of the ranks' repeats
+    is it."""
+    by_rank: dict = {}
+    for o in exchange:
+        by_rank.setdefault(o.rank, []).append(o)
+    best = None
+    for obs in by_rank.values():
+        seq = sorted(obs, key=lambda o: o.start_ns)
+        lag = _rank_repeat(seq)
+        if lag is not None and (best is None or (lag, len(seq)) > (best[0], len(best[1]))):
+            best = (lag, seq)
+    return best
 
 
 def _spread(gaps: np.ndarray) -> float:
@@ -334,8 +351,11 @@ def classify(observations, bin_s: float = BIN_S) -> Classification:
         reason += f"; period {period * 1e3:.1f} ms, {per_step:.1f} collectives per step"
         if cv is not None:
             reason += f" (gap spread {cv:.2f})"
+    stages = stage_model(exchange) if OpFamily.SEND_RECV in mix else None
+    if stages is not None:
+        reason += f"; {stages.reason}"
     return Classification(job_class, reason, components, mix, p50, p90, period, per_step,
-                          rate, cv, len(kept), dropped)
+                          rate, cv, len(kept), dropped, stages)
 
 
 def classify_windows(observations, window_s: float, bin_s: float = BIN_S) \

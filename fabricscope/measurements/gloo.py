@@ -17,18 +17,22 @@ MEASUREMENTS = [
     Measurement(
         name="gloo_collective",
         doc="One gloo collective executed by one thread of a training process, from entry "
-            "to return of gloo::<op>() (time = entry).",
+            "to return of gloo::<op>() (time = entry); or one point-to-point Send or Recv, "
+            "from ProcessGroupGloo::send/recv to the return of its work's wait() (a "
+            "blocking recv: waiting for the peer, then the transfer).",
         source=_SOURCE,
         optional_tags=frozenset(_POD_TAGS),
         tags={**_JOB_TAGS,
               "op": "AllReduce, Broadcast, AllGather, AllGatherv, Reduce, Gather, Scatter, "
-                    "AlltoAll, AlltoAllv or Barrier"},
+                    "AlltoAll, AlltoAllv, Barrier, Send or Recv"},
         fields={
             "seconds": Field(float, "s", "execution time, entry to return"),
             "bytes": Field(int, "B", "message size S (nccl-tests convention); when known"),
             "bytes_source": Field(str, "", "where S comes from: `options` (the options "
                                   "object, cross-checked), `transfers` (sent bytes / "
-                                  "bus factor; with gloo_buffer_hooks) or `unknown`"),
+                                  "bus factor; with gloo_buffer_hooks), `buffer` (Send, "
+                                  "Recv: the size of the buffer posted) or `unknown`"),
+            "peer": Field(int, "rank", "Send, Recv: the peer's rank in the process group"),
             "nranks": Field(int, "ranks", "ranks in the communicator; when known"),
             "comm_rank": Field(int, "rank", "this process's rank in the communicator"),
             "sent_bytes": Field(int, "B", "payload handed to gloo's transport "

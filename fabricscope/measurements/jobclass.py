@@ -49,6 +49,15 @@ MEASUREMENTS = [
                                                       "op sequence (requests) per second"),
             "gap_spread": Field(float, "", "IQR / median of the gaps between repeats: a "
                                            "step loop ~0, Poisson arrivals 1.58"),
+            "bubble_share": Field(float, "fraction", "Send/Recv in the window: the "
+                                  "stages' mean share of time inside transfers "
+                                  "(fabricscope.stagemodel)"),
+            "slow_stage": Field(int, "rank", "the stage that computes the most, when its "
+                                "excess over the stages' mean costs a tenth of its time"),
+            "stage_cost_share": Field(float, "fraction", "that excess, of the slow stage's "
+                                      "time: what a balanced split saves"),
+            "stages": Field(str, "", "JSON [{rank, compute_s, recv_s, send_s, span_s, "
+                                     "wait_share}] per pipeline stage"),
             "observations": Field(int, "", "collectives the class was decided from"),
             "rows_dropped": Field(int, "", "rows of the window that could not be used "
                                            "(unknown op, bad time, size or duration)"),

@@ -1,17 +1,18 @@
 """Every kind of lab job, run for real and seen by the gloo probe, is named by
 fabricscope.jobclass from the gloo_collective records alone.
 
-One 3-node lab and one agent (`fabricscope agent --probes gloo --output jsonl` with
-the buffer hooks, in node 0's namespace) for the module; the kinds run one after
+One 3-node lab and an agent per node (`fabricscope agent --probes gloo --output
+jsonl` with the buffer hooks, in the node's namespace) for the module; the kinds run one after
 another under it, each a few steps of a tiny model (DDP, MoE, FSDP, pipeline, then
 MoE serving at 10 requests/s). Each test classifies the records inside one run's
-time window. The gloo probe hooks gloo's collectives only: a pipeline's send/recv
-reach it as nothing but a counter (agent/probes/gloo/layout.py has no Send/Recv
-entry), so the pipeline run leaves no exchange to classify.
+time window. The pipeline's transfers reach the probe through ProcessGroupGloo's
+send/recv hooks (agent/probes/gloo/layout.py P2P): its class and its slow stage
+come from them (fabricscope.stagemodel).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ RUNS = (  # name, kind, steps (requests for serve), knobs
     ("ddp", "ddp", 12, None),
     ("moe", "moe", 12, {"layers": 2, "skew": 1.2}),
     ("fsdp", "fsdp", 10, {"layers": 3}),
-    ("pipeline", "pipeline", 8, {"layers": 1, "slow_stage": 1, "stage_skew": 2.0}),
+    # stage 1 holds 8x the layers: its imbalance costs far over a tenth of the step
+    ("pipeline", "pipeline", 8, {"layers": 2, "slow_stage": 1, "stage_skew": 8.0}),
     # one MoE layer: its calls repeat once per request, so their rate is the requests'
     ("serve", "serve", 25, {"layers": 1, "rate": 10.0, "serve_mode": "moe"}),
 )
@@ -53,24 +55,31 @@ def runs(tmp_path_factory) -> Runs:
     from tests.kernel.jsonl_agent import jsonl_agent, records
     tmp: Path = tmp_path_factory.mktemp("kinds")
     windows = {}
-    with running_lab(nodes=NODES) as lab:
-        with jsonl_agent(lab, lab.nodes[0], tmp, "--probes", "gloo", "--gloo-buffer-hooks",
-                         attached="running probes: gloo") as agent:
-            for name, kind, steps, knobs in RUNS:
-                began = time.time_ns()
-                port = 29400 + (os.getpid() + len(windows)) % 500
-                with start_training(lab, steps, model_mb=2, master_port=port, timeout_s=60,
-                                    kind=kind, knobs=knobs) as run:
-                    lines = list(run.steps())
-                    assert run.wait() == 0, run.error
-                assert len(lines) == steps, (name, lines)
-                windows[name] = (began, time.time_ns())
-    return Runs(windows, records(agent.out_path), agent.err_path.read_text())
+    with running_lab(nodes=NODES) as lab, contextlib.ExitStack() as agents_up:
+        agents = []
+        for node in lab.nodes:
+            out = tmp / node.name
+            out.mkdir()
+            agents.append(agents_up.enter_context(jsonl_agent(
+                lab, node, out, "--probes", "gloo", "--gloo-buffer-hooks",
+                attached="running probes: gloo")))
+        for name, kind, steps, knobs in RUNS:
+            began = time.time_ns()
+            port = 29400 + (os.getpid() + len(windows)) % 500
+            with start_training(lab, steps, model_mb=2, master_port=port, timeout_s=60,
+                                kind=kind, knobs=knobs) as run:
+                lines = list(run.steps())
+                assert run.wait() == 0, run.error
+            assert len(lines) == steps, (name, lines)
+            windows[name] = (began, time.time_ns())
+    return Runs(windows, [r for agent in agents for r in records(agent.out_path)],
+                "\n".join(agent.err_path.read_text() for agent in agents))
 
 
 @pytest.mark.parametrize("name, expected", [
     ("ddp", JobClass.DATA_PARALLEL), ("moe", JobClass.MOE_ALLTOALL),
-    ("fsdp", JobClass.SHARDED), ("serve", JobClass.INFERENCE)])
+    ("fsdp", JobClass.SHARDED), ("pipeline", JobClass.PIPELINE),
+    ("serve", JobClass.INFERENCE)])
 def test_each_kind_is_named_from_its_gloo_collectives(runs, name, expected):
     obs = runs.observations(name)
     assert obs, runs.agent_log[-2000:]
@@ -103,10 +112,18 @@ def test_fsdp_shows_its_reduce_scatter_as_gloos_allreduce(runs):
     assert {"AllGather", "AllReduce"} <= ops and "ReduceScatter" not in ops
 
 
-def test_the_pipelines_send_and_recv_are_not_seen_by_the_gloo_probe(runs):
+def test_the_pipeline_is_seen_by_its_sends_and_recvs_and_its_slow_stage_named(runs):
+    """Stage 1 holds eight times the layers of the others (stage_skew 8.0): it
+    computes the most, and the others wait for it in their transfers."""
     obs = runs.observations("pipeline")
-    assert {o.op for o in obs} <= {"Barrier", "Broadcast"}
-    assert classify(obs).job_class is JobClass.UNKNOWN
+    p2p = [o for o in obs if o.op in ("Send", "Recv")]
+    assert p2p and all(o.bytes and o.peer is not None for o in p2p), runs.agent_log[-2000:]
+    # stage r sends to r + 1 forward and r - 1 backward: its peers are its neighbours
+    assert all(abs(o.peer - o.rank) == 1 for o in p2p)
+    result = classify(obs)
+    print(f"pipeline: {result.job_class.value}: {result.reason}")
+    assert result.job_class is JobClass.PIPELINE, result.to_dict()
+    assert result.stages is not None and result.stages.slow_stage == 1, result.to_dict()
 
 
 def test_a_job_that_changes_kind_is_reclassified_in_the_next_window(runs):
@@ -118,3 +135,4 @@ def test_a_job_that_changes_kind_is_reclassified_in_the_next_window(runs):
     windows = classify_windows(ddp + moe, window_s=(switch - first) / 1e9)
     assert [c.job_class for _, c in windows] == [JobClass.DATA_PARALLEL,
                                                   JobClass.MOE_ALLTOALL]
+

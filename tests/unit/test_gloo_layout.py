@@ -35,7 +35,7 @@ def test_event_struct_matches_the_c_header():
     sizes = {"u64": 8, "u32": 4, "s32": 4}
     for (ctype, name), (_, pytype) in zip(c_fields, gl.GlooEvent._fields_):
         assert sizes[ctype] == ctypes.sizeof(pytype), name
-    assert ctypes.sizeof(gl.GlooEvent) == 96
+    assert ctypes.sizeof(gl.GlooEvent) == 104
 
 
 def test_stats_and_ops_match_the_c_header():
@@ -43,8 +43,9 @@ def test_stats_and_ops_match_the_c_header():
     stats = re.findall(r"#define FS_GS_(\w+) (\d+)", text)
     assert [int(v) for _, v in stats if _ != "NSTATS"] == list(range(len(gl.STATS)))
     ops = dict(re.findall(r"#define FS_GLOO_(\w+) (\d+)", text))
-    assert int(ops.pop("NOPS")) == len(gl.OPS)
-    assert {int(v): k.lower() for k, v in ops.items()} == {op.id: op.bpf_fn for op in gl.OPS}
+    assert int(ops.pop("NOPS")) == len(gl.OPS) + len(gl.P2P)
+    assert {int(v): k.lower() for k, v in ops.items()} == \
+        {**{op.id: op.bpf_fn for op in gl.OPS}, **{op.id: op.bpf_tag for op in gl.P2P}}
 
 
 def test_cflags_define_every_layout_the_program_uses():
@@ -122,3 +123,28 @@ def test_decode_rejects_garbage():
         gl.decode(b"\0" * 10)
     with pytest.raises(ValueError):
         gl.decode(event(op=77))
+
+
+def test_point_to_point_symbols_name_their_call_work_and_wait():
+    for op in gl.P2P:
+        kind = op.name                                   # Send / Recv
+        assert f"ProcessGroupGloo4{kind.lower()}E" in op.call
+        assert f"{kind}WorkC1" in op.work and f"{kind}Work4wait" in op.wait
+
+
+def test_decode_a_send_and_a_recv_with_their_peer_and_buffer_size():
+    send = gl.decode(event(op=10, out_size=4000, peer=1, ctx_rank=-1, ctx_size=-1), 2)
+    assert (send.op, send.model, send.bytes, send.bytes_source, send.peer) == \
+        ("Send", "Send", 4000, "buffer", 1)
+    assert send.nranks == 2 and send.rank is None and send.seconds == 0.02
+    recv = gl.decode(event(op=11, out_size=4000, peer=0), 2)
+    assert (recv.op, recv.peer, recv.bytes) == ("Recv", 0, 4000)
+
+
+def test_a_point_to_point_misread_keeps_the_event_without_its_size_or_peer():
+    unread = gl.decode(event(op=10, out_size=4000, peer=1, flags=gl.F_NO_OUT), 2)
+    assert unread.bytes is None and unread.bytes_source == "unknown" and unread.peer == 1
+    outside = gl.decode(event(op=11, out_size=1 << 41, peer=5), 2)
+    assert outside.bytes is None and outside.peer is None
+    anysource = gl.decode(event(op=11, out_size=8, peer=-1), None)
+    assert anysource.peer is None and anysource.bytes == 8

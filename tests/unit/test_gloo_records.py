@@ -213,7 +213,8 @@ def test_the_probe_attaches_the_buffer_hooks_only_when_configured():
         names[on] = {h.entry_fn for h in probe._uprobes.hooks}
     assert {"buffer_send", "buffer_recv"} <= names[True]
     assert not {"buffer_send", "buffer_recv"} & names[False]
-    assert names[False] == {h.entry_fn for h in gloo.COLLECTIVE_HOOKS} and names[False]
+    assert names[False] == {h.entry_fn for h in gloo.COLLECTIVE_HOOKS + gloo.P2P_HOOKS}
+    assert {"p2p_send_call", "p2p_recv_work", "p2p_wait_entry"} <= names[False]
 
 
 def test_the_step_in_progress_is_a_gloo_progress_record_at_the_steps_start():
@@ -306,3 +307,30 @@ def test_collectives_of_unknown_size_still_give_t_and_d_from_their_windows():
     assert model.fields["period_s"] == pytest.approx(0.050, rel=0.01)
     assert model.fields["duty_cycle"] == pytest.approx(0.4, abs=0.02)
     assert "mean_bytes_per_s" not in model.fields
+
+
+def p2p(op: str, start_ms: float, end_ms: float, peer: int, nbytes: int = 65_536) -> Collective:
+    return Collective(pid=7, tid=8, op=op, model=op, start_ns=int(start_ms * MS),
+                      end_ns=int(end_ms * MS), nranks=3, rank=None, bytes=nbytes,
+                      bytes_source="buffer", sent_bytes=0, recv_bytes=0, sends=0, recvs=0,
+                      peer=peer)
+
+
+def test_a_pipelines_sends_and_recvs_are_records_with_their_peer_and_no_steps():
+    """A pipeline stage's transfers are gloo_collective records (a Recv claims no ring
+    bytes: a receiver sends nothing) and its traffic model's windows; they open no
+    DDP step and no parameter-broadcast phase."""
+    state = ProcessState(INFO, model_window_s=60, payload_known=False)
+    out = []
+    for k in range(6):
+        out += state.on_collective(p2p("Recv", 10 * k, 10 * k + 4, peer=0), to_wall)
+        out += state.on_collective(p2p("Send", 10 * k + 6, 10 * k + 7, peer=2), to_wall)
+    assert {r.measurement for r in out} == {"gloo_collective"}
+    for r in out:
+        valid(r)
+    recv, send = out[0], out[1]
+    assert (recv.tags["op"], recv.fields["peer"], recv.fields["bytes"]) == ("Recv", 0, 65_536)
+    assert "ring_bytes" not in recv.fields and recv.fields["bytes_source"] == "buffer"
+    assert send.fields["peer"] == 2 and send.fields["ring_bytes"] == 65_536
+    assert not state.tracker.init_done and state.tracker.init is None
+    assert len(state.windows) == 12

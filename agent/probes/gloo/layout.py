@@ -28,7 +28,7 @@ F_NO_CONTEXT, F_NO_COUNT, F_NO_OUT, F_NO_IN = 1, 2, 4, 8
 
 #: Names of the BPF `stats` array entries, in FS_GS_* order (bpf/gloo.h).
 STATS = ("entries", "emitted", "lost", "filtered", "unfinished", "orphan_returns",
-         "active_full", "sends_outside", "recvs_outside")
+         "active_full", "sends_outside", "recvs_outside", "p2p_unpaired", "p2p_unwaited")
 
 # gloo's base classes (gloo/context.h, gloo/transport/unbound_buffer.h):
 #   class Context { const int rank; const int size; int base; ... }  (no vtable)
@@ -96,6 +96,37 @@ OPS: tuple[OpLayout, ...] = (
              -1, -1, OUT_NONE, -1, -1, "none", None),
 )
 OPS_BY_ID = {op.id: op for op in OPS}
+
+
+@dataclass(frozen=True)
+class P2PLayout:
+    """A point-to-point transfer (bpf/gloo.bpf.c: p2p_*): the process group's call,
+    its work's constructor and the work's wait(), all exported by libtorch_cpu.so.
+    S is the size of the UnboundBuffer the work holds (the tensor's bytes)."""
+
+    id: int
+    name: str            # NCCL's spelling (fabricscope.busbw: bus factor 1)
+    call: str            # c10d::ProcessGroupGloo::send/recv(std::vector<at::Tensor>&, int, int)
+    work: str            # the SendWork / RecvWork constructor (complete-object, C1)
+    wait: str            # SendWork / RecvWork::wait(std::chrono::milliseconds)
+    bpf_tag: str         # p2p_<tag>_call, p2p_<tag>_work in bpf/gloo.bpf.c
+
+
+P2P: tuple[P2PLayout, ...] = (
+    P2PLayout(10, "Send", "_ZN4c10d16ProcessGroupGloo4sendERSt6vectorIN2at6TensorESaIS3_EEii",
+              "_ZN4c10d16ProcessGroupGloo8SendWorkC1ERN2at6TensorESt10unique_ptrIN4gloo9"
+              "transport13UnboundBufferESt14default_deleteIS8_EEm",
+              "_ZN4c10d16ProcessGroupGloo8SendWork4waitENSt6chrono8durationIlSt5ratioILl1E"
+              "Ll1000EEEE", "send"),
+    P2PLayout(11, "Recv", "_ZN4c10d16ProcessGroupGloo4recvERSt6vectorIN2at6TensorESaIS3_EEii",
+              "_ZN4c10d16ProcessGroupGloo8RecvWorkC1ERN2at6TensorESt10unique_ptrIN4gloo9"
+              "transport13UnboundBufferESt14default_deleteIS8_EENS_6OpTypeEmPKc",
+              "_ZN4c10d16ProcessGroupGloo8RecvWork4waitENSt6chrono8durationIlSt5ratioILl1E"
+              "Ll1000EEEE", "recv"),
+)
+P2P_BY_ID = {op.id: op for op in P2P}
+#: payloads above this are misreads (a point-to-point tensor is a layer's activations)
+P2P_MAX_BYTES = 1 << 40
 MAX_RANKS = 1 << 20
 ELEMENT_SIZES = (1, 2, 4, 8, 16)
 
@@ -120,7 +151,8 @@ class GlooEvent(ctypes.Structure):
                 ("pid", ctypes.c_uint32), ("tid", ctypes.c_uint32),
                 ("op", ctypes.c_uint32), ("sends", ctypes.c_uint32),
                 ("recvs", ctypes.c_uint32), ("ctx_rank", ctypes.c_int32),
-                ("ctx_size", ctypes.c_int32), ("flags", ctypes.c_uint32)]
+                ("ctx_size", ctypes.c_int32), ("flags", ctypes.c_uint32),
+                ("peer", ctypes.c_int32), ("pad", ctypes.c_uint32)]
 
 
 @dataclass(frozen=True)
@@ -141,6 +173,7 @@ class Collective:
     recv_bytes: int        # posted with UnboundBuffer::recv
     sends: int
     recvs: int
+    peer: int | None = None    # Send/Recv: the peer's rank in the process group
 
     @property
     def seconds(self) -> float:
@@ -190,6 +223,9 @@ def decode(raw: bytes, world_size: int | None = None) -> Collective:
     if len(raw) < ctypes.sizeof(GlooEvent):
         raise ValueError(f"event of {len(raw)} bytes, expected {ctypes.sizeof(GlooEvent)}")
     ev = GlooEvent.from_buffer_copy(raw[:ctypes.sizeof(GlooEvent)])
+    p2p = P2P_BY_ID.get(ev.op)
+    if p2p is not None:
+        return _p2p(p2p, ev, world_size)
     layout = OPS_BY_ID.get(ev.op)
     if layout is None:
         raise ValueError(f"unknown collective id {ev.op}")
@@ -203,3 +239,16 @@ def decode(raw: bytes, world_size: int | None = None) -> Collective:
                       start_ns=ev.start_ns, end_ns=ev.end_ns, nranks=nranks, rank=rank,
                       bytes=size, bytes_source=source, sent_bytes=ev.sent_bytes,
                       recv_bytes=ev.recv_bytes, sends=ev.sends, recvs=ev.recvs)
+
+
+def _p2p(layout: P2PLayout, ev: GlooEvent, world_size: int | None) -> Collective:
+    """A Send or Recv: S is the work's buffer size when read and plausible; the peer
+    is kept only when it is a rank of the job (0 <= peer < WORLD_SIZE, when known)."""
+    size = ev.out_size if not ev.flags & F_NO_OUT and 0 < ev.out_size <= P2P_MAX_BYTES \
+        else None
+    peer = ev.peer if ev.peer >= 0 and (not world_size or ev.peer < world_size) else None
+    return Collective(pid=ev.pid, tid=ev.tid, op=layout.name, model=layout.name,
+                      start_ns=ev.start_ns, end_ns=ev.end_ns, nranks=world_size, rank=None,
+                      bytes=size, bytes_source="buffer" if size is not None else "unknown",
+                      sent_bytes=ev.sent_bytes, recv_bytes=ev.recv_bytes, sends=ev.sends,
+                      recvs=ev.recvs, peer=peer)

@@ -2,7 +2,9 @@
 execution windows, plus the training steps, phases and traffic model they imply.
 
 What it hooks: uprobes at entry and return of gloo::allreduce, broadcast,
-allgather(v), reduce, gather, scatter, alltoall(v) and barrier, and with
+allgather(v), reduce, gather, scatter, alltoall(v) and barrier; point-to-point
+transfers (a pipeline's activations and gradients) at c10d::ProcessGroupGloo::send
+and recv, their work's constructor and the work's wait() (entry and return); and with
 `gloo_buffer_hooks` (off by default) at entry of
 gloo::transport::tcp::UnboundBuffer::send/recv, in each libtorch_cpu.so file in
 use (gloo is linked into it); see bpf/gloo.bpf.c. Which files: `gloo_paths`, the
@@ -72,9 +74,15 @@ LIB_NAME = re.compile(r"^libtorch_cpu\.so(\.\d+)*$")
 RETURN_FN = "collective_return"
 #: collectives at entry and return (their window); transfers at entry only (their size)
 COLLECTIVE_HOOKS = [Hook(op.symbol, op.bpf_fn + "_entry", RETURN_FN) for op in layout.OPS]
+#: point-to-point transfers: the call and the work's constructor at entry, its wait()
+#: at entry and return (one wait function serves both kinds)
+P2P_HOOKS = [h for op in layout.P2P for h in (
+    Hook(op.call, f"p2p_{op.bpf_tag}_call"), Hook(op.work, f"p2p_{op.bpf_tag}_work"),
+    Hook(op.wait, "p2p_wait_entry", "p2p_wait_return"))]
 BUFFER_HOOKS = ([Hook(layout.SEND_SYM, "buffer_send")]
                 + [Hook(sym, "buffer_recv") for sym in layout.RECV_SYMS])
-HOOKS = COLLECTIVE_HOOKS + BUFFER_HOOKS
+DEFAULT_HOOKS = COLLECTIVE_HOOKS + P2P_HOOKS
+HOOKS = DEFAULT_HOOKS + BUFFER_HOOKS
 _COLLECTIVES = frozenset(op.symbol for op in layout.OPS)
 ALLREDUCE = next(op.id for op in layout.OPS if op.name == "AllReduce")
 
@@ -104,7 +112,7 @@ class GlooProbe(UprobeProbe):
         self.buffer_hooks = bool(getattr(cfg, "gloo_buffer_hooks", False))
         # configured files and the agent's own torch are pinned: never detached by rescans
         super().__init__(ctx, LibraryUprobes(
-            "gloo", HOOKS if self.buffer_hooks else COLLECTIVE_HOOKS, log, proc=proc,
+            "gloo", HOOKS if self.buffer_hooks else DEFAULT_HOOKS, log, proc=proc,
             rescan_s=rescan_s, maps_cache=shared_maps(ctx, proc)))
         self.paths = list(getattr(cfg, "gloo_paths", []) or [])
         self.model_window_s = float(getattr(cfg, "gloo_model_window_s", 10.0))

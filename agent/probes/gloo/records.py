@@ -38,6 +38,11 @@ class ModelSeries(str, enum.Enum):
     WINDOWS = "gloo_windows"    # time in collectives: no size known
 
 
+#: the point-to-point ops (agent/probes/gloo/layout.py P2P), and the receiving one
+P2P_OPS = frozenset({"Send", "Recv"})
+P2P_RECEIVE = frozenset({"Recv"})
+
+
 def _model_weight(c: Collective, payload_known: bool) -> int:
     """The bytes a collective puts in the model's series (0: none known)."""
     if payload_known:
@@ -66,10 +71,15 @@ def collective_record(c: Collective, info: ProcessInfo, to_wall: Callable[[int],
         fields["nranks"] = c.nranks
     if c.rank is not None:
         fields["comm_rank"] = c.rank
+    if c.peer is not None:
+        fields["peer"] = c.peer
     if c.model and c.bytes and c.nranks:
         if c.seconds > 0:
             fields["algbw_gbs"] = busbw.algbw_gbs(c.bytes, c.seconds)
             fields["busbw_gbs"] = busbw.busbw_gbs(c.model, c.bytes, c.seconds, c.nranks)
+        if c.op in P2P_RECEIVE:
+            return Record("gloo_collective", to_wall(c.start_ns), {**_tags(info), "op": c.op},
+                          fields)          # a receiver sends nothing
         ring = round(busbw.ring_bytes_per_rank(c.model, c.bytes, c.nranks))
         fields["ring_bytes"] = ring
         if c.sent_bytes:
@@ -208,6 +218,12 @@ class ProcessState:
         if c.nranks and c.op == "AllReduce":
             self.nranks = c.nranks           # the gradient communicator's size
         out = [collective_record(c, self.info, to_wall, self.payload_known)]
+        if c.op in P2P_OPS:
+            # a pipeline's transfers: part of its traffic model, not of DDP's steps (no
+            # gradient sync), and never the parameter broadcast before them
+            self.windows.append((c.start_ns, c.end_ns, c.bytes or 0))
+            self.last_end_ns = max(self.last_end_ns, c.end_ns)
+            return out
         # the wave starts with the first gradient sync: the parameter broadcast before
         # it would set the burst level and hide the steps
         if c.op == "AllReduce" or self.tracker.init_done:
