@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from fabricscope.agent.probes.gloo import layout
 from fabricscope.agent.probes.gloo.layout import Collective
 from fabricscope.agent.probes.gloo.procs import ProcessInfo
 from fabricscope.agent.probes.gloo.steps import OpenStep, Phase, Step, StepTracker
@@ -39,8 +40,8 @@ class ModelSeries(str, enum.Enum):
 
 
 #: the point-to-point ops (agent/probes/gloo/layout.py P2P), and the receiving one
-P2P_OPS = frozenset({"Send", "Recv"})
-P2P_RECEIVE = frozenset({"Recv"})
+P2P_OPS = frozenset(op.name for op in layout.P2P)
+P2P_RECEIVE = frozenset({"Recv"}) & P2P_OPS
 
 
 def _model_weight(c: Collective, payload_known: bool) -> int:
@@ -77,13 +78,11 @@ def collective_record(c: Collective, info: ProcessInfo, to_wall: Callable[[int],
         if c.seconds > 0:
             fields["algbw_gbs"] = busbw.algbw_gbs(c.bytes, c.seconds)
             fields["busbw_gbs"] = busbw.busbw_gbs(c.model, c.bytes, c.seconds, c.nranks)
-        if c.op in P2P_RECEIVE:
-            return Record("gloo_collective", to_wall(c.start_ns), {**_tags(info), "op": c.op},
-                          fields)          # a receiver sends nothing
-        ring = round(busbw.ring_bytes_per_rank(c.model, c.bytes, c.nranks))
-        fields["ring_bytes"] = ring
-        if c.sent_bytes:
-            fields["wire_efficiency"] = ring / c.sent_bytes
+        if c.op not in P2P_RECEIVE:          # a receiver sends nothing
+            ring = round(busbw.ring_bytes_per_rank(c.model, c.bytes, c.nranks))
+            fields["ring_bytes"] = ring
+            if c.sent_bytes:
+                fields["wire_efficiency"] = ring / c.sent_bytes
     return Record("gloo_collective", to_wall(c.start_ns), {**_tags(info), "op": c.op}, fields)
 
 
