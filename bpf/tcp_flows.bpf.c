@@ -244,6 +244,27 @@ static __always_inline __u32 recover_received(__u64 sk, struct fs_flow *flow,
 	return missed > 0xffffffff ? 0xffffffff : (__u32)missed;
 }
 
+/* Whether `recovered` bytes found missed at a transfer's end (recover_received)
+ * arrived after it, as the start of the transfer that the hit after the gap begins.
+ * Where the socket sent payload since the transfer's last hit (snd_nxt moved: a
+ * request on a persistent connection) and that was its last packet out, the ACK
+ * that covers them rode on it: they came before our request, so before any reply
+ * to it. Else the time that ACK first left decides: within the gap of the
+ * transfer's last hit, they were its tail. Timing alone misleads where the ACK
+ * waited for the application's read or for a request to ride on: a loaded host
+ * delays either past the gap. */
+static __always_inline int received_after(__u64 sk, struct fs_sock *s, __u64 ack_ns,
+					  __u32 nxt)
+{
+#if defined(FS_RAW_RETRANSMIT)
+	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
+
+	if (tx && nxt != s->xfer_nxt && tx->last_bytes && tx->has_ack)
+		return 0;
+#endif
+	return ack_ns > s->xfer_last + FS_TRANSFER_GAP_NS;
+}
+
 /* Ties recover_received's scales while the socket has counted nothing: its own last
  * ACK, sent since it was established (an older entry is a dead socket's at the same
  * address), or, for an accepted socket that sent nothing yet, its SYN-ACK. A socket
@@ -277,7 +298,7 @@ static __always_inline void ack_baseline(__u64 sk, struct fs_flow *flow, struct 
  * began; else the hits missed were the beginning of the one this hit starts, and
  * they, with that snd_una advance, count for it. Returns the recovered bytes. */
 static __always_inline __u32 add_transfer(__u64 sk, struct fs_sock *s, struct fs_flow *flow,
-					  __u16 family, __u32 in, __u32 out, int in_flight)
+					  __u16 family, __u32 in, __u32 out, __u32 una, __u32 nxt)
 {
 	__u64 now = bpf_ktime_get_ns();
 	__u32 recovered = 0;
@@ -286,7 +307,7 @@ static __always_inline __u32 add_transfer(__u64 sk, struct fs_sock *s, struct fs
 		__u64 ack_ns = 0;
 
 		recovered = recover_received(sk, flow, s, &ack_ns, 0);
-		if (recovered && ack_ns > s->xfer_last + FS_TRANSFER_GAP_NS) {
+		if (recovered && received_after(sk, s, ack_ns, nxt)) {
 			in += recovered;     /* and `out`: acknowledged in those hits, likely */
 		} else {
 			s->xfer_in += recovered;
@@ -299,11 +320,12 @@ static __always_inline __u32 add_transfer(__u64 sk, struct fs_sock *s, struct fs
 	s->received += in;
 	if (in)
 		s->last_in_ns = now;
-	if (!in && !out && !in_flight)
+	if (!in && !out && una == nxt)      /* nothing moved, nothing in flight */
 		return recovered;
 	if (!s->xfer_start)
 		s->xfer_start = now;
 	s->xfer_last = now;
+	s->xfer_nxt = nxt;
 	s->xfer_in += in;
 	s->xfer_out += out;
 	return recovered;
@@ -368,7 +390,7 @@ static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
 		s->acked += acked;
 		s->last_una = una;
 	}
-	*recovered = add_transfer(sk, s, flow, family, in, acked, una != nxt);
+	*recovered = add_transfer(sk, s, flow, family, in, acked, una, nxt);
 	return acked;
 }
 

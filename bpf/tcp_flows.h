@@ -92,7 +92,7 @@ struct fs_sock {
 	                       * on `received`'s scale (set equal to it then) */
 	__u64 last_in_ns;     /* the last hit that received payload */
 	__u32 last_ack;       /* acknowledgment number of our last packet out (TC egress) */
-	__u32 pad2;
+	__u32 xfer_nxt;       /* snd_nxt at the transfer's last hit */
 	__u64 made_ns;        /* when this entry was made (tells a new socket's from a
 	                       * freed one's at the same address) */
 	__u64 cookie;         /* socket cookie (TC egress, the socket's first packet with

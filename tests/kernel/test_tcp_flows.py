@@ -556,6 +556,85 @@ def test_bytes_acknowledged_before_a_sockets_first_tcp_probe_hit_are_counted(lab
                if r.tags["dport"] == "5360") == first + rest
 
 
+# Answers a client's first request byte with argv[2] bytes, then, after a line on stdin
+# and a pause longer than tcp_transfer_gap_us, argv[3] more: one response in two parts
+# (a storage server waiting on its disk); a second request gets argv[4].
+RESPOND_IN_TWO = """import socket, sys, time
+a, b, c = map(int, sys.argv[2:5])
+srv = socket.create_server(("0.0.0.0", int(sys.argv[1])))
+print("up", flush=True)
+conn, _ = srv.accept()
+assert conn.recv(1) == b"r"
+conn.sendall(b"x" * a)
+sys.stdin.readline()
+time.sleep(0.01)
+conn.sendall(b"x" * b)
+assert conn.recv(1) == b"r"
+conn.sendall(b"x" * c)
+conn.recv(1)
+"""
+# Requests argv[3] + argv[4] bytes and says "a" and "b" as each part is in; after a
+# line on stdin and a think time (longer than tcp_transfer_gap_us: a new transfer),
+# requests argv[5] bytes.
+REQUEST_TWICE = """import socket, sys, time
+a, b, c = map(int, sys.argv[3:6])
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+
+def read(n):
+    got = 0
+    while got < n:
+        got += len(s.recv(n - got))
+
+s.sendall(b"r")
+read(a)
+print("a", flush=True)
+read(b)
+print("b", flush=True)
+sys.stdin.readline()
+time.sleep(0.01)
+s.sendall(b"r")
+read(c)
+s.shutdown(socket.SHUT_WR)
+"""
+
+
+def test_a_responses_missed_tail_counts_for_it_not_for_the_next_response(lab, probes, col):
+    """A read on a persistent connection whose last hits tcp_probe missed: its bytes
+    are recovered from our ACKs at the next response's first hit, and they came
+    before our next request (whose ACK covered them), so they are the read's own,
+    however late our ACK of them left. Here the program's gate drops the tail for
+    certain (node 0's window generation 0), and the tail comes 10 ms after the rest
+    (its ACK leaves past the transfer gap, as a read's last ACK does when the reader
+    is descheduled on a loaded host)."""
+    n0, n1 = lab.nodes[0], lab.nodes[1]
+    probe, (a, b, c), port = probes[0], (300_000, 200_000, 400_000), 5365
+    window = probe._bpf[b"window"]
+    recovered0 = probe.stats()["received_recovered_bytes"]
+    with traffic([(n1, [PY, "-c", RESPOND_IN_TWO, str(port), str(a), str(b), str(c)])]) \
+            as (server,):
+        await_up(server)
+        with traffic([(n0, [PY, "-c", REQUEST_TWICE, n1.address, str(port), str(a), str(b),
+                            str(c)])]) as (client,):
+            try:
+                assert client.stdout.readline().strip() == "a", client.stderr.read()
+                window[ctypes.c_int(0)] = ctypes.c_uint32(0)  # no poll runs until restored
+                server.stdin.write("go\n")
+                server.stdin.flush()
+                assert client.stdout.readline().strip() == "b", client.stderr.read()
+            finally:
+                window[ctypes.c_int(0)] = ctypes.c_uint32(probe._gen)
+            client.stdin.write("go\n")
+            client.stdin.flush()
+            finish(client)
+        finish(server)
+    col.until(lambda c: any(r.tags["dport"] == str(port) for r in c.of(0, "tcp_flow_close")),
+              20, "the flow's close")
+    assert probe.stats()["received_recovered_bytes"] - recovered0 >= b
+    reads = sorted((r for r in col.of(0, "tcp_transfer") if r.tags["dport"] == str(port)),
+                   key=lambda r: r.time_ns)
+    assert [r.fields["bytes_in"] for r in reads] == [a + b, c], [r.fields for r in reads]
+
+
 # Accepts n connections, answering each with one byte, then exits.
 ACCEPT_N = """import socket, sys
 s = socket.create_server(("0.0.0.0", int(sys.argv[1])), backlog=64)

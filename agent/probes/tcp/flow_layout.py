@@ -61,7 +61,7 @@ class Sock(ctypes.Structure):
                 ("has_ack", ctypes.c_uint8), ("pad", ctypes.c_uint8),
                 ("pid", ctypes.c_uint32), ("rcv_acked", ctypes.c_uint64),
                 ("last_in_ns", ctypes.c_uint64), ("last_ack", ctypes.c_uint32),
-                ("pad2", ctypes.c_uint32), ("made_ns", ctypes.c_uint64),
+                ("xfer_nxt", ctypes.c_uint32), ("made_ns", ctypes.c_uint64),
                 ("cookie", ctypes.c_uint64)]
 
 
