@@ -10,12 +10,14 @@ its to_dict(), the shape a stored record would carry) and draws it:
 (surface/report/html_parts.py job_class_facts) and the Training job board
 (surface/grafana/boards.py job_class_panels, with the columns of `columns`). The
 collector writes each owned job's class as a `job_class` point
-(diagnosis/jobclass.py) and `fabricscope diagnose` prints it; the board, `top` and
-the report do not read that point yet.
+(diagnosis/jobclass.py); `fabricscope diagnose`, `top` and the report read it, and
+a stored point is a classification to every view here too (its nested parts are
+JSON text there: `from_point`).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from fabricscope.errors import UserError
@@ -34,11 +36,35 @@ class JobClassView:
     facts: list[tuple[str, str]]          # the model: mix, sizes, timing, observations
 
 
+def from_point(point: dict) -> dict:
+    """A stored job_class point (diagnosis/jobclass.py job_class_record) in the shape
+    of Classification.to_dict(): its mix and stages are JSON text, its components
+    comma-separated text, its drops one total."""
+    d = dict(point)
+    try:
+        if isinstance(d.get("mix"), str):
+            d["mix"] = json.loads(d["mix"])
+        if isinstance(d.get("stages"), str):
+            d["stages"] = {"stages": json.loads(d["stages"]),
+                           "bubble_share": d.get("bubble_share"),
+                           "slow_stage": d.get("slow_stage"),
+                           "cost_share": d.get("stage_cost_share")}
+    except json.JSONDecodeError as exc:
+        raise UserError(f"a stored job_class point of job {d.get('job')!r} has a field that "
+                        f"is not JSON ({exc.msg})", "the collector writes them: check "
+                        "what else writes the job_class measurement") from None
+    if isinstance(d.get("components"), str):
+        d["components"] = [c for c in d["components"].split(",") if c]
+    if "dropped" not in d and d.get("rows_dropped"):
+        d["dropped"] = {"rows": d["rows_dropped"]}
+    return d
+
+
 def _as_dict(classification) -> dict:
     if isinstance(classification, Classification):
         return classification.to_dict()
     if isinstance(classification, dict):
-        return classification
+        return from_point(classification)
     raise UserError(f"a job classification is a {type(classification).__name__}, not a "
                     "Classification or its to_dict()", "pass fabricscope.jobclass.classify's "
                     "result or its to_dict()")
@@ -66,6 +92,13 @@ def read(classification) -> JobClassView:
         facts.append(("arrivals", f"{d['arrival_rate_per_s']:.1f}/s (no period)"))
     if d.get("gap_spread") is not None:
         facts.append(("gap spread", f"{d['gap_spread']:.2f} (a step loop ~0, Poisson 1.58)"))
+    stages = d.get("stages") or {}
+    if stages.get("stages"):
+        slow = stages.get("slow_stage")
+        facts.append(("stages", f"{len(stages['stages'])}, bubble "
+                      f"{(stages.get('bubble_share') or 0.0):.0%}"
+                      + (f", slow stage rank {slow} ({(stages.get('cost_share') or 0.0):.0%} "
+                         "of its span)" if slow is not None else ", none slow")))
     dropped = d.get("dropped") or {}
     facts.append(("observations", f"{d.get('observations', 0)} used"
                   + (", dropped: " + ", ".join(f"{k} {v}" for k, v in sorted(dropped.items()))

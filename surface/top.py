@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from fabricscope.diagnosis.finding import Finding, severity_rank
+from fabricscope.diagnosis.jobclass import stored_classes
 from fabricscope.diagnosis.timespan import SECOND, Span
 from fabricscope.errors import UserError
 from fabricscope.surface import jobclass
@@ -99,8 +100,8 @@ class TopData:
     steps: list[RankStep] = field(default_factory=list)
     collectives: list[Collective] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    #: job -> its classification (surface/jobclass.py); none is stored yet, so read()
-    #: leaves it empty
+    #: job -> its classification (surface/jobclass.py): read() takes each job's latest
+    #: stored job_class point of the last STEP_S
     classes: dict[str, object] = field(default_factory=dict)
     error: str = ""          # the store's last failure, while the frame shows older data
 
@@ -133,6 +134,7 @@ def read(store, job: str | None, now_ns: int | None = None) -> TopData:
                     r.get("p50"), r.get("max"), r.get("busbw"))
          for r in Scope(_last(COLLECTIVE_S, now), job).rows(store, COLLECTIVES)),
         key=lambda c: (c.job, -c.count))
+    data.classes = stored_classes(store, now - STEP_S * SECOND, now, job)
     data.findings = sorted((Finding.from_row({**r, **r["_tags"]})
                             for r in Scope(_last(LINK_S, now), job).rows(store, FINDINGS)),
                            key=lambda f: (-severity_rank(f.severity), -f.step_seconds_added))
@@ -243,8 +245,10 @@ def frame(data: TopData | None, width: int, height: int) -> list[Line]:
         return head + [Line("reading the store...", "note")]
     if data.error:
         head.append(Line(f"store: {data.error} (showing {when})", "critical"))
-    head += class_lines(data)
     tables = sections(data, width)
+    # the classes take what the tables' titles, heads and first rows leave
+    spare = height - len(head) - (len(tables) - 1) - sum(min(len(t), 3) for t in tables)
+    head += class_lines(data)[:max(0, spare)]
     room = height - len(head) - (len(tables) - 1)       # a blank line between tables
     budget = _share(room, [len(t) for t in tables])
     out = list(head)

@@ -123,8 +123,8 @@ class ReportData:
     nic_util: list[Series] = field(default_factory=list)       # links with a line rate
     line_rate_unknown: list[str] = field(default_factory=list)  # nic_peak names without
     traffic: list[TrafficModel] = field(default_factory=list)
-    #: the job's classification (surface/jobclass.py); none is stored yet, so collect()
-    #: leaves it None
+    #: the job's classification (surface/jobclass.py): collect() takes its latest stored
+    #: job_class point of the window, else classifies its last collectives there
     job_class: object | None = None
     retrans_kinds: list[Series] = field(default_factory=list)
     retrans_ratio: list[Series] = field(default_factory=list)
@@ -273,11 +273,14 @@ def pick_job(store, span: Span, job: str | None, findings: list[Finding]):
 def collect(store, span: Span, job: str | None = None) -> ReportData:
     """Everything the report shows of `job` (or the job pick_job chooses) in `span`."""
     from fabricscope.diagnosis.cli import recorded
+    from fabricscope.diagnosis.jobclass import job_classes
     every = recorded(store, span, None)
     job, members, others = pick_job(store, span, job, every)
     scope = Scope(span, job, tuple(members.nodes))
     data = ReportData(job, span, dict(members.node_of_rank), others,
                       findings=[f for f in every if f.job == job])
+    data.job_class = job_classes(store, span.start_ns, span.end_ns, job).get(job) if job \
+        else None
     data.steps = [Step(r["_tags"].get("rank", "-"), r["_tags"].get("node", ""), int(r["time"]),
                        r.get("seconds"), float(r.get("sync_seconds") or 0.0),
                        int(r.get("retrans_segs") or 0)) for r in scope.rows(store, STEPS)]

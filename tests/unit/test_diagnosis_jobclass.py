@@ -13,9 +13,10 @@ from prometheus_client import CollectorRegistry
 from fabricscope.collector import diagnosis as collector_diagnosis
 from fabricscope.collector.config import CollectorConfig
 from fabricscope.diagnosis.jobclass import (SECOND, Drop, JobClassAnalyzer, class_line, job_classes,
-                                stored_classes)
+                                job_class_record, stored_classes)
 from fabricscope import schema
-from fabricscope.jobclass import OpFamily
+from fabricscope.errors import UserError
+from fabricscope.jobclass import OpFamily, classify
 from fabricscope.measurements.jobclass import FAMILIES
 from fabricscope.records import Record
 from tests.unit.test_jobclass import DDP, FSDP_GLOO, MOE, PIPELINE, SERVE_MOE, loop, served
@@ -255,3 +256,24 @@ def test_the_collectors_diagnosis_tick_writes_the_owned_jobs_classes(monkeypatch
     off = collector_diagnosis.start_diagnosis(CollectorConfig(job_class=False),
                                               CollectorRegistry(), 9470)
     assert off.job_class is None
+
+
+def test_every_view_reads_a_stored_point_as_the_classification_it_was_made_from():
+    from fabricscope.surface import jobclass as view
+    from tests.unit.test_stagemodel import gpipe
+    for observations in (loop(DDP), loop(MOE), gpipe([2.0, 4.0, 2.0], steps=5)):
+        made = classify(observations)
+        store = FakeStore()
+        store.write([job_class_record("j", T0, made, 2, 60.0, T0)])
+        stored = view.read(stored_classes(store, T0, T0 + 60 * SECOND)["j"])
+        assert stored.headline == view.read(made).headline
+        assert stored.facts[:-1] == view.read(made).facts[:-1]
+        assert stored.facts[-1] == ("observations", f"{made.observations} used, dropped: "
+                                                    "rows 2")
+    # the pipeline's stages, as the stored point carries them
+    assert ("stages", f"3, bubble {made.stages.bubble_share:.0%}, slow stage rank 1 "
+                      f"({made.stages.cost_share:.0%} of its span)") in stored.facts
+    point = stored_classes(store, T0, T0 + 60 * SECOND)["j"]
+    bad = dict(point, mix="{not json")
+    with pytest.raises(UserError, match="has a field that is not JSON"):
+        view.read(bad)

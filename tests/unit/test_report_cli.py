@@ -121,6 +121,8 @@ def test_the_report_holds_every_section_with_the_stores_data(influx, tmp_path):
     assert {t["name"] for t in figures["fig-durations"]["data"]} == {
         "AllReduce p50", "AllReduce p99", "AllReduce max"}
     assert "lossy_link at node1 (eth0)" in text and NOTE in text
+    # no job_class point is stored: the class comes from the job's last collectives
+    assert "data_parallel: allreduce carries 100% of the exchanged bytes" in text
     # the compare: the job's steps before the note are faster than after it
     (row,) = re.findall(r'<tr class="verdict-(\w+)"><td>step_time', text)
     assert row == "worse"

@@ -153,6 +153,21 @@ def test_the_tables_come_from_the_last_seconds_of_the_store(store):
     assert (other.steps, other.links, other.findings) == ([], [], [])
 
 
+def test_a_jobs_stored_class_is_read_with_the_frame_and_shown_under_the_header(store):
+    from fabricscope.diagnosis.jobclass import job_class_record
+    ring = [Observation("AllReduce", 4 << 20, s * SECOND + k * 10**7,
+                        s * SECOND + k * 10**7 + 5 * 10**6, rank=r)
+            for s in range(8) for k in range(3) for r in range(2)]
+    t = (T0 + 500) * SECOND
+    store.write([job_class_record(JOB.job, t, classify(ring), 0, 60.0, t)])
+    data = read(store, None, now_ns=t + 2 * SECOND)
+    assert data.classes[JOB.job]["class"] == "data_parallel"
+    assert "data_parallel: allreduce carries 100% of the exchanged bytes" in \
+        texts(160, 45, data)[1]
+    # a minute on, the point is no longer the job's present class
+    assert read(store, None, now_ns=t + 61 * SECOND).classes == {}
+
+
 def test_a_virtual_link_in_the_store_reads_as_a_peak_rate_with_its_share_unknown(store):
     t = (T0 + 300) * SECOND
     store.write([Record("nic_window", t, {"node": "node7", "interface": "veth0",
@@ -204,3 +219,12 @@ def test_a_reader_that_breaks_hands_its_error_to_the_screen():
     reader.start()
     reader._thread.join(30)
     assert isinstance(reader.failure, RuntimeError)
+
+
+def test_a_short_terminal_gives_the_tables_first_rows_before_the_classes():
+    data = top_data()
+    data.classes = {f"job-{k}": {"class": "data_parallel", "reason": "r"} for k in range(3)}
+    lines = texts(120, MIN_HEIGHT, data)
+    assert len(lines) == MIN_HEIGHT and not any(ln.startswith("job job-") for ln in lines)
+    assert lines[-1].startswith("CRITICAL")           # the open findings' first row
+    assert sum(ln.startswith("job job-") for ln in texts(120, MIN_HEIGHT + 2, data)) == 2
