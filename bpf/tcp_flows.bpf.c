@@ -294,9 +294,11 @@ static __always_inline void ack_baseline(__u64 sk, struct fs_flow *flow, struct 
  * advance) is what the segment before this hit acknowledged: after a gap it is the
  * last acknowledgment of the transfer that ended, and counts there. Bytes of missed
  * hits (recover_received, checked at a gap: once per transfer, not per segment)
- * count for the transfer that ended when our ACK covering them left before the gap
- * began; else the hits missed were the beginning of the one this hit starts, and
- * they, with that snd_una advance, count for it. Returns the recovered bytes. */
+ * count for the transfer that ended when they arrived before it ended
+ * (received_after: our request's ACK covered them, or our ACK of them left before
+ * the gap began); else the hits missed were the beginning of the one this hit
+ * starts, and they, with that snd_una advance, count for it. Returns the recovered
+ * bytes. */
 static __always_inline __u32 add_transfer(__u64 sk, struct fs_sock *s, struct fs_flow *flow,
 					  __u16 family, __u32 in, __u32 out, __u32 una, __u32 nxt)
 {

@@ -35,6 +35,7 @@ LINK_S = 5                  # links and findings: the last seconds
 COLLECTIVE_S = 10
 STEP_S = 60                 # a rank's latest step, however slow
 MIN_WIDTH, MIN_HEIGHT = 60, 16        # four tables' titles, heads and first rows
+FIRST_LINES = 3             # a table's title, head and first row: each gets these first
 #: who gets the rows left once every table has its first: the open findings, then links
 PRIORITY = (3, 0, 1, 2)
 FINDING_COLUMNS = ("id", "job", "cause", "severity", "open", "summary", "node", "interface",
@@ -247,7 +248,7 @@ def frame(data: TopData | None, width: int, height: int) -> list[Line]:
         head.append(Line(f"store: {data.error} (showing {when})", "critical"))
     tables = sections(data, width)
     # the classes take what the tables' titles, heads and first rows leave
-    spare = height - len(head) - (len(tables) - 1) - sum(min(len(t), 3) for t in tables)
+    spare = height - len(head) - (len(tables) - 1) - sum(min(len(t), FIRST_LINES) for t in tables)
     head += class_lines(data)[:max(0, spare)]
     room = height - len(head) - (len(tables) - 1)       # a blank line between tables
     budget = _share(room, [len(t) for t in tables])
@@ -265,7 +266,7 @@ def frame(data: TopData | None, width: int, height: int) -> list[Line]:
 def _share(room: int, sizes: list[int]) -> list[int]:
     """Lines per table: each gets its title, head and a first row (or its note) before
     any gets more; then the rest go to the tables in PRIORITY order."""
-    give = [min(s, 3) for s in sizes]
+    give = [min(s, FIRST_LINES) for s in sizes]
     room -= sum(give)
     for i in PRIORITY:
         extra = max(0, min(sizes[i] - give[i], room))
