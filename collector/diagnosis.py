@@ -1,6 +1,7 @@
 """The collector's wiring of the diagnosis engine (diagnosis/live.py): its store, its
 replica id, its topology and its metrics in the collector's registry; and, after each
-of its ticks, the classes of the jobs it owns (diagnosis/jobclass.py)."""
+of its ticks, the classes of the jobs it owns (diagnosis/jobclass.py), handed to their
+engines for the class causes (diagnosis/detect_class.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from fabricscope.topology import load_topology
 
 class _ClassifyingDiagnosis(LiveDiagnosis):
     """LiveDiagnosis whose ticks also write the owned jobs' job_class points: the owner
-    of a job is the one replica that reads it back, so it classifies it too."""
+    of a job is the one replica that reads it back, so it classifies it too; each
+    engine judges the class causes from its job's latest classification at its next
+    evaluation."""
 
     job_class: JobClassAnalyzer | None = None
 
@@ -23,6 +26,8 @@ class _ClassifyingDiagnosis(LiveDiagnosis):
         found = super().tick()
         if self.job_class is not None:
             self.store.write(self.job_class.records(list(self.engines), self.clock()))
+            for job, engine in self.engines.items():
+                engine.classified(self.job_class.latest(job))
         return found
 
 

@@ -162,7 +162,76 @@ def _gap(c: Candidate, backend: str) -> list[Advice]:
                    "without its telemetry no finding can be placed on that node")]
 
 
+def _stage(c: Candidate, backend: str) -> list[Advice]:
+    f = c.facts
+    rank, ratio = f.get("slow_rank"), f.get("compute_ratio")
+    times = f" ({ratio:.1f}x the others)" if ratio else ""
+    return [Advice("pipeline partition (layers per stage)",
+                   f"move layers off stage rank {rank} to its neighbours until the stages' "
+                   "compute is even (torch.distributed.pipelining split points, Megatron "
+                   "--decoder-first/last-pipeline-num-layers)",
+                   f"stage rank {rank} computes the most{times}; a balanced split saves "
+                   f"{f.get('cost', 0):.0%} of its time"),
+            Advice("micro-batches per step", "raise them (at least 4 x the stages) or use an "
+                   "interleaved schedule (1F1B interleaved, virtual stages)",
+                   f"the bubble is {f.get('bubble', 0):.0%} of the stages' time: more, "
+                   "smaller micro-batches keep the stages busy while they wait")]
+
+
+def _skew(c: Candidate, backend: str) -> list[Advice]:
+    f = c.facts
+    rank = f.get("hot_rank")
+    return [Advice("MoE capacity factor and load-balancing loss",
+                   "cap each expert's tokens (capacity_factor 1.0-1.25) and raise the "
+                   "auxiliary load-balancing loss coefficient",
+                   f"rank {rank} receives {f.get('hot_share', 0):.0%} of the all-to-all bytes, "
+                   f"{f.get('imbalance', 0):.1f}x an even share: its experts are hot"),
+            Advice("expert placement", f"spread the hot experts of rank {rank} over ranks (or "
+                   "replicate them) so every rank receives a similar share",
+                   "an exchange lasts as long as its most loaded receiver"),
+            Advice("topology-aware expert grouping", "place experts that exchange most inside "
+                   "one node or ToR (hierarchical all-to-all: NCCL's PXN, "
+                   "NCCL_P2P_NET_CHUNKSIZE on NCCL)" if backend == "nccl" else
+                   "place experts that exchange most inside one node or ToR",
+                   "all-to-all bytes that stay under one switch do not cross the uplinks")]
+
+
+def _latency(c: Candidate, backend: str) -> list[Advice]:
+    f = c.facts
+    n, extra = f.get("per_step", 0), f.get("extra_rtt_us", 0)
+    out = [Advice("FSDP/ZeRO prefetch and bucket sizes",
+                  "forward_prefetch and backward_prefetch=BACKWARD_PRE (FSDP), or a larger "
+                  "reduce_bucket_size / allgather_bucket_size (DeepSpeed)",
+                  f"{n:.0f} collectives per step each pay {extra / 1e3:.2f} ms of extra RTT: "
+                  "fewer, larger, overlapped collectives pay it fewer times"),
+           Advice("ZeRO stage / sharding strategy", "ZeRO-2 or FSDP SHARD_GRAD_OP (or "
+                  "HYBRID_SHARD across nodes) where the memory allows",
+                  "ZeRO-3 gathers every layer's parameters twice per step: the calls that "
+                  "pay the round trips")]
+    if backend == "nccl":
+        out.append(Advice("NCCL_ALGO / NCCL_PROTO", "Tree / LL128 (or LL) for small "
+                          "messages", f"median message {f.get('p50_bytes') or 0:.0f} B: "
+                          "latency, not bandwidth, sets each collective's time"))
+    return out
+
+
+def _tail(c: Candidate, backend: str) -> list[Advice]:
+    f = c.facts
+    rank = f.get("tail_rank")
+    where = f"rank {rank}'s host (CPU limits, a noisy neighbour, its GPU)" if rank is not None \
+        else "the hops the finding names (their loss and queueing)"
+    return [Advice(where, "look at it first; move the rank if it stays slow",
+                   f"{f.get('over', 0)} of {f.get('requests', 0)} requests exceed the "
+                   f"baseline P99 ({f.get('base_p99_s', 0) * 1e3:.1f} ms)"),
+            Advice("request batching and admission", "cap the batch wait and shed or queue "
+                   "load above the rate the baseline served",
+                   f"at {f.get('rate') or 0:.1f} requests/s a slower request delays the "
+                   "ones that arrive behind it")]
+
+
 _RULES = {Cause.LOSSY_LINK: _lossy, Cause.BUFFER_SATURATION: _saturation,
           Cause.STRAGGLER_NETWORK: _slow_link, Cause.STRAGGLER_COMPUTE: _straggler,
           Cause.INPUT_STALL: _input, Cause.NETWORK_BOUND: _bound,
-          Cause.JITTER_ACCUMULATION: _jitter, Cause.TELEMETRY_GAP: _gap}
+          Cause.JITTER_ACCUMULATION: _jitter, Cause.TELEMETRY_GAP: _gap,
+          Cause.STAGE_IMBALANCE: _stage, Cause.ALLTOALL_SKEW: _skew,
+          Cause.LATENCY_BOUND: _latency, Cause.TAIL_LATENCY: _tail}

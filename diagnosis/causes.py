@@ -24,6 +24,10 @@ class Cause(enum.StrEnum):
     TELEMETRY_GAP = "telemetry_gap"
     UNEXPLAINED_SLOWDOWN = "unexplained_slowdown"
     RDMA_MISCONFIG = "rdma_misconfig"
+    STAGE_IMBALANCE = "stage_imbalance"
+    ALLTOALL_SKEW = "alltoall_skew"
+    LATENCY_BOUND = "latency_bound"
+    TAIL_LATENCY = "tail_latency"
 
 
 #: what each cause means
@@ -40,6 +44,11 @@ MEANING = {
     Cause.TELEMETRY_GAP: "the engine lacks data for a node or a job",
     Cause.UNEXPLAINED_SLOWDOWN: "steps are slower than the job's baseline; no cause explains it",
     Cause.RDMA_MISCONFIG: "RDMA transport misconfigured (reserved: needs the RDMA signals)",
+    Cause.STAGE_IMBALANCE: "one pipeline stage computes more than the others and paces them",
+    Cause.ALLTOALL_SKEW: "a few ranks receive most of a MoE job's all-to-all bytes (hot "
+                         "experts)",
+    Cause.LATENCY_BOUND: "many small collectives per step each pay extra round-trip time",
+    Cause.TAIL_LATENCY: "a served model's P99 request latency rose against its own baseline",
 }
 
 #: when each cause is raised at which severity (docs/DIAGNOSIS.md renders the dicts
@@ -58,6 +67,10 @@ SEVERITY_RULE = {
     Cause.UNEXPLAINED_SLOWDOWN: "info; warning from twice the baseline step, or for hops "
                                 "no place explains",
     Cause.RDMA_MISCONFIG: "not raised",
+    Cause.STAGE_IMBALANCE: "warning; critical when it costs `critical_share` of each step",
+    Cause.ALLTOALL_SKEW: "warning; critical when it costs `critical_share` of each step",
+    Cause.LATENCY_BOUND: "warning; critical when it costs `critical_share` of each step",
+    Cause.TAIL_LATENCY: "warning; critical when the P99 rose by `critical_share` or more",
 }
 
 #: the evidence each cause is named on, and why that evidence means this cause
@@ -123,6 +136,32 @@ EVIDENCE = {
     Cause.RDMA_MISCONFIG:
         "reserved for the RDMA counters (retries, sequence errors, PFC pauses, ECN and "
         "CNPs), which the engine does not read yet",
+    Cause.STAGE_IMBALANCE:
+        "a pipeline's stages (ranks exchanging by Send/Recv) run in lockstep, so a stage's "
+        "compute is the span every stage runs less its time inside Send and Recv; the "
+        "stage that computes the most is named when its excess over the stages' mean is "
+        "`detect_class.SLOW_STAGE_COST` of the span: the step time a balanced split saves. "
+        "The others' time in transfers (their wait for it) is the bubble",
+    Cause.ALLTOALL_SKEW:
+        "an AlltoAll's size is what its rank receives, so the ranks' sums over the window "
+        "are the all-to-all byte matrix's columns. An exchange ends when its most loaded "
+        "receiver has its bytes, and that rank's experts compute the most tokens: an even "
+        "routing saves the ranks' share of time inside AlltoAll x (1 - mean / max) of "
+        "their bytes; named from `detect_class.SKEW_COST` of the step",
+    Cause.LATENCY_BOUND:
+        "a sharded job (AllGather/ReduceScatter carry most bytes) runs n collectives per "
+        "step, and each pays at least one round trip per ring step: n x the hops' median "
+        "RTT above their own baseline RTT, over the period, reaches "
+        "`detect_class.LATENCY_COST` of the step, whether or not the links are busy",
+    Cause.TAIL_LATENCY:
+        "a job classified as inference (no gradient reduction, no period): each request is "
+        "one repeat of its op sequence, its latency from the first call to the last over "
+        "all ranks. The baseline is its first `detect_class.REQUESTS_BASELINE` requests; "
+        "named when the window's P99 is `detect_class.TAIL_GROWTH` above the baseline's "
+        "and more requests exceed the baseline P99 than Binomial(n, 1 %) allows at "
+        "`detect_class.TAIL_P`. The rank that trails the others' first call in the slow "
+        "requests (by `detect_class.TAIL_RANK_SHARE` of their excess) carries the tail; "
+        "else the hop that loses or queues the most",
 }
 
 #: the causes each cause's evidence rules out, and why
@@ -155,6 +194,18 @@ RULES_OUT = {
         "silence read as health: no finding must never mean no data",
     Cause.UNEXPLAINED_SLOWDOWN: "-",
     Cause.RDMA_MISCONFIG: "-",
+    Cause.STAGE_IMBALANCE:
+        "a slow link between two stages: it lengthens their transfers and leaves their "
+        "compute equal (the stages read as balanced with a larger bubble, and the "
+        "network causes place the link)",
+    Cause.ALLTOALL_SKEW:
+        "a slow link or rank: routing skew shows in the bytes each rank receives, which "
+        "neither changes",
+    Cause.LATENCY_BOUND:
+        "network_bound: the cost is round trips per collective, not bytes; it holds with "
+        "the links idle",
+    Cause.TAIL_LATENCY:
+        "the period-based causes: a server has no step, so none of them is judged on it",
 }
 
 #: causes a fault of the fabric is named by, found by tomography over the hops
@@ -163,6 +214,9 @@ NETWORK_CAUSES = frozenset({Cause.LOSSY_LINK, Cause.BUFFER_SATURATION, Cause.STR
 STEP_CAUSES = frozenset({Cause.STRAGGLER_COMPUTE, Cause.INPUT_STALL,
                          Cause.UNEXPLAINED_SLOWDOWN, Cause.NETWORK_BOUND,
                          Cause.JITTER_ACCUMULATION})
+#: causes read from the job's class and its model (diagnosis/detect_class.py)
+CLASS_CAUSES = frozenset({Cause.STAGE_IMBALANCE, Cause.ALLTOALL_SKEW, Cause.LATENCY_BOUND,
+                          Cause.TAIL_LATENCY})
 #: causes that explain where a slow job's time went
 EXPLAINING_CAUSES = NETWORK_CAUSES | {Cause.STRAGGLER_COMPUTE, Cause.INPUT_STALL}
 

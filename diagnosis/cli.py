@@ -126,6 +126,7 @@ def recorded(store, span, job: str | None):
 def recompute(store, span, job: str | None, tor_of):
     from fabricscope.diagnosis.engine import JobEngine
     from fabricscope.diagnosis.evidence import SECOND
+    from fabricscope.diagnosis.jobclass import replay_classes
     from fabricscope.diagnosis.replay import replay
     from fabricscope.diagnosis.source import StoreSource
     source = StoreSource(store)
@@ -142,7 +143,8 @@ def recompute(store, span, job: str | None, tor_of):
         ev = source.read(members, span.start_ns - lead, span.end_ns,
                          heartbeat_from_ns=span.start_ns - lead)
         engine = JobEngine(j, tor_of=tor_of)
-        found = replay(engine, ev, (span.start_ns - lead) // SECOND, span.end_ns // SECOND + 1)
+        found = replay(engine, ev, (span.start_ns - lead) // SECOND, span.end_ns // SECOND + 1,
+                       classes=replay_classes(store, j))
         out += [f for f in found if f.end_ns is None or f.end_ns >= span.start_ns]
     return out
 

@@ -69,6 +69,11 @@ class JobEngine:
         """Take what was read (evidence read into the engine's own is taken already)."""
         self.evaluation.feed(evidence)
 
+    def classified(self, classification) -> None:
+        """Take the job's latest class and model (fabricscope.jobclass.Classification):
+        the class causes are judged from them (diagnosis/detect_class.py)."""
+        self.evaluation.job_class = classification
+
     def evaluate(self, now_ns: int | None = None) -> list[Finding]:
         now_ns = self.clock() if now_ns is None else now_ns
         latest = self.ev.latest_second()

@@ -8,7 +8,9 @@ its hops' RTT: that is not a slow link), naming a slowdown no cause explains. Wh
 usual is learnt once: the job's baseline is its first stretch of `baseline_steps`
 steps (after `warmup_steps`) in which no warning was raised, and each hop's RTT, each
 node's received peak and its reads' rate over it; the RTT floor is the lowest median
-RTT a data hop between the job's nodes has shown.
+RTT a data hop between the job's nodes has shown. The job's class and its model,
+when the collector hands them in (`job_class`), add the causes of that class
+(diagnosis/detect_class.py), with the served requests' own baseline.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from fabricscope.diagnosis import detect_network, detect_steps
+from fabricscope.diagnosis import detect_class, detect_network, detect_steps
 from fabricscope.diagnosis.candidate import Candidate, RuledOut
 from fabricscope.diagnosis.causes import EXPLAINING_CAUSES, NETWORK_CAUSES, Cause
 from fabricscope.diagnosis.detect_trends import JitterTracker, mad, telemetry
@@ -78,6 +80,9 @@ class Evaluation:
     usual_rx_peak: dict = field(default_factory=dict)  # node -> its peak received, baseline
     usual_read_bps: dict = field(default_factory=dict)  # node -> its reads' rate, baseline
     pruned_s: int = 0
+    job_class: object = None        # fabricscope.jobclass.Classification, latest handed in
+    requests_baseline: detect_class.RequestBaseline = field(
+        default_factory=detect_class.RequestBaseline)
 
     def __post_init__(self) -> None:
         if self.ev is None:
@@ -245,6 +250,7 @@ class Evaluation:
         for node in set(self.ev.node_of_rank.values()):
             self.node_known_ns.setdefault(node, snap.now_ns)
         out += telemetry(snap, self.lost_seen, self.node_known_ns)
+        out += detect_class.detect(self.job_class, snap, self.requests_baseline)
         self.lost_seen = dict(self.ev.lost_records)
         # what the named causes explain: this evaluation's, and those still open
         shares = {c.key: c.explained_share for c in causal}

@@ -130,6 +130,17 @@ def job_class_record(job: str, now_ns: int, c: Classification, rows_dropped: int
         if c.stages.slow_stage is not None:
             fields["slow_stage"] = int(c.stages.slow_stage)
             fields["stage_cost_share"] = float(c.stages.cost_share)
+    if c.alltoall is not None:
+        fields["alltoall_hot_rank"] = int(c.alltoall.hot_rank)
+        fields["alltoall_hot_share"] = float(c.alltoall.hot_share)
+        fields["alltoall_imbalance"] = float(c.alltoall.imbalance)
+        fields["alltoall_cost_share"] = float(c.alltoall.cost_share)
+    if c.requests is not None:
+        fields["requests"] = len(c.requests.requests)
+        fields["request_p50_s"] = float(c.requests.p50_s)
+        fields["request_p99_s"] = float(c.requests.p99_s)
+    if c.exchange_share is not None:
+        fields["exchange_share"] = float(c.exchange_share)
     return Record("job_class", now_ns, {"job": job, "class": c.job_class.value}, fields)
 
 
@@ -142,6 +153,7 @@ class _Held:
     written_ns: int        # last written
     decided_ns: int        # last classified
     seen_to_ns: int        # end of the last read
+    latest: Classification | None = None     # the last classification made
 
 
 class JobClassAnalyzer:
@@ -186,7 +198,7 @@ class JobClassAnalyzer:
         held.decided_ns = held.seen_to_ns = now_ns
         if not read.observations and not read.dropped:
             return None
-        c = classify(read.observations)
+        c = held.latest = classify(read.observations)
         decided = c.job_class.value
         if decided == held.job_class and now_ns - held.written_ns < self.rewrite_s * SECOND:
             return None
@@ -198,11 +210,32 @@ class JobClassAnalyzer:
         return job_class_record(job, now_ns, c, sum(read.dropped.values()), self.window_s,
                                 held.since_ns)
 
+    def latest(self, job: str) -> Classification | None:
+        """The job's last classification (None before one, or once it is forgotten)."""
+        held = self.held.get(job)
+        return held.latest if held is not None else None
+
     def _count(self, dropped: dict[Drop, int]) -> None:
         for cause, n in dropped.items():
             self.dropped[cause] = self.dropped.get(cause, 0) + n
             if self._drops is not None:
                 self._drops.labels(cause.value).inc(n)
+
+
+def replay_classes(store: Store, job: str, every_s: float = EVERY_S,
+                   window_s: float = WINDOW_S):
+    """A function of a second t (UNIX s): the job's classification as the live analyzer
+    made it at the last multiple of every_s up to t, from the window_s before that
+    (None without collectives there); `diagnose --recompute` hands it to the engine."""
+    made: dict[int, Classification | None] = {}
+
+    def at(t_s: int) -> Classification | None:
+        due = int(t_s // every_s * every_s * SECOND)
+        if due not in made:
+            read = read_window(store, job, due - int(window_s * SECOND), due)
+            made[due] = classify(read.observations) if read.observations else None
+        return made[due]
+    return at
 
 
 # -- what `fabricscope diagnose` shows ---------------------------------------------------

@@ -36,7 +36,7 @@ from fabricscope.records import Record
 log = logging.getLogger("fabricscope.collector.diagnosis")
 
 HEARTBEAT_TTL_S = 5          # a replica without a heartbeat this long is gone
-JOB_ACTIVE_S = 60            # a job with steps this recently is analysed
+JOB_ACTIVE_S = 60            # a job with steps or collectives this recently is analysed
 #: how far before the last tick a tick rereads cells and nodes (from the start of that
 #: second): each second is read at two ticks. A node's windows of a second leave at
 #: its poll just after the second (its NIC windows too: their bins are cut on the wall

@@ -53,10 +53,16 @@ def progress_at(p: Progress, t_ns: int) -> Progress:
                       else p.throttled_seconds * seconds / p.seconds)
 
 
-def replay(engine: JobEngine, ev: JobEvidence, start_s: int, end_s: int) -> list[Finding]:
-    """Evaluate once per second over [start_s, end_s); every finding it raised."""
+def replay(engine: JobEngine, ev: JobEvidence, start_s: int, end_s: int,
+           classes=None) -> list[Finding]:
+    """Evaluate once per second over [start_s, end_s); every finding it raised.
+    `classes`: the job's classification as of a second (diagnosis/jobclass.py
+    replay_classes), handed to the engine before each evaluation as the collector
+    hands it in."""
     for t in range(start_s, end_s):
         engine.ev = JobEvidence(engine.job)
         engine.feed(slice_until(ev, t))
+        if classes is not None:
+            engine.classified(classes(t))
         engine.evaluate(t * SECOND)
     return engine.findings()

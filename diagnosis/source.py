@@ -102,11 +102,14 @@ class StoreSource:
 
     def jobs(self, t0_ns: int, t1_ns: int) -> dict[str, Members]:
         """The jobs whose ranks reported steps in [t0, t1): from gloo_step, and from
-        nccl_step those that have none in gloo_step (one source per job)."""
+        nccl_step those that have none in gloo_step (one source per job); and the jobs
+        with gloo collectives in it but no steps (a served model has none): their
+        network and class causes are judged all the same."""
         out = self._members("gloo_step", "sync_seconds", t0_ns, t1_ns, StepSource.GLOO)
-        for job, members in self._members("nccl_step", "seconds", t0_ns, t1_ns,
-                                          StepSource.NCCL).items():
-            out.setdefault(job, members)
+        for table, column, source in (("nccl_step", "seconds", StepSource.NCCL),
+                                      ("gloo_collective", "seconds", StepSource.GLOO)):
+            for job, members in self._members(table, column, t0_ns, t1_ns, source).items():
+                out.setdefault(job, members)
         return out
 
     def _members(self, table: str, field_name: str, t0_ns: int, t1_ns: int,

@@ -38,7 +38,10 @@ Alongside the class: the mix (share of each family by count and by bytes), the
 message sizes (p50, p90), the period and collectives per step and rank where the
 traffic is periodic, and for aperiodic traffic the arrival rate (of the repeats
 of its op sequence; see _timing); for both, the spread of the gaps between those
-repeats (IQR / median: 1.58 for Poisson arrivals, near 0 for a clock).
+repeats (IQR / median: 1.58 for Poisson arrivals, near 0 for a clock). And the
+models that fit the class: per pipeline stage (fabricscope.stagemodel), per
+all-to-all receiver (fabricscope.alltoallmodel), per served request
+(fabricscope.requestmodel), with the ranks' share of time inside the exchanges.
 
 Observations that cannot be used (an unknown op, negative bytes, an end before
 the start) are dropped and counted by cause in `dropped`; one whose size is not
@@ -53,6 +56,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fabricscope import trafficmodel
+from fabricscope.alltoallmodel import AlltoallModel, alltoall_model
+from fabricscope.requestmodel import RequestModel, request_model
 from fabricscope.stagemodel import StageModel, stage_model
 
 BIN_S = 0.001            # activity series resolution: a gloo collective lasts ~1 ms or more
@@ -141,6 +146,12 @@ class Classification:
     observations: int                       # used
     dropped: dict[str, int] = field(default_factory=dict)
     stages: StageModel | None = None        # where Send/Recv carry bytes: per stage
+    alltoall: AlltoallModel | None = None   # where AlltoAll carries bytes: per rank
+    requests: RequestModel | None = None    # inference: each request's latency
+    from_ns: int = 0                        # start of the window's first observation
+    until_ns: int = 0                       # end of the window's last observation
+    ranks: int = 0                          # ranks seen in the window
+    exchange_share: float | None = None     # ranks' mean share of time inside exchanges
 
     def to_dict(self) -> dict:
         return {"class": self.job_class.value, "reason": self.reason,
@@ -151,7 +162,11 @@ class Classification:
                 "arrival_rate_per_s": self.arrival_rate_per_s,
                 "gap_spread": self.gap_spread,
                 "observations": self.observations, "dropped": dict(self.dropped),
-                "stages": self.stages.to_dict() if self.stages else None}
+                "stages": self.stages.to_dict() if self.stages else None,
+                "alltoall": self.alltoall.to_dict() if self.alltoall else None,
+                "requests": self.requests.to_dict() if self.requests else None,
+                "from_ns": self.from_ns, "until_ns": self.until_ns, "ranks": self.ranks,
+                "exchange_share": self.exchange_share}
 
 
 def observation_from_record(record) -> Observation:
@@ -277,6 +292,7 @@ class _Timing:
     per_step: float | None
     rate: float | None
     cv: float | None
+    repeat: tuple[int, list[Observation]] | None = None     # _repeat's answer
 
 
 def _timing(exchange: list[Observation], bin_s: float, trains: bool = False) -> _Timing:
@@ -300,14 +316,14 @@ def _timing(exchange: list[Observation], bin_s: float, trains: bool = False) -> 
         clocked = _clocked(*found)
         if clocked is not None:
             ops, gaps, spread = clocked
-            return _Timing(float(gaps.mean()), float(ops), None, spread)
+            return _Timing(float(gaps.mean()), float(ops), None, spread, found)
         lag, seq = found
         gaps = np.diff(np.array([o.start_ns for o in seq[::lag]], dtype=float)) / 1e9
         if trains and len(gaps) >= REPEATS_MIN - 1 and gaps.mean() > 0:
-            return _Timing(float(gaps.mean()), float(lag), None, _spread(gaps))
+            return _Timing(float(gaps.mean()), float(lag), None, _spread(gaps), found)
         if len(gaps) and gaps.mean() > 0:
-            return _Timing(None, None, float(1 / gaps.mean()), _spread(gaps))
-        return _Timing(None, None, onset_rate or None, None)
+            return _Timing(None, None, float(1 / gaps.mean()), _spread(gaps), found)
+        return _Timing(None, None, onset_rate or None, None, found)
     if period is not None:
         span = (max(o.end_ns for o in exchange) - min(o.start_ns for o in exchange)) / 1e9
         return _Timing(period, len(exchange) / ranks / max(span / period, 1.0), None, None)
@@ -354,8 +370,34 @@ def classify(observations, bin_s: float = BIN_S) -> Classification:
     stages = stage_model(exchange) if OpFamily.SEND_RECV in mix else None
     if stages is not None:
         reason += f"; {stages.reason}"
+    alltoall = alltoall_model(exchange) if OpFamily.ALLTOALL in mix else None
+    if alltoall is not None and alltoall.named:
+        reason += f"; {alltoall.reason}"
+    requests = request_model(exchange, *timing.repeat) \
+        if job_class is JobClass.INFERENCE and timing.repeat is not None else None
+    if requests is not None:
+        reason += (f"; {len(requests.requests)} requests, latency p50 "
+                   f"{requests.p50_s * 1e3:.1f} ms, p99 {requests.p99_s * 1e3:.1f} ms")
+    ranks = {o.rank for o in exchange if o.rank is not None}
     return Classification(job_class, reason, components, mix, p50, p90, period, per_step,
-                          rate, cv, len(kept), dropped, stages)
+                          rate, cv, len(kept), dropped, stages, alltoall, requests,
+                          min(o.start_ns for o in exchange), max(o.end_ns for o in exchange),
+                          len(ranks),
+                          _exchange_share(exchange))
+
+
+def _exchange_share(exchange: list[Observation]) -> float | None:
+    """The ranks' mean share of their span (first call's start to last call's end)
+    spent inside exchange ops: the communication share of a step or a request."""
+    by_rank: dict = {}
+    for o in exchange:
+        by_rank.setdefault(o.rank, []).append(o)
+    shares = []
+    for obs in by_rank.values():
+        span = max(o.end_ns for o in obs) - min(o.start_ns for o in obs)
+        if span > 0:
+            shares.append(min(1.0, sum(o.end_ns - o.start_ns for o in obs) / span))
+    return float(np.mean(shares)) if shares else None
 
 
 def classify_windows(observations, window_s: float, bin_s: float = BIN_S) \

@@ -9,6 +9,7 @@
     fabricscope lab train --name NAME --steps K [--model-mb M] [--batch B] [--json-summary]
         [--data-mb D] [--checkpoint-every N]     (reads/checkpoints via a data server)
         [--kind ddp|fsdp|moe|pipeline] [--layers L] [--experts-per-rank E] [--skew S]
+        [--hot-rank R]
         [--micro-batches M] [--slow-stage K --stage-skew X]
     fabricscope lab serve --name NAME --requests N [--rate R] [--mode moe|pipeline] ...
     fabricscope lab exec  --name NAME --node I -- CMD...
@@ -137,9 +138,12 @@ def add_kind_flags(p: argparse.ArgumentParser, serve: bool) -> None:
     p.add_argument("--experts-per-rank", type=int, help="moe: experts on each rank (default 2)")
     p.add_argument("--skew", type=float, help="moe: Zipf exponent of the routing, 0 = uniform "
                                               "(default 0)")
+    p.add_argument("--hot-rank", type=int, help="moe: the rank holding the most routed "
+                                                "experts (default 0)")
 
 
-_KNOBS = ("layers", "experts_per_rank", "skew", "micro_batches", "slow_stage", "stage_skew")
+_KNOBS = ("layers", "experts_per_rank", "skew", "hot_rank", "micro_batches", "slow_stage",
+          "stage_skew")
 
 
 def kind_knobs(args) -> dict:

@@ -6,7 +6,7 @@
 
 --kind ddp (the default) is the DDP rank described below; the other kinds run in
 lab/workloads/ (one module each) with their knobs (--layers, --experts-per-rank,
---skew, --micro-batches, --slow-stage, --stage-skew, --rate, --serve-mode).
+--skew, --hot-rank, --micro-batches, --slow-stage, --stage-skew, --rate, --serve-mode).
 
 Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GLOO_SOCKET_IFNAME and
 FABRICSCOPE_MARKERS_DIR from the environment. Trains a plain MLP of about M MiB
@@ -112,6 +112,8 @@ def add_kind_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experts-per-rank", type=int, default=2)
     parser.add_argument("--skew", type=float, default=0.0,
                         help="Zipf exponent of the expert routing (0: uniform)")
+    parser.add_argument("--hot-rank", type=int, default=0,
+                        help="the rank holding the most routed experts (moe, serve)")
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--slow-stage", type=int, default=-1,
                         help="pipeline stage with stage-skew x the layers (-1: none)")
@@ -135,6 +137,8 @@ def kind_problem(args, world: int) -> str | None:
         return f"--micro-batches {args.micro_batches} is more than --batch {args.batch}"
     if pipelined and world < 2:
         return "a pipeline needs 2 or more ranks (one stage per rank)"
+    if not 0 <= args.hot_rank < world:
+        return f"--hot-rank {args.hot_rank} is not a rank of {world} (give 0 to {world - 1})"
     if not -1 <= args.slow_stage < world:
         return f"--slow-stage {args.slow_stage} is not a stage of {world} (give -1 to {world - 1})"
     return None

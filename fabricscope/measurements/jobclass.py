@@ -58,6 +58,22 @@ MEASUREMENTS = [
                                       "time: what a balanced split saves"),
             "stages": Field(str, "", "JSON [{rank, compute_s, recv_s, send_s, span_s, "
                                      "wait_share}] per pipeline stage"),
+            "alltoall_hot_rank": Field(int, "rank", "AlltoAll in the window: the rank "
+                                       "that receives the most of its bytes "
+                                       "(fabricscope.alltoallmodel)"),
+            "alltoall_hot_share": Field(float, "fraction", "that rank's share of the "
+                                        "AlltoAll bytes received"),
+            "alltoall_imbalance": Field(float, "", "max / mean of the ranks' AlltoAll "
+                                        "bytes received (1: even routing)"),
+            "alltoall_cost_share": Field(float, "fraction", "the step time an even "
+                                         "routing would save"),
+            "requests": Field(int, "", "inference: whole requests in the window "
+                                       "(fabricscope.requestmodel)"),
+            "request_p50_s": Field(float, "s", "their median latency, first exchange "
+                                               "call to last, over all ranks"),
+            "request_p99_s": Field(float, "s", "their 99th percentile latency"),
+            "exchange_share": Field(float, "fraction", "the ranks' mean share of their "
+                                    "time inside exchange ops"),
             "observations": Field(int, "", "collectives the class was decided from"),
             "rows_dropped": Field(int, "", "rows of the window that could not be used "
                                            "(unknown op, bad time, size or duration)"),

@@ -14,7 +14,8 @@ Routing skew: the expert of a token is drawn with probability proportional to
 take about a third of the tokens of 6). A learned router's load is data dependent
 and cannot be set to a wanted skew; the draw stands in for it while the router's
 gate value (its softmax at the drawn expert) still scales each output, so the
-router learns and its gradients are real.
+router learns and its gradients are real. `hot_rank` rotates the experts over the
+ranks so that the most drawn experts sit on that rank (0: expert 0 on rank 0).
 """
 
 from __future__ import annotations
@@ -62,13 +63,15 @@ def exchange(x, out_splits: list[int], in_splits: list[int]):
     return _Exchange.apply(x)
 
 
-def moe_layer(layer, x, probs, experts_per_rank: int, gen):
+def moe_layer(layer, x, probs, experts_per_rank: int, gen, hot_rank: int = 0):
     """One MoE layer over this rank's tokens x [tokens, width]; returns x + gated output."""
     import torch
     import torch.distributed as dist
     world = dist.get_world_size()
     gates = torch.softmax(layer["router"](x), dim=1)
-    choice = torch.multinomial(probs, x.shape[0], replacement=True, generator=gen)
+    drawn = torch.multinomial(probs, x.shape[0], replacement=True, generator=gen)
+    # expert e of the draw lives at e + hot_rank x experts_per_rank: the hot ones there
+    choice = (drawn + hot_rank * experts_per_rank) % (experts_per_rank * world)
     order = torch.argsort(choice)
     dest = choice[order] // experts_per_rank
     send = torch.bincount(dest, minlength=world)
@@ -80,10 +83,12 @@ def moe_layer(layer, x, probs, experts_per_rank: int, gen):
                            recv_splits, send_splits)
     arrived = exchange(x[order], recv_splits, send_splits)             # dispatch
     out = torch.zeros_like(arrived)
+    # every expert runs, on no rows too: a rank that received no token must still put
+    # its combine exchange into the graph, or its backward pass skips the exchange's
+    # gradient all-to-all that the other ranks wait in
     for e, expert in enumerate(layer["experts"]):
         rows = (local_ids == e).nonzero().squeeze(1)
-        if len(rows):
-            out = out.index_put((rows,), expert(arrived[rows]))
+        out = out.index_put((rows,), expert(arrived[rows]))
     back = exchange(out, send_splits, recv_splits)                     # combine
     combined = torch.empty_like(back).index_put((order,), back)
     return x + gates.gather(1, choice[:, None]) * combined
@@ -109,7 +114,7 @@ def run(args) -> int:
     from fabricscope.lab.workloads.common import emit, finish, start, width_for
 
     rank, world = start(args, f"MoE {args.layers} layers x {args.experts_per_rank} experts "
-                              f"per rank, skew {args.skew:g}, batch {args.batch}, "
+                              f"per rank, skew {args.skew:g} hot on rank {args.hot_rank}, batch {args.batch}, "
                               f"{args.steps} steps")
     width = width_for(args.model_mb, args.layers * args.experts_per_rank)
     layers = build(width, args.layers, args.experts_per_rank, world)
@@ -125,7 +130,7 @@ def run(args) -> int:
         opt.zero_grad(set_to_none=True)
         h = x
         for layer in layers:
-            h = moe_layer(layer, h, probs, args.experts_per_rank, gen)
+            h = moe_layer(layer, h, probs, args.experts_per_rank, gen, args.hot_rank)
         F.mse_loss(h, y).backward()              # the combine and dispatch exchanges again
         average_gradients(routers, world)
         opt.step()

@@ -38,13 +38,13 @@ def arrivals(rate: float, count: int, seed: int = SEED) -> list[float]:
     return out
 
 
-def _moe_forward(layers, x, probs, experts_per_rank, gen):
+def _moe_forward(layers, x, probs, experts_per_rank, gen, hot_rank: int = 0):
     import torch
 
     from fabricscope.lab.workloads.moe import moe_layer
     with torch.no_grad():
         for layer in layers:
-            x = moe_layer(layer, x, probs, experts_per_rank, gen)
+            x = moe_layer(layer, x, probs, experts_per_rank, gen, hot_rank)
     return x
 
 
@@ -89,7 +89,7 @@ def run(args) -> int:
         time.sleep(max(0.0, t0 + due - time.monotonic()))    # the next request arrives
         with markers.phase("request"):
             if mode is ServeMode.MOE:
-                _moe_forward(layers, x, probs, args.experts_per_rank, gen)
+                _moe_forward(layers, x, probs, args.experts_per_rank, gen, args.hot_rank)
             else:
                 _pipeline_request(stage, args.batch, width, rank, world, gen)
         emit(rank, {"request": n, "arrival_s": round(due, 6),

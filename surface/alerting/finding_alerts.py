@@ -215,5 +215,79 @@ UNEXPLAINED_SLOWDOWN = _on_finding(
     ),
     "job", FindingSeries(Cause.UNEXPLAINED_SLOWDOWN, "warning", id="a9b2c3d4e5f6"))
 
+_STAGE = FindingSeries(Cause.STAGE_IMBALANCE, "warning", node="node2", tor="tor0", rank="1",
+                       id="b7b2c3d4e5f6")
+_SKEW = FindingSeries(Cause.ALLTOALL_SKEW, "critical", node="node1", tor="tor0", rank="0",
+                      id="b8b2c3d4e5f6")
+
+WORKLOAD_IMBALANCE = Alert(
+    "FabricscopeWorkloadImbalance", GROUP,
+    "Uneven split of job {job}'s work at {place} ({cause})",
+    "Rank {rank} at {place} does more of job {job}'s work than the others and they wait "
+    "for it ({cause}, finding {id}). What an even split saves: `fabricscope explain {id}`.",
+    rules=(Rule(finding_open(Cause.STAGE_IMBALANCE, Cause.ALLTOALL_SKEW), FOR, FROM_FINDING),),
+    runbook=Runbook(
+        "The job's model is split unevenly over its ranks. `stage_imbalance`: one pipeline "
+        "stage computes more than the others, which wait for it inside their Send and Recv "
+        "(the bubble). `alltoall_skew`: a mixture-of-experts job routes most tokens to the "
+        "experts of a few ranks; each all-to-all lasts as long as its most loaded "
+        "receiver takes.",
+        (EXPLAIN + " `victims` lists the stages that waited; the evidence gives each "
+         "rank's share of the all-to-all bytes.",
+         DIAGNOSE + " The class line above the findings shows the job's stages or its "
+         "all-to-all matrix.",
+         f"{board('collectives')}: time inside Send/Recv or AlltoAll per rank."),
+        ("Pipeline: move layers off the slow stage until the stages compute evenly; use "
+         "more micro-batches or an interleaved schedule to shrink the bubble.",
+         "MoE: cap expert capacity (capacity_factor), raise the load-balancing loss, spread "
+         "or replicate the hot experts; group experts that exchange most under one ToR."),
+    ),
+    board="collectives",
+    cases=finding_cases(_STAGE, FOR) + finding_cases(_SKEW, FOR)[:1],
+    causes=(Cause.STAGE_IMBALANCE, Cause.ALLTOALL_SKEW))
+
+LATENCY_BOUND = _on_finding(
+    "FabricscopeLatencyBound", Cause.LATENCY_BOUND,
+    "Job {job}'s collectives are latency-bound",
+    "Job {job} runs many small collectives per step and each pays extra round-trip time "
+    "(finding {id}): the added RTT costs a tenth of the step or more, whether or not the "
+    "links are busy. Evidence: `fabricscope explain {id}`.",
+    Runbook(
+        "A sharded job (ZeRO-3, FSDP) gathers each layer's parameters and scatters its "
+        "gradients: hundreds of small collectives per step, each paying a round trip per "
+        "ring step. The hops' RTT rose over their baseline, and n collectives x that "
+        "extra RTT is a tenth of the step or more.",
+        (EXPLAIN, DIAGNOSE + " A network finding at the same time is where the RTT rose.",
+         f"{board('fabric')}: RTT percentiles of the job's hops."),
+        ("Fewer, larger, overlapped collectives: FSDP forward/backward prefetch, larger "
+         "DeepSpeed allgather/reduce bucket sizes.",
+         "A lighter sharding: ZeRO-2, FSDP SHARD_GRAD_OP or HYBRID_SHARD across nodes.",
+         "On NCCL: NCCL_ALGO=Tree and NCCL_PROTO=LL128 (or LL) for small messages."),
+    ),
+    "job", FindingSeries(Cause.LATENCY_BOUND, "warning", id="b9b2c3d4e5f6"))
+
+TAIL_LATENCY = _on_finding(
+    "FabricscopeTailLatency", Cause.TAIL_LATENCY,
+    "Served model {job}'s P99 latency regressed; the tail is at {place}",
+    "The P99 request latency of job {job} rose against its own first requests, beyond "
+    "chance (finding {id}); {place} is the rank or hop that carries the tail. "
+    "Evidence: `fabricscope explain {id}`.",
+    Runbook(
+        "An inference job (no gradient reduction, requests at random) serves each request "
+        "with the same exchanges. Its requests' P99 latency rose a tenth or more over the "
+        "job's baseline (its first requests), and more requests exceed the old P99 than "
+        "chance allows. The rank whose first call trails the others in the slow requests "
+        "carries the tail; with none late, the hop that loses or queues the most does.",
+        (EXPLAIN, DIAGNOSE,
+         f"{board('collectives')}: the ranks' time inside their exchanges."),
+        ("A late rank: look at its host (CPU limit, noisy neighbour, its GPU); move it.",
+         "A hop: follow the network finding at its place (FabricscopeLossyLink, "
+         "FabricscopeBufferSaturation).",
+         "Cap the batch wait and admit no more than the rate the baseline served."),
+    ),
+    "job", FindingSeries(Cause.TAIL_LATENCY, "warning", node="node2", rank="1",
+                         id="c9b2c3d4e5f6"))
+
 FINDING_ALERTS = (LOSSY_LINK, BUFFER_SATURATION, MICROBURST, NETWORK_BOUND, STRAGGLER_RANK,
-                  INPUT_STALL, UNEXPLAINED_SLOWDOWN)
+                  INPUT_STALL, UNEXPLAINED_SLOWDOWN, WORKLOAD_IMBALANCE, LATENCY_BOUND,
+                  TAIL_LATENCY)

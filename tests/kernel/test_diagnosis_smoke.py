@@ -6,6 +6,8 @@ them), real DDP over gloo, real agents, InfluxDB and the collectors' live engine
 nothing wrong, then 3 % random loss on one node's port from step 14. Only
 unmistakable cases are asserted here, so that only a defect fails this test: the
 healthy job raises no warning, and the loss is the primary finding, at its port.
+Then a MoE job whose hot experts sit on one rank (bench/class_matrix.py): the skew
+is named at that rank, and nothing else is.
 How often the engine is right on drawn faults, how many other warnings it raises
 and how fast, is measured by `fabricscope bench diagnosis-matrix`, and the
 engine's findings on recorded runs of every cause are held exact by
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 
+from fabricscope.bench.class_matrix import ClassRun, run_class
 from fabricscope.bench.scenario_space import Drawn, Element, Fault, FaultKind, LabShape
 from fabricscope.bench.scenarios import run_scenario, running_bench
 
@@ -52,3 +55,13 @@ def test_random_loss_on_a_port_is_named_a_lossy_link_there(bench):
     # (a straggler named after the loss cleared, in one fresh-clone run) is a matter of
     # the engine's precision, which the diagnosis matrix measures, not of this test
     assert out.primary_ok and out.all_found, describe(out)
+
+
+def test_a_moe_jobs_hot_experts_are_an_all_to_all_skew_at_their_rank(bench):
+    """Routing skew 1.5 over 8 experts, the hottest two on rank 3: rank 3 receives about
+    half of the all-to-all bytes, 1.9x the mean, which costs a quarter of the step."""
+    run = ClassRun(0, "moe", LabShape(4, 2, 2), False, {"layers": 2, "skew": 1.5,
+                                                        "hot_rank": 3}, 3)
+    out = run_class(bench, run)
+    print(out)
+    assert out.ok, out

@@ -136,3 +136,25 @@ def test_a_job_that_changes_kind_is_reclassified_in_the_next_window(runs):
     assert [c.job_class for _, c in windows] == [JobClass.DATA_PARALLEL,
                                                   JobClass.MOE_ALLTOALL]
 
+
+
+def test_moe_routing_skew_shows_as_a_hot_destination_in_the_all_to_all_bytes(runs):
+    """skew 1.2 over 6 experts, two per rank: rank 0's experts draw two thirds of the
+    tokens. An AlltoAll's size is what its rank receives, so in the exchanges that carry
+    tokens to their experts (dispatch, and the combine's gradients) rank 0 receives two
+    thirds, and in those that return them (combine, dispatch's gradients) each rank its
+    own third: rank 0 receives about half of all, 1.5x the mean."""
+    result = classify(runs.observations("moe"))
+    m = result.alltoall
+    print(f"moe: {m.reason if m else None}")
+    assert m is not None and m.hot_rank == 0, result.to_dict()
+    assert m.imbalance == pytest.approx(1.5, rel=0.2), m.to_dict()
+
+
+def test_each_served_request_is_timed_from_its_collectives(runs):
+    """25 requests, the first and last cut off by the window's ends at most."""
+    result = classify(runs.observations("serve"))
+    print(f"serve: {result.reason}")
+    m = result.requests
+    assert m is not None and 20 <= len(m.requests) <= 25, result.to_dict()
+    assert 0 < m.p50_s <= m.p99_s < 1.0

@@ -243,16 +243,20 @@ def test_the_collector_config_switch_is_on_by_default():
     assert CollectorConfig().job_class is True
 
 
-def test_the_collectors_diagnosis_tick_writes_the_owned_jobs_classes(monkeypatch):
+def test_the_collectors_diagnosis_tick_writes_the_owned_jobs_classes_and_hands_them_on(
+        monkeypatch):
     monkeypatch.setattr(collector_diagnosis.LiveDiagnosis, "tick", lambda self: [])
     store = FakeStore()
     store.add("j", loop(DDP))
     live = collector_diagnosis.start_diagnosis(CollectorConfig(), CollectorRegistry(), 9470)
     assert live.job_class is not None
     live.store, live.job_class.store = store, store
-    live.engines, live.clock = {"j": None}, lambda: T0 + 5 * SECOND
+    from fabricscope.diagnosis.engine import JobEngine
+    live.engines, live.clock = {"j": JobEngine("j")}, lambda: T0 + 5 * SECOND
     live.tick()
     assert [r.tags["class"] for r in store.written] == ["data_parallel"]
+    # and the engine judges the class causes from it at its next evaluation
+    assert live.engines["j"].evaluation.job_class.job_class.value == "data_parallel"
     off = collector_diagnosis.start_diagnosis(CollectorConfig(job_class=False),
                                               CollectorRegistry(), 9470)
     assert off.job_class is None

@@ -1,0 +1,250 @@
+"""The causes that only some kinds of job have, read from the job's class and its model
+(fabricscope.jobclass: the collector's job-class analyzer hands each owned job's
+latest classification to its engine: collector/diagnosis.py).
+
+- pipeline: a stage that computes more than the others paces them all
+  (STAGE_IMBALANCE, from fabricscope.stagemodel);
+- MoE: a hot destination receives most of the all-to-all bytes (ALLTOALL_SKEW, from
+  fabricscope.alltoallmodel);
+- sharded: many small collectives per step each pay the hops' extra RTT
+  (LATENCY_BOUND);
+- inference: requests' P99 latency rose against the job's own first requests
+  (TAIL_LATENCY), with the rank or hop that carries the tail.
+
+Each is decided by the same bar as every other cause: it costs a tenth of the step
+(or of the request). A classification is evidence while it is fresh: its last
+collective at most FRESH_S before the window the engine evaluates.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from fabricscope.alltoallmodel import SKEW_COST
+from fabricscope.diagnosis.candidate import Candidate
+from fabricscope.diagnosis.causes import Cause
+from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.finding import Evidence
+from fabricscope.diagnosis.snapshot import Snapshot
+from fabricscope.jobclass import Classification, JobClass
+from fabricscope.requestmodel import RequestModel
+from fabricscope.stagemodel import SLOW_STAGE_COST
+
+#: a classification is the job's state while its last collective is this recent: two
+#: analyses (diagnosis/jobclass.py classifies every EVERY_S = 10 s)
+FRESH_S = 20
+#: the share of a step that the extra RTT of its collectives must cost to be named
+LATENCY_COST = 0.10
+#: requests' P99 must rise this much over the baseline's to be named: the bar of a
+#: tenth that every cause meets
+TAIL_GROWTH = 0.10
+#: ... and more requests than the baseline's P99 must exceed it than chance allows:
+#: under no change each request exceeds it with probability 1 %, so the count is
+#: Binomial(n, 0.01); named when P(count at least this) is below TAIL_P
+TAIL_P = 0.001
+#: requests a baseline holds at least: its P99 is then no single request's latency
+REQUESTS_BASELINE = 50
+#: a rank carries the tail when it trails the others' first call in the slow requests
+#: by this share of their excess latency, more than it did in the baseline
+TAIL_RANK_SHARE = 0.5
+
+__all__ = ["detect", "SKEW_COST", "SLOW_STAGE_COST", "LATENCY_COST", "TAIL_GROWTH", "TAIL_P",
+           "REQUESTS_BASELINE", "FRESH_S", "TAIL_RANK_SHARE", "RequestBaseline"]
+
+
+class RequestBaseline:
+    """The job's own normal request latency: its first REQUESTS_BASELINE requests at
+    least, gathered over its first classifications (a later request in a window
+    already taken is not taken twice)."""
+
+    def __init__(self):
+        self.seconds: list[float] = []
+        self.lags: dict[int, list[float]] = {}
+        self.until_ns = 0
+        self.p99_s: float | None = None
+
+    def take(self, model: RequestModel) -> None:
+        if self.p99_s is not None:
+            return
+        for r in model.requests:
+            if r.start_ns >= self.until_ns:
+                self.seconds.append(r.seconds)
+                for rank, lag in r.lags.items():
+                    self.lags.setdefault(rank, []).append(lag)
+        self.until_ns = max(self.until_ns, max(r.end_ns for r in model.requests))
+        if len(self.seconds) >= REQUESTS_BASELINE:
+            ordered = sorted(self.seconds)
+            self.p99_s = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def detect(c: Classification | None, snap: Snapshot, baseline: RequestBaseline) \
+        -> list[Candidate]:
+    """The class causes of the job's latest classification, judged at this snapshot."""
+    if c is None or snap.window.end_ns - c.until_ns > FRESH_S * SECOND:
+        return []
+    out = []
+    if c.stages is not None and c.stages.slow_stage is not None:
+        out.append(_stage(c, snap))
+    if c.alltoall is not None and c.alltoall.named and \
+            c.job_class in (JobClass.MOE_ALLTOALL, JobClass.INFERENCE, JobClass.MIXED):
+        out.append(_skew(c, snap))
+    if c.job_class is JobClass.SHARDED:
+        out += _latency(c, snap)
+    if c.job_class is JobClass.INFERENCE and c.requests is not None:
+        if baseline.p99_s is None:
+            baseline.take(c.requests)
+        else:
+            out += _tail(c, c.requests, baseline, snap)
+    return out
+
+
+def _severity(share: float, snap: Snapshot) -> str:
+    return "critical" if share >= snap.thresholds.critical_share else "warning"
+
+
+def _place(snap: Snapshot, rank: int | None, **more) -> dict:
+    node = snap.evidence.node_of_rank.get(str(rank)) if rank is not None else None
+    return {"node": node, "rank": str(rank) if rank is not None else None, **more}
+
+
+def _stage(c: Classification, snap: Snapshot) -> Candidate:
+    m = c.stages
+    slow = next(s for s in m.stages if s.rank == m.slow_stage)
+    others = [s.compute_s for s in m.stages if s is not slow]
+    added = m.cost_share * c.period_s if c.period_s else 0.0
+    return Candidate(
+        Cause.STAGE_IMBALANCE, _severity(m.cost_share, snap), _place(snap, m.slow_stage),
+        f"Pipeline stage rank {m.slow_stage} computes the most and paces the pipeline: a "
+        f"balanced split saves {m.cost_share:.0%} of its time; bubble {m.bubble_share:.0%}",
+        c.from_ns, snap.window.end_ns,
+        evidence=[Evidence("gloo_collective", f"stage rank {slow.rank} compute (span less "
+                           "its time in Send and Recv)", slow.compute_s, "s"),
+                  Evidence("gloo_collective", "median compute of the other stages",
+                           statistics.median(others) if others else 0.0, "s"),
+                  Evidence("gloo_collective", "bubble: the stages' mean share in transfers",
+                           m.bubble_share, "fraction")],
+        step_seconds_added=added, share_of_step=m.cost_share,
+        victims=[{"rank": str(s.rank), "node": snap.evidence.node_of_rank.get(str(s.rank)),
+                  "waited_s": s.recv_s + s.send_s} for s in m.stages if s is not slow],
+        facts={"stages": len(m.stages), "bubble": m.bubble_share, "cost": m.cost_share,
+               "slow_rank": m.slow_stage,
+               "compute_ratio": slow.compute_s / statistics.median(others)
+               if others and statistics.median(others) > 0 else None})
+
+
+def _skew(c: Classification, snap: Snapshot) -> Candidate:
+    m = c.alltoall
+    total = sum(m.received.values())
+    added = m.cost_share * c.period_s if c.period_s else 0.0
+    return Candidate(
+        Cause.ALLTOALL_SKEW, _severity(m.cost_share, snap), _place(snap, m.hot_rank),
+        f"Hot all-to-all destination rank {m.hot_rank}: it receives {m.hot_share:.0%} of the "
+        f"all-to-all bytes ({m.imbalance:.1f}x the mean); an even routing saves "
+        f"{m.cost_share:.0%} of the step",
+        c.from_ns, snap.window.end_ns,
+        evidence=[Evidence("gloo_collective", f"rank {r}'s share of the AlltoAll bytes "
+                           "received", b / total, "fraction") for r, b in m.received.items()]
+        + [Evidence("gloo_collective", "ranks' mean share of time inside AlltoAll",
+                    statistics.fmean(m.time_share.values()), "fraction")],
+        step_seconds_added=added, share_of_step=m.cost_share,
+        facts={"hot_rank": m.hot_rank, "hot_share": m.hot_share, "imbalance": m.imbalance,
+               "ranks": len(m.received), "cost": m.cost_share})
+
+
+def _extra_rtt_us(snap: Snapshot) -> tuple[float, int] | None:
+    """(median over the job's data hops of their RTT above their own baseline RTT, hops):
+    what each round trip costs now that it did not while the job ran healthy."""
+    extra = [c.rtt_p50_us - snap.usual_rtt_us[c.key] for c in snap.data_cells
+             if c.rtt_p50_us is not None and snap.usual_rtt_us.get(c.key) is not None]
+    return (statistics.median(extra), len(extra)) if extra else None
+
+
+def _latency(c: Classification, snap: Snapshot) -> list[Candidate]:
+    """Each collective of a small message pays at least one round trip per ring step:
+    n collectives per step pay n x the extra RTT (a lower bound: a ring of p ranks
+    has p - 1 steps per AllGather), whether or not the links are busy."""
+    if not c.period_s or not c.collectives_per_step:
+        return []
+    found = _extra_rtt_us(snap)
+    if found is None or found[0] <= 0:
+        return []
+    extra_us, hops = found
+    added = c.collectives_per_step * extra_us / 1e6
+    share = added / c.period_s
+    if share < LATENCY_COST:
+        return []
+    return [Candidate(
+        Cause.LATENCY_BOUND, _severity(share, snap), _place(snap, None),
+        f"Latency-bound collectives: {c.collectives_per_step:.0f} per step each pay "
+        f"{extra_us / 1e3:.2f} ms of extra RTT, {added * 1e3:.1f} ms ({share:.0%}) of every "
+        f"{c.period_s * 1e3:.0f} ms step",
+        snap.window.start_ns, snap.window.end_ns,
+        evidence=[Evidence("gloo_collective", "collectives per step", c.collectives_per_step),
+                  Evidence("tcp_flow", f"median RTT above the hop's baseline, over {hops} "
+                           "hops", extra_us, "us"),
+                  Evidence("gloo_collective", "median message size",
+                           c.p50_bytes or 0.0, "B")],
+        step_seconds_added=added, share_of_step=share,
+        facts={"per_step": c.collectives_per_step, "extra_rtt_us": extra_us,
+               "p50_bytes": c.p50_bytes, "step_s": c.period_s,
+               "exchange_share": c.exchange_share})]
+
+
+def _binomial_tail(n: int, k: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    return max(0.0, 1.0 - sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k)))
+
+
+def _tail(c: Classification, m: RequestModel, base: RequestBaseline,
+          snap: Snapshot) -> list[Candidate]:
+    over = [r for r in m.requests if r.seconds > base.p99_s]
+    n, k = len(m.requests), len(over)
+    if m.p99_s < base.p99_s * (1 + TAIL_GROWTH) or _binomial_tail(n, k, 0.01) >= TAIL_P:
+        return []
+    excess = statistics.median(r.seconds for r in over) - statistics.median(base.seconds)
+    rank, lag = _tail_rank(over, base, excess)
+    place = _place(snap, rank)
+    where = f"rank {rank} arrives {lag * 1e3:.1f} ms late to the slow requests" \
+        if rank is not None else _tail_hop(snap, place)
+    share = m.p99_s / base.p99_s - 1
+    return [Candidate(
+        Cause.TAIL_LATENCY, _severity(share, snap), place,
+        f"Request P99 {m.p99_s * 1e3:.1f} ms against the job's own {base.p99_s * 1e3:.1f} ms: "
+        f"{k} of {n} requests above it; {where}",
+        over[0].start_ns, snap.window.end_ns,
+        evidence=[Evidence("gloo_collective", "request latency p99 (exchanges, first call to "
+                           "last)", m.p99_s, "s", over[0].start_ns, over[-1].end_ns),
+                  Evidence("gloo_collective", "baseline request latency p99", base.p99_s, "s"),
+                  Evidence("gloo_collective", "requests above the baseline p99", k),
+                  Evidence("gloo_collective", "requests in the window", n)],
+        step_seconds_added=max(0.0, m.p99_s - base.p99_s), share_of_step=share,
+        facts={"p99_s": m.p99_s, "base_p99_s": base.p99_s, "over": k, "requests": n,
+               "tail_rank": rank, "rate": c.arrival_rate_per_s})]
+
+
+def _tail_rank(over, base: RequestBaseline, excess: float) -> tuple[int | None, float]:
+    """The rank whose first call trails the others' by most more than it did in the
+    baseline, in the slow requests: the one they wait for, when that is at least
+    TAIL_RANK_SHARE of their excess latency."""
+    best, best_lag = None, 0.0
+    for rank in {r for req in over for r in req.lags}:
+        usual = statistics.median(base.lags.get(rank) or [0.0])
+        lag = statistics.median(req.lags.get(rank, 0.0) for req in over) - usual
+        if lag > best_lag:
+            best, best_lag = rank, lag
+    if best is None or excess <= 0 or best_lag < TAIL_RANK_SHARE * excess:
+        return None, 0.0
+    return best, best_lag
+
+
+def _tail_hop(snap: Snapshot, place: dict) -> str:
+    """Every rank arrives on time and the exchanges themselves are slower: the hop whose
+    flows lose or queue the most carries the tail (its place into `place`)."""
+    bad = snap.lossy or snap.delayed
+    if not bad:
+        return "every rank arrives on time: the exchanges themselves are slower"
+    worst = max(bad, key=lambda cell: (cell.loss_ratio, cell.rtt_p50_us or 0.0))
+    place.update(node=worst.key.node, peer=worst.key.peer)
+    return (f"every rank arrives on time; the hop {worst.key.node} -> "
+            f"{worst.peer_node or worst.key.peer} loses or queues the most")

@@ -1,0 +1,93 @@
+"""Where a mixture-of-experts job's all-to-all bytes go, rank by rank, from its
+AlltoAll windows alone.
+
+    model = alltoall_model(observations)      # fabricscope.jobclass.Observation
+    model.hot_rank, model.imbalance, model.cost_share, model.reason
+
+An AlltoAll's size S is what the rank receives (gloo's out buffer: the sum of its
+receive splits for AlltoAllv; agent/probes/gloo/layout.py), so the ranks' sums over
+a window are the columns of the job's all-to-all byte matrix: the tokens routed to
+each rank's experts, and their gradients on the way back.
+
+An exchange ends when its most loaded receiver has its bytes, and that rank's
+experts then compute the most tokens while the others wait for it in the next
+exchange: both scale with the tokens it receives. A split even across the ranks
+would receive the mean where the hot rank receives the max, so the time inside the
+all-to-alls shrinks by 1 - mean/max:
+
+* imbalance = max / mean of the ranks' received bytes (1: even routing);
+* time share = the ranks' mean share of their span inside AlltoAll;
+* cost share = time share x (1 - mean / max): the step time an even routing would
+  save. A hot destination is named when it costs SKEW_COST of the step (the
+  diagnosis names any fault that costs a tenth of it).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+ALLTOALL_OPS = frozenset({"alltoall", "alltoallv"})
+#: the share of the step an uneven routing must cost to be named: the diagnosis names
+#: any fault that costs a tenth of the step
+SKEW_COST = 0.10
+RANKS_MIN = 2           # an exchange has two ranks at least
+EXCHANGES_MIN = 4       # per rank: fewer is no evidence of where the bytes go
+
+
+@dataclass(frozen=True)
+class AlltoallModel:
+    received: dict[int, int]        # rank -> AlltoAll bytes it received in the window
+    time_share: dict[int, float]    # rank -> share of its span inside AlltoAll
+    hot_rank: int                   # receives the most
+    hot_share: float                # its share of all the bytes received
+    imbalance: float                # max / mean of the ranks' bytes received
+    cost_share: float               # of the step: what an even routing would save
+    named: bool                     # cost_share reaches SKEW_COST
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"received": {str(r): b for r, b in self.received.items()},
+                "time_share": {str(r): s for r, s in self.time_share.items()},
+                "hot_rank": self.hot_rank, "hot_share": self.hot_share,
+                "imbalance": self.imbalance, "cost_share": self.cost_share,
+                "named": self.named, "reason": self.reason}
+
+
+def alltoall_model(observations) -> AlltoallModel | None:
+    """The model of a window's observations; None without RANKS_MIN ranks that ran
+    EXCHANGES_MIN AlltoAlls of known size each."""
+    by_rank: dict[int, list] = {}
+    spans: dict[int, list[int]] = {}
+    for o in observations:
+        if o.rank is None or o.end_ns < o.start_ns:
+            continue
+        lo_hi = spans.setdefault(o.rank, [o.start_ns, o.end_ns])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], o.start_ns), max(lo_hi[1], o.end_ns)
+        if str(o.op).lower() in ALLTOALL_OPS and o.bytes is not None:
+            by_rank.setdefault(o.rank, []).append(o)
+    ranks = {r: obs for r, obs in by_rank.items() if len(obs) >= EXCHANGES_MIN}
+    if len(ranks) < RANKS_MIN:
+        return None
+    received = {r: sum(o.bytes for o in obs) for r, obs in sorted(ranks.items())}
+    share = {}
+    for r, obs in sorted(ranks.items()):
+        span = spans[r][1] - spans[r][0]
+        share[r] = sum(o.end_ns - o.start_ns for o in obs) / span if span > 0 else 0.0
+    total = sum(received.values())
+    if total <= 0:
+        return None
+    mean = total / len(received)
+    hot = max(received, key=lambda r: (received[r], -r))
+    imbalance = received[hot] / mean
+    time_share = statistics.fmean(share.values())
+    cost = time_share * (1 - mean / received[hot])
+    named = cost >= SKEW_COST
+    head = (f"rank {hot} receives {received[hot] / total:.0%} of the all-to-all bytes "
+            f"({imbalance:.1f}x the mean of {len(received)} ranks)")
+    tail = (f"; the ranks spend {time_share:.0%} of their time in AlltoAll, and an even "
+            f"routing would save {cost:.0%} of it" if named else
+            f"; AlltoAll takes {time_share:.0%} of the ranks' time, an even routing would "
+            f"save {cost:.0%}")
+    return AlltoallModel(received, share, hot, received[hot] / total, imbalance, cost, named,
+                         ("hot destination: " if named else "all-to-all: ") + head + tail)

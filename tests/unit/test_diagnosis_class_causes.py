@@ -1,0 +1,242 @@
+"""The causes of one class of job (diagnosis/detect_class.py) and the models they read
+(fabricscope.alltoallmodel, fabricscope.requestmodel): synthetic collectives
+classified as the collector's analyzer classifies them, handed to the engine as it
+replays a synthetic job (tests/unit/test_diagnosis_evidence.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from fabricscope.alltoallmodel import alltoall_model
+from fabricscope.diagnosis.advice import advise
+from fabricscope.diagnosis.candidate import Candidate
+from fabricscope.diagnosis.causes import CLASS_CAUSES, Cause
+from fabricscope.diagnosis.engine import JobEngine
+from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.replay import replay
+from fabricscope.diagnosis.thresholds import DEFAULT
+from fabricscope.jobclass import JobClass, Observation, classify
+from fabricscope.requestmodel import request_model
+from tests.unit.test_diagnosis_evidence import T0, HopPlan, SynthJob, build
+
+MS = 1_000_000
+RANKS = (0, 1, 2)
+FAULT = 30                  # seconds into the job at which the faults of these tests begin
+
+
+def steps(per_rank, seconds: float, step_ms: float, since_s: float = 0.0, seed: int = 1):
+    """A loop from T0 + since_s: per_rank(rank) -> ((op, bytes, offset_ms, duration_ms),
+    ...) every step, each step's length jittered by +-5 %."""
+    rng, out = random.Random(seed), []
+    t, end = int((T0 + since_s) * SECOND), int((T0 + since_s + seconds) * SECOND)
+    while t < end:
+        for rank in RANKS:
+            for op, size, off, dur in per_rank(rank):
+                start = t + int(off * MS)
+                out.append(Observation(op, size, start, start + int(dur * MS), rank=rank))
+        t += int(step_ms * MS * (1 + rng.uniform(-0.05, 0.05)))
+    return out
+
+
+def moe(hot: float):
+    """An MoE step: the count exchange, dispatch and combine and their gradients, rank 0
+    receiving `hot` times the bytes of each other rank in the skewed half."""
+    def per_rank(rank):
+        skewed = int((64 << 10) * (hot if rank == 0 else 1.0))
+        return [("AlltoAll", 24, 1, 0.3), ("AlltoAllv", skewed, 2, 8), ("AlltoAllv", 64 << 10, 12, 4),
+                ("AlltoAllv", skewed, 20, 8), ("AlltoAllv", 64 << 10, 30, 4),
+                ("AllReduce", 8 << 10, 36, 0.5)]
+    return per_rank
+
+
+def pipeline(slow_rank: int | None):
+    """Three stages of a 40 ms step: the others wait in their Recv and Send for a slow
+    stage; balanced, each spends a third of the step in transfers."""
+    def per_rank(rank):
+        if slow_rank is None:
+            return [("Recv", 32 << 10, 0, 6), ("Send", 32 << 10, 14, 3),
+                    ("Recv", 32 << 10, 20, 3), ("Send", 32 << 10, 30, 2)]
+        if rank == slow_rank:
+            return [("Recv", 32 << 10, 0, 1), ("Send", 32 << 10, 18, 0.5),
+                    ("Recv", 32 << 10, 20, 1), ("Send", 32 << 10, 38, 0.5)]
+        return [("Recv", 32 << 10, 0, 14), ("Send", 32 << 10, 15, 4),
+                ("Recv", 32 << 10, 20, 14), ("Send", 32 << 10, 35, 4)]
+    return per_rank
+
+
+FSDP = [("AllGather", 1 << 20, 2 + 3 * i, 1.5) for i in range(4)] + \
+       [("AllGather", 1 << 20, 15 + 4 * i, 1.5) for i in range(4)] + \
+       [("AllReduce", 1 << 20, 16.5 + 4 * i, 2) for i in range(4)]
+
+
+REQUEST = (("AlltoAll", 24, 0, 0.3), ("AlltoAllv", 64 << 10, 1, 0.5),
+           ("AlltoAllv", 64 << 10, 3, 0.5))
+
+
+def served(seconds: float, late_rank: int | None = None, late_from_s: float = 1e9,
+           late_ms: float = 5.0, rate: float = 20.0, seed: int = 2):
+    """A MoE server from T0: requests arrive as a Poisson process, served one at a time,
+    each a count exchange and two all-to-alls on every rank. From late_from_s on,
+    late_rank enters each request late_ms late and the others wait for it inside the
+    first exchange."""
+    rng, out, arrival, free = random.Random(seed), [], 0.0, 0.0
+    while arrival < seconds * 1e3:
+        arrival += rng.expovariate(rate) * 1e3               # ms since T0
+        begin = max(arrival, free)
+        late = late_ms if begin >= late_from_s * 1e3 and late_rank is not None else 0.0
+        for rank in RANKS:
+            for i, (op, size, off, dur) in enumerate(REQUEST):
+                if i == 0:          # the late rank enters late; the others wait inside
+                    begun = begin + (late if rank == late_rank else 0.0)
+                    ended = begin + late + dur
+                else:
+                    begun = begin + late + off
+                    ended = begun + dur
+                out.append(Observation(op, size, int(T0 * SECOND + begun * MS),
+                                       int(T0 * SECOND + ended * MS), rank=rank))
+        free = begin + 3.5 + late
+    return out
+
+
+def analyzer(observations, every_s: int = 10, window_s: int = 30):
+    """The job's classification at second t as the collector's analyzer made it: every
+    every_s, over the window_s before (diagnosis/jobclass.py)."""
+    made: dict = {}
+
+    def at(t_s: int):
+        due = t_s // every_s * every_s
+        if due not in made:
+            lo, hi = (due - window_s) * SECOND, due * SECOND
+            window = [o for o in observations if lo <= o.start_ns < hi]
+            made[due] = classify(window) if window else None
+        return made[due]
+    return at
+
+
+def diagnose(observations, seconds: int = 70, hop=lambda s, src, dst: HopPlan()):
+    spec = SynthJob(seconds=seconds, hop=hop)
+    engine = JobEngine(spec.job)
+    found = replay(engine, build(spec), spec.t0_s, spec.end_s, classes=analyzer(observations))
+    return [f for f in found if f.cause in CLASS_CAUSES]
+
+
+# -- the models --------------------------------------------------------------------------
+
+def test_the_all_to_all_model_names_the_rank_that_receives_most_and_what_evenness_saves():
+    m = alltoall_model(steps(moe(hot=4.0), 2, 40))
+    assert m.hot_rank == 0 and m.named
+    # the skewed half: 4 + 1 + 1 against the even half's 1 + 1 + 1 per rank
+    assert m.hot_share == pytest.approx((4 + 1) / (4 + 1 + 2 * (1 + 1)), rel=0.001)
+    assert m.imbalance == pytest.approx(5 / 3, rel=0.01)
+    # 24.3 of 40 ms inside AlltoAll (of a span one step's tail short), x (1 - 3/5)
+    assert m.cost_share == pytest.approx(m.time_share[1] * (1 - 3 / 5), rel=0.01)
+    assert "rank 0 receives" in m.reason
+
+
+def test_even_routing_names_no_hot_destination():
+    m = alltoall_model(steps(moe(hot=1.0), 2, 40))
+    assert m.imbalance == pytest.approx(1.0) and m.cost_share == pytest.approx(0.0)
+    assert not m.named
+
+
+def test_requests_are_cut_at_the_idle_gaps_and_timed_over_every_rank():
+    obs = served(10)
+    exchange = sorted(obs, key=lambda o: o.start_ns)
+    ref = [o for o in exchange if o.rank == 0]
+    m = request_model(exchange, 3, ref)
+    assert len(m.requests) >= 150                    # ~200 arrivals, the cut ones left out
+    assert m.p50_s == pytest.approx(0.0035, abs=0.0002)
+    assert all(set(r.lags) == set(RANKS) for r in m.requests)
+
+
+def test_a_served_model_is_classified_inference_with_its_request_latency():
+    c = classify(served(30))
+    assert c.job_class is JobClass.INFERENCE
+    assert c.requests is not None and c.requests.p99_s == pytest.approx(0.0035, abs=0.0003)
+    assert "requests, latency p50" in c.reason
+
+
+# -- the causes, through the engine ------------------------------------------------------
+
+def test_a_pipelines_slow_stage_is_named_at_its_rank_with_the_others_as_victims():
+    found = diagnose(steps(pipeline(slow_rank=1), 70, 40))
+    assert [(f.cause, f.place["rank"], f.place["node"]) for f in found] == \
+        [(Cause.STAGE_IMBALANCE, "1", "node1")]
+    f = found[0]
+    assert f.share_of_step >= 0.10 and {v["rank"] for v in f.victims} == {"0", "2"}
+    assert any("layers" in a.knob for a in f.advice)
+
+
+def test_balanced_stages_are_no_finding():
+    assert diagnose(steps(pipeline(slow_rank=None), 70, 40)) == []
+
+
+def test_a_hot_expert_rank_is_an_all_to_all_skew_with_its_share_of_the_bytes():
+    found = diagnose(steps(moe(hot=4.0), 70, 40))
+    assert [(f.cause, f.place["rank"]) for f in found] == [(Cause.ALLTOALL_SKEW, "0")]
+    assert "receives" in found[0].summary and found[0].share_of_step >= 0.10
+    assert any("capacity" in a.knob for a in found[0].advice)
+
+
+def test_even_routing_is_no_finding():
+    assert diagnose(steps(moe(hot=1.0), 70, 40)) == []
+
+
+def rtt_from(fault_us: float):
+    return lambda s, src, dst: HopPlan(rtt_us=fault_us if s >= FAULT else 200.0)
+
+
+def test_a_sharded_jobs_collectives_that_pay_a_risen_rtt_are_latency_bound():
+    """12 collectives per 40 ms step, each hop's RTT 0.2 -> 1.0 ms: 12 x 0.8 ms = 9.6 ms,
+    24 % of the step."""
+    found = diagnose(steps(lambda r: FSDP, 70, 40), hop=rtt_from(1000.0))
+    assert [f.cause for f in found] == [Cause.LATENCY_BOUND]
+    f = found[0]
+    assert f.step_seconds_added == pytest.approx(12 * 0.0008, rel=0.05)
+    # its evidence is the window the RTT first rose in
+    assert f.start_ns >= (T0 + FAULT - DEFAULT.eval_seconds) * SECOND
+
+
+@pytest.mark.parametrize("rtt_us", [200.0, 300.0])
+def test_a_sharded_job_whose_rtt_holds_or_barely_rises_is_not_latency_bound(rtt_us):
+    """0.1 ms more on 12 collectives is 1.2 ms of a 40 ms step: 3 %, under the bar."""
+    assert diagnose(steps(lambda r: FSDP, 70, 40), hop=rtt_from(rtt_us)) == []
+
+
+def test_a_data_parallel_job_is_never_latency_bound():
+    ddp = [("AllReduce", 1 << 20, 10, 2), ("AllReduce", 6 << 20, 13, 8)]
+    assert diagnose(steps(lambda r: ddp, 70, 40), hop=rtt_from(5000.0)) == []
+
+
+def test_a_served_models_tail_is_named_at_the_rank_the_others_wait_for():
+    found = diagnose(served(70, late_rank=2, late_from_s=FAULT))
+    assert [(f.cause, f.place["rank"]) for f in found] == [(Cause.TAIL_LATENCY, "2")]
+    f = found[0]
+    assert "rank 2 arrives" in f.summary and f.start_ns >= (T0 + FAULT) * SECOND
+
+
+def test_a_served_model_that_keeps_its_latency_has_no_tail_finding():
+    assert diagnose(served(70)) == []
+
+
+def test_a_classification_that_is_no_longer_fresh_is_no_evidence():
+    obs = steps(pipeline(slow_rank=1), 20, 40)          # the job's collectives stop at 20 s
+    spec = SynthJob(seconds=70)
+    engine = JobEngine(spec.job)
+    found = replay(engine, build(spec), spec.t0_s, spec.end_s, classes=analyzer(obs))
+    stage = [f for f in found if f.cause is Cause.STAGE_IMBALANCE]
+    assert stage and not stage[0].open                   # named while fresh, then closed
+
+
+@pytest.mark.parametrize("cause", sorted(CLASS_CAUSES))
+def test_every_class_cause_gets_advice(cause):
+    facts = {"slow_rank": 1, "compute_ratio": 2.0, "cost": 0.3, "bubble": 0.4, "hot_rank": 0,
+             "hot_share": 0.6, "imbalance": 1.8, "per_step": 40, "extra_rtt_us": 500.0,
+             "p50_bytes": 4096.0, "over": 12, "requests": 300, "base_p99_s": 0.01,
+             "rate": 20.0, "tail_rank": 2}
+    c = Candidate(cause, "warning", {"rank": "1"}, "", 0, 0, facts=facts)
+    assert advise(c, "gloo") and advise(c, "nccl")
+    assert dataclasses.asdict(advise(c)[0])["why"]
