@@ -111,7 +111,7 @@ def _place(snap: Snapshot, rank: int | None, **more) -> dict:
 def _stage(c: Classification, snap: Snapshot) -> Candidate:
     m = c.stages
     slow = next(s for s in m.stages if s.rank == m.slow_stage)
-    others = [s.compute_s for s in m.stages if s is not slow]
+    others = statistics.median(s.compute_s for s in m.stages if s is not slow)
     added = m.cost_share * c.period_s if c.period_s else 0.0
     return Candidate(
         Cause.STAGE_IMBALANCE, _severity(m.cost_share, snap), _place(snap, m.slow_stage),
@@ -121,7 +121,7 @@ def _stage(c: Classification, snap: Snapshot) -> Candidate:
         evidence=[Evidence("gloo_collective", f"stage rank {slow.rank} compute (span less "
                            "its time in Send and Recv)", slow.compute_s, "s"),
                   Evidence("gloo_collective", "median compute of the other stages",
-                           statistics.median(others) if others else 0.0, "s"),
+                           others, "s"),
                   Evidence("gloo_collective", "bubble: the stages' mean share in transfers",
                            m.bubble_share, "fraction")],
         step_seconds_added=added, share_of_step=m.cost_share,
@@ -129,8 +129,7 @@ def _stage(c: Classification, snap: Snapshot) -> Candidate:
                   "waited_s": s.recv_s + s.send_s} for s in m.stages if s is not slow],
         facts={"stages": len(m.stages), "bubble": m.bubble_share, "cost": m.cost_share,
                "slow_rank": m.slow_stage,
-               "compute_ratio": slow.compute_s / statistics.median(others)
-               if others and statistics.median(others) > 0 else None})
+               "compute_ratio": slow.compute_s / others if others > 0 else None})
 
 
 def _skew(c: Classification, snap: Snapshot) -> Candidate:

@@ -54,26 +54,39 @@ class AlltoallModel:
                 "named": self.named, "reason": self.reason}
 
 
+def time_shares(observations, inside) -> dict:
+    """rank -> the share of its span (its first call's start to its last call's end)
+    spent in its observations for which inside(o) holds; None for a rank whose span is
+    empty. The ranks' time inside AlltoAll here, inside any exchange op for
+    fabricscope.jobclass."""
+    spans: dict = {}
+    busy: dict = {}
+    for o in observations:
+        lo_hi = spans.setdefault(o.rank, [o.start_ns, o.end_ns])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], o.start_ns), max(lo_hi[1], o.end_ns)
+        if inside(o):
+            busy[o.rank] = busy.get(o.rank, 0) + o.end_ns - o.start_ns
+    return {r: busy.get(r, 0) / (hi - lo) if hi > lo else None for r, (lo, hi) in spans.items()}
+
+
+def _exchanged(o) -> bool:
+    return str(o.op).lower() in ALLTOALL_OPS and o.bytes is not None
+
+
 def alltoall_model(observations) -> AlltoallModel | None:
     """The model of a window's observations; None without RANKS_MIN ranks that ran
     EXCHANGES_MIN AlltoAlls of known size each."""
+    kept = [o for o in observations if o.rank is not None and o.end_ns >= o.start_ns]
     by_rank: dict[int, list] = {}
-    spans: dict[int, list[int]] = {}
-    for o in observations:
-        if o.rank is None or o.end_ns < o.start_ns:
-            continue
-        lo_hi = spans.setdefault(o.rank, [o.start_ns, o.end_ns])
-        lo_hi[0], lo_hi[1] = min(lo_hi[0], o.start_ns), max(lo_hi[1], o.end_ns)
-        if str(o.op).lower() in ALLTOALL_OPS and o.bytes is not None:
+    for o in kept:
+        if _exchanged(o):
             by_rank.setdefault(o.rank, []).append(o)
     ranks = {r: obs for r, obs in by_rank.items() if len(obs) >= EXCHANGES_MIN}
     if len(ranks) < RANKS_MIN:
         return None
     received = {r: sum(o.bytes for o in obs) for r, obs in sorted(ranks.items())}
-    share = {}
-    for r, obs in sorted(ranks.items()):
-        span = spans[r][1] - spans[r][0]
-        share[r] = sum(o.end_ns - o.start_ns for o in obs) / span if span > 0 else 0.0
+    shares = time_shares(kept, _exchanged)
+    share = {r: shares[r] or 0.0 for r in sorted(ranks)}
     total = sum(received.values())
     if total <= 0:
         return None

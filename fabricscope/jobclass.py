@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fabricscope import trafficmodel
-from fabricscope.alltoallmodel import AlltoallModel, alltoall_model
+from fabricscope.alltoallmodel import AlltoallModel, alltoall_model, time_shares
 from fabricscope.requestmodel import RequestModel, request_model
 from fabricscope.stagemodel import StageModel, stage_model
 
@@ -389,14 +389,8 @@ def classify(observations, bin_s: float = BIN_S) -> Classification:
 def _exchange_share(exchange: list[Observation]) -> float | None:
     """The ranks' mean share of their span (first call's start to last call's end)
     spent inside exchange ops: the communication share of a step or a request."""
-    by_rank: dict = {}
-    for o in exchange:
-        by_rank.setdefault(o.rank, []).append(o)
-    shares = []
-    for obs in by_rank.values():
-        span = max(o.end_ns for o in obs) - min(o.start_ns for o in obs)
-        if span > 0:
-            shares.append(min(1.0, sum(o.end_ns - o.start_ns for o in obs) / span))
+    shares = [min(1.0, s) for s in time_shares(exchange, lambda o: True).values()
+              if s is not None]
     return float(np.mean(shares)) if shares else None
 
 

@@ -32,6 +32,17 @@ def _on_finding(name: str, cause: str, summary: str, description: str, runbook: 
                  causes=(cause,))
 
 
+def _on_two_findings(name: str, summary: str, description: str, runbook: Runbook,
+                     board: str, first: FindingSeries, second: FindingSeries) -> Alert:
+    """One alert for two causes of one kind (a late rank, an uneven split): each finding's
+    severity passes through; the first cause's four cases and the second's first."""
+    causes = (Cause(first.cause), Cause(second.cause))
+    return Alert(name, GROUP, summary, description,
+                 rules=(Rule(finding_open(*causes), FOR, FROM_FINDING),), runbook=runbook,
+                 board=board, cases=finding_cases(first, FOR) + finding_cases(second, FOR)[:1],
+                 causes=causes)
+
+
 _LOSSY = FindingSeries(Cause.LOSSY_LINK, "warning", node="node1", interface="eth0", tor="tor0",
                        id="a1b2c3d4e5f6")
 
@@ -144,13 +155,12 @@ _COMPUTE = FindingSeries(Cause.STRAGGLER_COMPUTE, "warning", node="node3", tor="
 _NETWORK = FindingSeries(Cause.STRAGGLER_NETWORK, "critical", node="node2", interface="eth0",
                          tor="tor0", rank="1", id="e2b2c3d4e5f6")
 
-STRAGGLER_RANK = Alert(
-    "FabricscopeStragglerRank", GROUP,
+STRAGGLER_RANK = _on_two_findings(
+    "FabricscopeStragglerRank",
     "Straggler at {place} holds back job {job} ({cause})",
     "Rank {rank} at {place} holds the whole ring of job {job} back ({cause}, finding {id}). "
     "Who waited, and how long: `fabricscope explain {id}`.",
-    rules=(Rule(finding_open(Cause.STRAGGLER_COMPUTE, Cause.STRAGGLER_NETWORK), FOR, FROM_FINDING),),
-    runbook=Runbook(
+    Runbook(
         "One rank is late and every other rank waits for it in the next collective. "
         "`straggler_compute`: the rank enters its collectives late while its network is "
         "healthy (the others' collective time grows, its own does not). "
@@ -170,9 +180,7 @@ STRAGGLER_RANK = Alert(
          "Network: follow FabricscopeLossyLink for its port; check NIC and GPU affinity "
          "(NCCL_IB_HCA) and NCCL_CROSS_NIC."),
     ),
-    board="collectives",
-    cases=finding_cases(_COMPUTE, FOR) + finding_cases(_NETWORK, FOR)[:1],
-    causes=(Cause.STRAGGLER_COMPUTE, Cause.STRAGGLER_NETWORK))
+    "collectives", _COMPUTE, _NETWORK)
 
 INPUT_STALL = _on_finding(
     "FabricscopeInputStall", Cause.INPUT_STALL,
@@ -220,13 +228,12 @@ _STAGE = FindingSeries(Cause.STAGE_IMBALANCE, "warning", node="node2", tor="tor0
 _SKEW = FindingSeries(Cause.ALLTOALL_SKEW, "critical", node="node1", tor="tor0", rank="0",
                       id="b8b2c3d4e5f6")
 
-WORKLOAD_IMBALANCE = Alert(
-    "FabricscopeWorkloadImbalance", GROUP,
+WORKLOAD_IMBALANCE = _on_two_findings(
+    "FabricscopeWorkloadImbalance",
     "Uneven split of job {job}'s work at {place} ({cause})",
     "Rank {rank} at {place} does more of job {job}'s work than the others and they wait "
     "for it ({cause}, finding {id}). What an even split saves: `fabricscope explain {id}`.",
-    rules=(Rule(finding_open(Cause.STAGE_IMBALANCE, Cause.ALLTOALL_SKEW), FOR, FROM_FINDING),),
-    runbook=Runbook(
+    Runbook(
         "The job's model is split unevenly over its ranks. `stage_imbalance`: one pipeline "
         "stage computes more than the others, which wait for it inside their Send and Recv "
         "(the bubble). `alltoall_skew`: a mixture-of-experts job routes most tokens to the "
@@ -242,9 +249,7 @@ WORKLOAD_IMBALANCE = Alert(
          "MoE: cap expert capacity (capacity_factor), raise the load-balancing loss, spread "
          "or replicate the hot experts; group experts that exchange most under one ToR."),
     ),
-    board="collectives",
-    cases=finding_cases(_STAGE, FOR) + finding_cases(_SKEW, FOR)[:1],
-    causes=(Cause.STAGE_IMBALANCE, Cause.ALLTOALL_SKEW))
+    "collectives", _STAGE, _SKEW)
 
 LATENCY_BOUND = _on_finding(
     "FabricscopeLatencyBound", Cause.LATENCY_BOUND,
