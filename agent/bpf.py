@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,3 +140,27 @@ def prog_stats(fds) -> ProgStats:
 def prog_stat_counters(fds) -> dict[str, int]:
     """A probe's counters for its programs: bpf_run_ns, bpf_runs, missed_hits."""
     return prog_stats(fds).counters()
+
+
+def open_ring(table, handler: Callable[[object, int, int], int], count: Callable[[], None],
+              probe: str) -> None:
+    """Open a ring buffer whose callback never loses an event silently.
+
+    ring_buffer_consume() calls `handler` through ctypes, which prints an exception to
+    stderr and drops the event uncounted. Here an exception is counted (`count`, the
+    probe's handler_errors) and its first traceback logged; the probe keeps running."""
+    logged = False
+
+    def guarded(ctx, data, size) -> int:
+        nonlocal logged
+        try:
+            return handler(ctx, data, size)
+        except Exception:
+            count()
+            if not logged:
+                logged = True
+                log.warning("%s: an event could not be handled (counted as handler_errors; "
+                            "later ones are not logged)", probe, exc_info=True)
+            return 0
+
+    table.open_ring_buffer(guarded)

@@ -142,7 +142,8 @@ def final_counts(probe_stats) -> str:
             shown = {k: v for k, v in stats.items() if k.startswith("transfers_") and v}
         else:
             shown = {k: v for k, v in stats.items()
-                     if v and (k in ("lost", "missed_hits", "decode_errors")
+                     if v and (k in ("lost", "missed_hits", "decode_errors", "handler_errors",
+                                  "unattributed")
                                or k.endswith("_recovered_bytes"))}
         if shown:
             parts.append(f"{probe}: " + ", ".join(f"{k} {v}" for k, v in sorted(shown.items())))

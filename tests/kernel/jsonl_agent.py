@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @contextlib.contextmanager
 def jsonl_agent(lab, node, tmp: Path, *args: str, attached: str = "running probes:"):
     """Yields the Popen; records() reads what it printed so far. `attached`: the log
-    text that says the probes are attached."""
+    text that says the probes are attached. After the block, the Popen's stopped_rc is
+    the exit code its stop returned (0: it drained and flushed)."""
     from fabricscope.lab import exec_argv, exec_env
     out, err = tmp / "agent.jsonl", tmp / "agent.log"
     argv = exec_argv(node, [sys.executable, "-m", "fabricscope", "agent", "--output", "jsonl",
@@ -34,7 +35,7 @@ def jsonl_agent(lab, node, tmp: Path, *args: str, attached: str = "running probe
         assert agent.poll() is None, err.read_text()[-2000:]
         yield agent
     finally:
-        terminate(agent, 30)
+        agent.stopped_rc = terminate(agent, 30)
 
 
 def records(path: Path) -> list[Record]:

@@ -10,10 +10,11 @@ def test_the_stop_line_names_losses_skips_and_what_the_join_did_with_transfers()
     stats = AgentMetrics().probe_stats
     stats.update("tcp_flows", {"lost": 0, "missed_hits": 3, "received_recovered_bytes": 1500,
                                "probe_hits": 99})
-    stats.update("gloo", {"lost": 2, "events": 10})
+    stats.update("gloo", {"lost": 2, "events": 10, "unattributed": 4, "handler_errors": 1,
+                          "foreign_processes": 6})
     stats.update("join", {"transfers_written": 18, "transfers_folded": 0,
                           "phases_inferred": 12})
-    assert final_counts(stats) == ("gloo: lost 2; join: transfers_written 18; tcp_flows: "
+    assert final_counts(stats) == ("gloo: handler_errors 1, lost 2, unattributed 4; join: transfers_written 18; tcp_flows: "
                                    "missed_hits 3, received_recovered_bytes 1500")
 
 

@@ -138,7 +138,7 @@ class GlooProbe(UprobeProbe):
         self._in_flight: dict[int, int] = {}   # pid -> its AllReduce in flight then
         self._counters.update(decode_errors=0, unattributed=0, foreign_processes=0,
                               bytes_from_transfers=0, bytes_unknown=0, late_windows=0,
-                              step_resyncs=0, cgroup_unknown=0)
+                              step_resyncs=0, cgroup_unknown=0, handler_errors=0)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -146,7 +146,7 @@ class GlooProbe(UprobeProbe):
         self._bpf = bpf.compile_program("gloo", [f"-DRINGBUF_PAGES={self.ringbuf_pages}",
                                                  *layout.cflags(), *self.ctx.cflags])
         bpf.check_layout(layout.GlooEvent, self._bpf[b"event_layout"].Leaf)
-        self._bpf[b"events"].open_ring_buffer(self._on_event)
+        bpf.open_ring(self._bpf[b"events"], self._on_event, self._handler_error, self.name)
         self._uprobes.bpf = self._bpf
         own = own_torch_library()
         for path in self.paths + ([own] if own else []):
@@ -267,7 +267,6 @@ class GlooProbe(UprobeProbe):
     # --- events ------------------------------------------------------------------------
 
     def _on_event(self, _ctx, data, size) -> int:
-        # Called from ring_buffer_consume(); an exception here would be lost in ctypes.
         raw = ctypes.string_at(data, size)
         off = layout.GlooEvent.pid.offset
         pid = int.from_bytes(raw[off:off + 4], "little") if len(raw) >= off + 4 else 0
@@ -294,6 +293,9 @@ class GlooProbe(UprobeProbe):
                                                      cpu=self._cpu_of(pid))
         self._pending += state.on_collective(c, self.ctx.clock.to_wall)
         return 0
+
+    def _handler_error(self) -> None:
+        self._counters["handler_errors"] += 1
 
     def _deny(self, pid: int) -> None:
         self._denied.add(pid)

@@ -97,7 +97,8 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         self._final: list[Record] = []     # made at detach, handed out by the next poll
         self._out_total = (0, 0)           # TC egress (segs, bytes) at the last cut
         self._counts = {"windows": 0, "flows_read": 0, "flows_deleted": 0,
-                        "flow_table_full": 0, "flow_decode_errors": 0, "sweep_errors": 0}
+                        "flow_table_full": 0, "flow_decode_errors": 0, "sweep_errors": 0,
+                        "handler_errors": 0}
         self._sweeper = Sweeper()
         self._destroy_fd = None            # raw tcp_destroy_sock program: the sweep replays it
         self._rx = RxSampler(ctx.addresses) if self.settings.rx_info else None
@@ -125,7 +126,7 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         bpf.check_layout(FlowStat, b[b"flowstats"].sLeaf)
         bpf.check_layout(FlowEvent, b[b"flow_event_layout"].Leaf)
         bpf.check_layout(Sock, b[b"sock_layout"].Leaf)
-        b[b"flow_events"].open_ring_buffer(self._on_flow_event)
+        bpf.open_ring(b[b"flow_events"], self._on_flow_event, self._handler_error, self.name)
         fn = b.funcs.get(b"raw_tracepoint__tcp_destroy_sock")
         try:
             b[b"sweeping"]                  # only with raw tracepoints and set_state
@@ -154,6 +155,9 @@ class TcpFlowsProbe(TcpRetransmitProbe):
             self.owners.learn(record_flow(record), pid)
         self._pending.append(record)
         return 0
+
+    def _handler_error(self) -> None:
+        self._counts["handler_errors"] += 1
 
     # --- windows ------------------------------------------------------------------------
 

@@ -217,6 +217,7 @@ class TcpRetransmitProbe(Probe):
         self._tc: TcPrograms | None = None
         self._pending: list[Record] = []
         self._decode_errors = 0
+        self._handler_errors = 0
         self.owners = Owners(pods=getattr(ctx, "pods", None))
         self._tagger = OwnerTagger(self.owners)
         self.kinds_known = False
@@ -277,7 +278,7 @@ class TcpRetransmitProbe(Probe):
         """After compiling: check layouts, fill maps, open ring buffers."""
         bpf.check_layout(RetransmitEvent, self._bpf[b"event_layout"].Leaf)
         fill_own_addrs(self._bpf[b"own_addrs"], self.ctx.addresses)
-        self._bpf[b"events"].open_ring_buffer(self._on_event)
+        bpf.open_ring(self._bpf[b"events"], self._on_event, self._handler_error, self.name)
 
     def _attach_tc(self, ifaces) -> None:
         fn = self._bpf.load_func(b"tc_egress", type(self._bpf).SCHED_CLS)
@@ -297,6 +298,9 @@ class TcpRetransmitProbe(Probe):
             log.debug("%s: undecodable event: %s", self.name, exc)
         return 0
 
+    def _handler_error(self) -> None:
+        self._handler_errors += 1
+
     def poll(self) -> list[Record]:
         if self._bpf is None:
             return self._tagger.flush()
@@ -309,6 +313,7 @@ class TcpRetransmitProbe(Probe):
             return {}
         out = dict(zip(STATS, bpf.percpu_sums(self._bpf[b"stats"], len(STATS))))
         out["decode_errors"] = self._decode_errors
+        out["handler_errors"] = self._handler_errors
         progs = {name: bpf.prog_stats([fn.fd]) for name, fn in self._bpf.funcs.items()}
         # retransmits our program never saw are lost events; the rest are counted apart
         out["missed_retransmits"] = sum(st.missed for name, st in progs.items()
