@@ -154,7 +154,7 @@ EVIDENCE = {
         "RTT above their own baseline RTT, over the period, reaches "
         "`detect_class.LATENCY_COST` of the step, whether or not the links are busy",
     Cause.TAIL_LATENCY:
-        "a job classified as inference (no gradient reduction, no period): each request is "
+        "a job classified as inference (no backward pass, no period): each request is "
         "one repeat of its op sequence, its latency from the first call to the last over "
         "all ranks. The baseline is its first `detect_class.REQUESTS_BASELINE` requests; "
         "named when the window's P99 is `detect_class.TAIL_GROWTH` above the baseline's "

@@ -1,9 +1,11 @@
 """Before and after a change: did it help? (`fabricscope compare`)
 
 Per metric, the samples of two windows: per step (step time, grad sync, data
-load, bus bandwidth; the job's reference rank, its lowest) or per second (the
-job's nodes' retransmit ratio, bursts, peak 100 us utilisation, the RTT tail of
-its data flows). Per-step samples are autocorrelated and not normal, so:
+load, bus bandwidth; the job's reference rank, its lowest), per request of a
+served model (its latency, fabricscope.requestmodel: a job with no steps is judged
+by it) or per second (the job's nodes' retransmit ratio, bursts, peak 100 us
+utilisation, the RTT tail of its data flows). Per-step samples are autocorrelated
+and not normal, so:
 - the test is Mann-Whitney U (two-sided), a rank test that assumes no
   distribution, over batch means: each window is cut into blocks of n^(1/3)
   consecutive samples and the test ranks the blocks' means. Consecutive steps are
@@ -14,9 +16,11 @@ its data flows). Per-step samples are autocorrelated and not normal, so:
   exact (the U distribution counted), otherwise the normal approximation with the
   tie correction. Step time is the question a change answers (did the job get
   faster?), so it is tested alone at ALPHA; the other metrics explain it, and their
-  p-values are Holm-corrected together (a family of seven), so that one of them
-  changing by chance in a healthy run stays rare. Correcting step time with them
-  would make the one question that matters pay for seven it does not ask.
+  p-values are Holm-corrected together (the family of those with a p-value), so
+  that one of them changing by chance in a healthy run stays rare. Correcting step
+  time with them would make the one question that matters pay for those it does not
+  ask. A served model has no steps: its request latency is the question then, tested
+  alone the same way (PRIMARY: the first of them with enough samples).
   ALPHA is 0.01, not 0.05: compare is asked after every tuning change, and a change
   that did nothing reported as `better` keeps a useless knob and stops the search for
   the real cause. The lab's healthy steps, resampled and compared with themselves,
@@ -42,7 +46,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from fabricscope.diagnosis.jobclass import read_window
 from fabricscope.diagnosis.store import Store, quote, regex_of
+from fabricscope.jobclass import classify
 from fabricscope.diagnosis.timespan import Span
 
 DRIFT_MARGIN = 1.5
@@ -65,11 +71,15 @@ class Metric:
     lower_is_better: bool
 
 
-#: the first is the primary metric, tested alone; the others form one Holm family
+#: the primary metric (PRIMARY) is tested alone; the others form one Holm family
 METRICS = [Metric("step_time", "s", True), Metric("grad_sync_time", "s", True),
            Metric("data_load_time", "s", True), Metric("busbw", "GB/s", False),
            Metric("retransmit_ratio", "fraction", True), Metric("bursts", "/s", True),
-           Metric("peak_utilization", "fraction", True), Metric("rtt_p99", "us", True)]
+           Metric("peak_utilization", "fraction", True), Metric("rtt_p99", "us", True),
+           Metric("request_latency", "s", True)]
+#: the questions a change answers, in order: the first with enough samples is tested
+#: alone, the others join the explaining family
+PRIMARY = ("step_time", "request_latency")
 
 
 @dataclass
@@ -239,8 +249,11 @@ def compare_samples(samples: dict[str, tuple[list[float], list[float]]],
                            (mb - ma) / ma * 100 if ma else None, [lo, hi],
                            mann_whitney(block_means(a), block_means(b)),
                            None, drift(a), drift(b), ""))
-    rows[0].p_holm = rows[0].p_value
-    for r, p in zip(rows[1:], holm([r.p_value for r in rows[1:]])):
+    first = next((i for name in PRIMARY for i, r in enumerate(rows)
+                  if r.metric == name and r.p_value is not None), 0)
+    rows[first].p_holm = rows[first].p_value
+    family = [r for i, r in enumerate(rows) if i != first]
+    for r, p in zip(family, holm([r.p_value for r in family])):
         r.p_holm = p
     for m, r in zip(METRICS, rows):
         if r.verdict:
@@ -290,9 +303,19 @@ def load_spans(rows: list[dict]) -> list[float]:
     return [hi - lo for _, (lo, hi) in sorted(spans.items(), key=lambda kv: kv[1][0])]
 
 
+def request_latencies(store: Store, job: str, span: Span) -> list[float]:
+    """Each request's latency in the span, in arrival order: the job's collectives
+    classified as the collector's analyzer does (diagnosis/jobclass.py); [] unless
+    they are a served model's (a training job's samples are its steps)."""
+    c = classify(read_window(store, job, span.start_ns, span.end_ns).observations)
+    return [r.seconds for r in c.requests.requests] if c.requests is not None else []
+
+
 def values(store: Store, job: str, metric: str, span: Span) -> list[float]:
     t = f"time >= {span.start_ns} AND time < {span.end_ns}"
     q = quote(job)
+    if metric == "request_latency":
+        return request_latencies(store, job, span)
     if metric in ("step_time", "grad_sync_time", "busbw", "data_load_time"):
         rank = _reference_rank(store, job, span)
         if rank is None:

@@ -24,11 +24,13 @@ a model over ranks, and the control ops that every kind issues now and then:
 Rules, in order:
 
 1. No exchange op in the window: UNKNOWN.
-2. No gradient reduction (AllReduce, ReduceScatter) and no period: INFERENCE. A
-   server has no backward pass, so nothing reduces gradients, and its work follows
-   requests that arrive at random, so its traffic does not repeat. Training repeats
-   one step, so its traffic is periodic (fabricscope.trafficmodel finds the period
-   in the activity series) even when it reduces nothing, as a pipeline does.
+2. No backward pass and no period: INFERENCE. A server has no backward pass, so
+   nothing reduces gradients (AllReduce, ReduceScatter) or sends them back down a
+   pipeline (_backward_pass), and its work follows requests that arrive at random,
+   so its traffic does not repeat. Training repeats one step, so its traffic is
+   periodic (fabricscope.trafficmodel finds the period in the activity series);
+   where its backward pass shows, its repeat is a step however much a busy host
+   makes the steps jitter.
 3. A family with more than half of the exchanged bytes names the class: bytes, not
    calls, because the network carries bytes (a MoE job's few small router
    AllReduces do not make it data parallel).
@@ -295,16 +297,36 @@ class _Timing:
     repeat: tuple[int, list[Observation]] | None = None     # _repeat's answer
 
 
+def _backward_pass(exchange: list[Observation]) -> bool:
+    """Whether point-to-point transfers flow both ways on every link they use among at
+    least three ranks: a pipeline in training sends each activation forward and its
+    gradient back over the same link, while a served pipeline's requests go one way
+    round (stage to stage, the answer back to the first). A Send from a to b and a Recv
+    at b from a are the same direction. Two ranks cannot tell the two apart: their
+    one link carries the answer or the gradient back alike."""
+    links = set()
+    for o in exchange:
+        if o.rank is None or o.peer is None:
+            continue
+        op = o.op.lower()
+        if op == "send":
+            links.add((o.rank, o.peer))
+        elif op == "recv":
+            links.add((o.peer, o.rank))
+    return len({r for link in links for r in link}) >= 3 and \
+        all((b, a) in links for a, b in links)
+
+
 def _timing(exchange: list[Observation], bin_s: float, trains: bool = False) -> _Timing:
     """Period and ops per step of a loop, or the arrival rate of random work.
 
     The op sequence says what repeats (a training step, a served request: the same
     calls in the same order); the gaps between its repeats say whether a clock
     drives them (a step loop: jitter only) or arrivals at random (Poisson), by their
-    spread (_spread; SPREAD_PERIODIC lies halfway). Where the job reduces gradients
-    (`trains`), its repeat is a step whatever the spread: only training has a
-    backward pass, and a loop of short steps on a busy host jitters by as much as
-    its steps last. Random work's rate is that of
+    spread (_spread; SPREAD_PERIODIC lies halfway). Where the job's backward pass
+    shows (`trains`: gradients reduced, or sent back down a pipeline), its repeat is
+    a step whatever the spread: only training has one, and a loop of short steps on
+    a busy host jitters by as much as its steps last. Random work's rate is that of
     the repeats: a request's when its calls repeat once per request, a multiple
     of it when a request repeats one layer's calls several times (an upper bound).
     With no repeating sequence, the activity series' autocorrelation is asked for a
@@ -342,17 +364,18 @@ def classify(observations, bin_s: float = BIN_S) -> Classification:
         return Classification(JobClass.UNKNOWN, "no AllReduce, AllGather/ReduceScatter, "
                               "AlltoAll or Send/Recv in the window", (), mix, p50, p90,
                               None, None, None, None, len(kept), dropped)
-    gradient = [o for o in exchange if o.op.lower() in GRADIENT_OPS]
-    timing = _timing(exchange, bin_s, trains=bool(gradient))
+    # only training reduces gradients or sends them back down a pipeline
+    trains = any(o.op.lower() in GRADIENT_OPS for o in exchange) or _backward_pass(exchange)
+    timing = _timing(exchange, bin_s, trains=trains)
     period, per_step, rate, cv = timing.period_s, timing.per_step, timing.rate, timing.cv
     exchanged = sum(mix[f].bytes for f in EXCHANGE if f in mix)
     shares = {f: (mix[f].bytes / exchanged if exchanged else mix[f].count / len(exchange))
               for f in EXCHANGE if f in mix}
     components = tuple(CLASS_OF[f] for f in sorted(shares, key=lambda f: -shares[f]))
     top = max(shares, key=lambda f: shares[f])
-    if not gradient and period is None:
+    if not trains and period is None:
         job_class = JobClass.INFERENCE
-        reason = (f"no gradient reduction and no period: requests at random, "
+        reason = (f"no backward pass and no period: requests at random, "
                   f"{rate or 0:.1f} arrivals/s"
                   + (f" (gap spread {cv:.2f}; Poisson 1.58, a step loop ~0)" if cv is not None else "")
                   + f", carried by {top.value} ({shares[top]:.0%} of bytes)")

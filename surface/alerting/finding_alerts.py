@@ -278,7 +278,7 @@ TAIL_LATENCY = _on_finding(
     "chance (finding {id}); {place} is the rank or hop that carries the tail. "
     "Evidence: `fabricscope explain {id}`.",
     Runbook(
-        "An inference job (no gradient reduction, requests at random) serves each request "
+        "An inference job (no backward pass, requests at random) serves each request "
         "with the same exchanges. Its requests' P99 latency rose a tenth or more over the "
         "job's baseline (its first requests), and more requests exceed the old P99 than "
         "chance allows. The rank whose first call trails the others in the slow requests "

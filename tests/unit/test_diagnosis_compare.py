@@ -157,7 +157,7 @@ def healthy(rng, n: int, level: float, per_step: float, start: int = 0) -> list[
 
 
 def series(rng, level_of: dict, n: int = 60, start: int = 0) -> dict:
-    return {m.name: healthy(rng, n, level_of[m.name], 0.002, start) for m in METRICS}
+    return {name: healthy(rng, n, level, 0.002, start) for name, level in level_of.items()}
 
 
 LEVELS = {"step_time": 1.0, "grad_sync_time": 0.3, "data_load_time": 0.05, "busbw": 2.0,
@@ -170,7 +170,9 @@ def test_an_aa_comparison_of_a_drifting_healthy_run_is_no_change():
     samples = {name: (x[:60], x[60:]) for name, x in run.items()}
     results = compare_samples(samples)
     assert [r.metric for r in results] == [m.name for m in METRICS]
-    assert {r.metric: r.verdict for r in results} == {m.name: "no change" for m in METRICS}
+    # a training job serves no requests: it has no request latency to compare
+    assert {r.metric: r.verdict for r in results} == {**{name: "no change" for name in LEVELS},
+                                                      "request_latency": "insufficient"}
     # the windows do differ (the drift): the p-value alone would have called it
     step = results[0]
     assert step.after_median > step.before_median and step.p_holm < ALPHA
@@ -255,3 +257,48 @@ def test_step_time_is_tested_alone_and_the_other_metrics_as_one_holm_family():
     assert ALPHA / len(METRICS) < step.p_value < ALPHA
     assert step.p_holm == step.p_value and step.verdict == "better"
     assert [r.p_holm for r in others] == pytest.approx(holm([r.p_value for r in others]))
+
+
+def test_a_served_models_request_latency_is_its_question_when_it_has_no_steps():
+    """No steps in either window: the request latency is tested alone, at ALPHA, and
+    the metrics that explain it share one Holm correction; a DDP job's request latency
+    is insufficient and leaves its family as it was."""
+    rng = np.random.default_rng(31)
+    before = [0.005 + 0.0005 * x for x in rng.exponential(1.0, 40)]
+    after = [0.008 + 0.0005 * x for x in rng.exponential(1.0, 40)]
+    results = {r.metric: r for r in compare_samples({
+        "request_latency": (before, after),
+        "rtt_p99": (list(rng.normal(900, 20, 40)), list(rng.normal(900, 20, 40)))})}
+    latency = results["request_latency"]
+    assert latency.p_holm == latency.p_value < ALPHA and latency.verdict == "worse"
+    assert results["step_time"].verdict == "insufficient"
+    assert results["rtt_p99"].p_holm == pytest.approx(holm([results["rtt_p99"].p_value])[0])
+
+
+def test_request_latencies_come_from_the_jobs_collectives_as_the_analyzer_classifies_them():
+    """Three ranks serve requests at random (a MoE AlltoAll per request): each whole
+    request's latency is its calls' span over all ranks (the first and the last, which
+    the window's edges may cut, are not whole: fabricscope.requestmodel)."""
+    from fabricscope.diagnosis.compare import request_latencies
+    from fabricscope.diagnosis.timespan import Span
+    rng = np.random.default_rng(5)
+    columns = ["time", "bytes", "seconds", "peer"]
+    series, t = {r: [] for r in range(3)}, 1_000_000_000
+    for _ in range(30):
+        t += int(rng.exponential(0.1) * 1e9) + 5_000_000
+        for r in range(3):
+            series[r].append([t + r * 1_000_000, 4096, 0.002, None])
+    store = FakeStore([({"rank": str(r), "op": "AlltoAll"}, columns, rows)
+                       for r, rows in series.items()])
+    latencies = request_latencies(store, "j", Span(0, t + 10**9))
+    assert latencies == pytest.approx([0.004] * 28)
+
+
+class FakeStore:
+    """Answers the analyzer's one read (diagnosis/jobclass.read_window) with fixed series."""
+
+    def __init__(self, series):
+        self._series = series
+
+    def series(self, _query):
+        return self._series

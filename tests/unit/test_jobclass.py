@@ -181,3 +181,61 @@ def test_a_training_loop_whose_short_steps_jitter_as_much_as_they_last_keeps_its
     starts = sorted(o.start_ns for o in obs)
     assert result.period_s == pytest.approx((starts[-1] - starts[0]) / 11 / 1e9)
     assert result.collectives_per_step == 1 and result.arrival_rate_per_s is None
+
+
+def pipeline(stages: int, micro=4, steps=12, step_ms=10.0, jitter=0.9, seed=7):
+    """GPipe training over `stages` ranks: each micro-batch's input received from the
+    stage before and its output sent on, then each one's gradient back over the same
+    links; the step's length jittered by +-jitter (its calls take under a millisecond,
+    so the steps never overlap)."""
+    rng, out, t = random.Random(seed), [], 0
+    for _ in range(steps):
+        for r in range(stages):
+            forward = ([("Recv", r - 1)] if r > 0 else []) + \
+                ([("Send", r + 1)] if r < stages - 1 else [])
+            backward = ([("Recv", r + 1)] if r < stages - 1 else []) + \
+                ([("Send", r - 1)] if r > 0 else [])
+            calls = forward * micro + backward * micro
+            for i, (op, peer) in enumerate(calls):
+                start = t + int((0.01 * r + 0.05 * i) * MS)
+                out.append(Observation(op, 32 << 10, start, start + int(0.02 * MS), rank=r,
+                                       peer=peer))
+        t += int(step_ms * MS * (1 + rng.uniform(-jitter, jitter)))
+    return out
+
+
+def served_round(stages: int, requests=80, rate=20.0, seed=2):
+    """A served pipeline: each request goes stage to stage and its answer from the last
+    stage back to the first, one way round; requests arrive as a Poisson process."""
+    rng, out, arrival = random.Random(seed), [], 0.0
+    for _ in range(requests):
+        arrival += rng.expovariate(rate) * 1e3            # ms
+        for r in range(stages):
+            ahead, behind = (r + 1) % stages, (r - 1) % stages
+            calls = [("Send", ahead), ("Recv", behind)] if r == 0 else \
+                [("Recv", behind), ("Send", ahead)]
+            for i, (op, peer) in enumerate(calls):
+                start = int((arrival + (stages if r == 0 and i else r) + 0.5 * i) * MS)
+                out.append(Observation(op, 64 << 10, start, start + int(0.3 * MS), rank=r,
+                                       peer=peer))
+    return out
+
+
+def test_a_pipeline_whose_short_steps_jitter_as_much_as_they_last_trains_by_its_backward_pass():
+    """Its gradients come back over the links its activations went: a backward pass,
+    so training, and its repeat is its step however the busy host spreads the gaps."""
+    from fabricscope.jobclass import SPREAD_PERIODIC
+    result = classify(pipeline(stages=3))
+    assert result.gap_spread > SPREAD_PERIODIC              # a clock test alone would fail
+    assert result.job_class is JobClass.PIPELINE, result.reason
+    assert result.period_s is not None and result.arrival_rate_per_s is None
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_a_served_pipeline_whose_requests_go_one_way_round_stays_inference(stages):
+    """With three stages or more its links carry data one way only. Two stages cannot
+    be told from training by their links (the answer comes back over the one link), so
+    the gaps' spread decides, as it does for any job without a backward pass."""
+    result = classify(served_round(stages))
+    assert result.job_class is JobClass.INFERENCE, result.reason
+    assert result.period_s is None and result.arrival_rate_per_s

@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from fabricscope.diagnosis.compare import compare_samples
+from fabricscope.diagnosis.compare import METRICS, compare_samples
 from fabricscope.diagnosis.finding import Advice, Evidence, Finding
 from fabricscope.diagnosis.timespan import SECOND, Span
 from fabricscope.errors import UserError
@@ -295,7 +295,7 @@ def test_the_topology_stacks_nodes_tors_and_spine_and_reds_the_faulty_place():
 
 def test_the_compare_table_has_a_row_per_metric_with_its_verdict():
     html = next(s for s in sections(report_data()) if s.id == "compare").html
-    assert html.count("<tr class=\"verdict-") == 8
+    assert html.count("<tr class=\"verdict-") == len(METRICS)
     assert '<tr class="verdict-better"><td>step_time' in html
     assert "node1 cable replaced" in html
 
