@@ -158,8 +158,9 @@ EVIDENCE = {
         "one repeat of its op sequence, its latency from the first call to the last over "
         "all ranks. The baseline is its first `detect_class.REQUESTS_BASELINE` requests; "
         "named when the window's P99 is `detect_class.TAIL_GROWTH` above the baseline's "
-        "and more requests exceed the baseline P99 than Binomial(n, 1 %) allows at "
-        "`detect_class.TAIL_P`. The rank that trails the others' first call in the slow "
+        "and more requests exceed the baseline P99 than chance allows at "
+        "`detect_class.TAIL_P` (the exact Beta-Binomial count of exceedances of an order "
+        "statistic of the baseline). The rank that trails the others' first call in the slow "
         "requests (by `detect_class.TAIL_RANK_SHARE` of their excess) carries the tail; "
         "else the hop that loses or queues the most",
 }

@@ -40,10 +40,10 @@ LATENCY_COST = 0.10
 #: tenth that every cause meets
 TAIL_GROWTH = 0.10
 #: ... and more requests than the baseline's P99 must exceed it than chance allows:
-#: under no change each request exceeds it with probability 1 %, so the count is
-#: Binomial(n, 0.01); named when P(count at least this) is below TAIL_P
+#: named when P(count at least this) is below TAIL_P under no change
+#: (exceedance_tail: exact for a P99 taken from the baseline's own requests)
 TAIL_P = 0.001
-#: requests a baseline holds at least: its P99 is then no single request's latency
+#: requests a baseline holds at least, its P99 their nearest-rank 99th percentile
 REQUESTS_BASELINE = 50
 #: a rank carries the tail when it trails the others' first call in the slow requests
 #: by this share of their excess latency, more than it did in the baseline
@@ -63,6 +63,7 @@ class RequestBaseline:
         self.lags: dict[int, list[float]] = {}
         self.until_ns = 0
         self.p99_s: float | None = None
+        self.p99_rank = 0          # the p99's place among the sorted baseline (1-based)
 
     def take(self, model: RequestModel) -> None:
         if self.p99_s is not None:
@@ -75,7 +76,8 @@ class RequestBaseline:
         self.until_ns = max(self.until_ns, max(r.end_ns for r in model.requests))
         if len(self.seconds) >= REQUESTS_BASELINE:
             ordered = sorted(self.seconds)
-            self.p99_s = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+            self.p99_rank = min(len(ordered), math.ceil(0.99 * len(ordered)))
+            self.p99_s = ordered[self.p99_rank - 1]
 
 
 def detect(c: Classification | None, snap: Snapshot, baseline: RequestBaseline) \
@@ -190,16 +192,30 @@ def _latency(c: Classification, snap: Snapshot) -> list[Candidate]:
                "exchange_share": c.exchange_share})]
 
 
-def _binomial_tail(n: int, k: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p)."""
-    return max(0.0, 1.0 - sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k)))
+def exceedance_tail(n: int, k: int, m: int, j: int) -> float:
+    """P(K >= k), K the number of n new requests above the j-th smallest of m baseline
+    requests, where all come from one latency distribution (no change). The chance p
+    that one request exceeds that order statistic is itself random, Beta(m - j + 1, j)
+    whatever the distribution, so K is Beta-Binomial(n, m - j + 1, j): exact and free
+    of the distribution. A Binomial(n, 1 %) would take the baseline's P99 as the true
+    one, and 50 requests' P99 is their largest (each new request exceeds it with
+    chance 1/51 on average, and with more than 5 % in one baseline of 13)."""
+    a, b = m - j + 1, j
+    log_beta = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+    def pmf(x: int) -> float:
+        return math.exp(math.lgamma(n + 1) - math.lgamma(x + 1) - math.lgamma(n - x + 1)
+                        + math.lgamma(x + a) + math.lgamma(n - x + b)
+                        - math.lgamma(n + a + b) - log_beta)
+    return min(1.0, sum(pmf(x) for x in range(max(k, 0), n + 1)))
 
 
 def _tail(c: Classification, m: RequestModel, base: RequestBaseline,
           snap: Snapshot) -> list[Candidate]:
     over = [r for r in m.requests if r.seconds > base.p99_s]
     n, k = len(m.requests), len(over)
-    if m.p99_s < base.p99_s * (1 + TAIL_GROWTH) or _binomial_tail(n, k, 0.01) >= TAIL_P:
+    if m.p99_s < base.p99_s * (1 + TAIL_GROWTH) or \
+            exceedance_tail(n, k, len(base.seconds), base.p99_rank) >= TAIL_P:
         return []
     excess = statistics.median(r.seconds for r in over) - statistics.median(base.seconds)
     rank, lag = _tail_rank(over, base, excess)

@@ -6,6 +6,7 @@ replays a synthetic job (tests/unit/test_diagnosis_evidence.py)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import pytest
@@ -240,3 +241,20 @@ def test_every_class_cause_gets_advice(cause):
     c = Candidate(cause, "warning", {"rank": "1"}, "", 0, 0, facts=facts)
     assert advise(c, "gloo") and advise(c, "nccl")
     assert dataclasses.asdict(advise(c)[0])["why"]
+
+
+@pytest.mark.parametrize("n, k, m", [(300, 10, 50), (300, 42, 50), (20, 3, 7), (5, 0, 9)])
+def test_the_tail_count_is_exact_for_a_p99_that_is_the_baselines_largest_request(n, k, m):
+    """The j-th of m is the largest (50 requests' nearest-rank P99): K new requests
+    above it all lie above every baseline request, the top k of the m + n values all
+    new, which any ordering of one distribution's values gives with C(n, k) / C(m+n, k)."""
+    from fabricscope.diagnosis.detect_class import exceedance_tail
+    assert exceedance_tail(n, k, m, m) == pytest.approx(math.comb(n, k) / math.comb(m + n, k))
+
+
+def test_a_binomial_at_one_percent_would_call_a_healthy_server_tail_latency():
+    """Eleven of 300 requests above 50 requests' P99 happens in one healthy window of
+    six, where Binomial(300, 1 %) calls it rarer than one in a thousand."""
+    from fabricscope.diagnosis.detect_class import TAIL_P, exceedance_tail
+    binomial = 1 - sum(math.comb(300, i) * 0.01 ** i * 0.99 ** (300 - i) for i in range(11))
+    assert binomial < TAIL_P < 0.15 < exceedance_tail(300, 11, 50, 50)
