@@ -48,8 +48,8 @@ import numpy as np
 
 from fabricscope.diagnosis.jobclass import read_window
 from fabricscope.diagnosis.store import Store, quote, regex_of
-from fabricscope.jobclass import classify
 from fabricscope.diagnosis.timespan import Span
+from fabricscope.jobclass import classify
 
 DRIFT_MARGIN = 1.5
 ALPHA = 0.01
