@@ -38,9 +38,9 @@ def build_context(cfg) -> tuple[dict[str, type], ProbeContext]:
     else:
         addrs = addresses.parse_addresses(cfg.addresses)
     from fabricscope.agent.kube.setup import build_resolver
-    from fabricscope.agent.procmaps import MapsCache
+    from fabricscope.agent.procmaps import Environments, MapsCache
     return classes, ProbeContext(cfg.node, addrs, Clock(), cfg, maps_cache=MapsCache(),
-                                 pods=build_resolver(cfg))
+                                 environments=Environments(), pods=build_resolver(cfg))
 
 
 def attach_all(classes: dict[str, type], ctx: ProbeContext, metrics) -> list[Probe]:

@@ -88,6 +88,17 @@ class _Seen:
     keys: frozenset                   # tracked files it mapped when its maps were last read
 
 
+def start_time(pid_dir: str) -> str | None:
+    """/proc/PID/stat field 22, the process's start time: which process holds the pid
+    (None when it cannot be read)."""
+    try:
+        with open(os.path.join(pid_dir, "stat"), "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
 def _boot_seconds() -> float:
     # the clock /proc/PID/stat start times count from (in the reader's time namespace)
     return time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -120,12 +131,7 @@ class ScanMemo:
     last_full: float = float("-inf")
 
     def start_time(self, pid_dir: str) -> str | None:
-        try:
-            with open(os.path.join(pid_dir, "stat"), "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            return fields[19].decode()
-        except (OSError, IndexError):
-            return None
+        return start_time(pid_dir)
 
     def known(self, pid: int, start: str) -> _Seen | None:
         seen = self.procs.get(pid)
@@ -265,6 +271,71 @@ def open_path(path: str) -> Sighting:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     st = os.fstat(fd)
     return Sighting((st.st_dev, st.st_ino), fd, path)
+
+
+class Environments:
+    """Each process's environment as a probe read it while the process lived, shared
+    by the probes that read /proc/PID/environ (ProbeContext.environments).
+
+    A process that has exited keeps its pid, comm, stat and cgroup until its parent
+    reaps it, but not its memory: reading its environ fails (ESRCH here; empty on
+    older kernels). An agent that the training
+    starves of CPU may drain a short run's events only then, and would take its rank
+    for a process without RANK. Whichever probe read the process while it lived left
+    its environment here, under its pid and start time (a later process with the
+    same pid is another one). Once the parent has reaped it, nothing of it is left
+    to compare: `recall` answers for a pid that no process holds for RECALL_S after
+    the read (another process would take the pid only after the kernel handed out
+    every other one: pid_max, 32768 here, within those seconds)."""
+
+    RECALL_S = 30.0
+
+    def __init__(self, limit: int = 4096, clock=time.monotonic):
+        self.limit, self.clock = limit, clock
+        self._kept: dict[str, tuple[str, dict[str, str], float]] = {}
+        self.recalled = 0        # environments of exited processes answered from here
+
+    def read(self, pid_dir) -> dict[str, str]:
+        """The process's environment; raises OSError as reading environ does, unless
+        the environment was read while the process lived."""
+        pid_dir = str(pid_dir)
+        try:
+            raw, failed = Path(pid_dir, "environ").read_bytes(), None
+        except OSError as exc:
+            raw, failed = b"", exc
+        start = start_time(pid_dir)
+        if raw:
+            env = parse_environ(raw)
+            if start is not None:
+                self._kept.pop(pid_dir, None)
+                if len(self._kept) >= self.limit:
+                    self._kept.pop(next(iter(self._kept)))      # the oldest read
+                self._kept[pid_dir] = (start, env, self.clock())
+            return env
+        kept = self._kept.get(pid_dir)
+        if kept is not None and start is not None and kept[0] == start:
+            self.recalled += 1
+            return kept[1]
+        if failed is not None:
+            raise failed
+        return {}
+
+    def recall(self, pid_dir) -> dict[str, str] | None:
+        """The environment of a process that is gone entirely (reaped: its pid directory
+        no longer exists), read within RECALL_S; None otherwise."""
+        pid_dir = str(pid_dir)
+        kept = self._kept.get(pid_dir)
+        if kept is None or os.path.exists(pid_dir) or \
+                self.clock() - kept[2] > self.RECALL_S:
+            return None
+        self.recalled += 1
+        return kept[1]
+
+
+def shared_environments(ctx, proc: Path) -> Environments:
+    """The agent's Environments for reads of the real /proc, else one of its own."""
+    shared = getattr(ctx, "environments", None) if proc == Path("/proc") else None
+    return shared if shared is not None else Environments()
 
 
 def parse_environ(raw: bytes) -> dict[str, str]:

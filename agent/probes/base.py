@@ -43,6 +43,7 @@ class ProbeContext:
     config: object                 # fabricscope.agent.config.AgentConfig
     cflags: list[str] = field(default_factory=list)   # extra BCC cflags (kernel headers etc.)
     maps_cache: object = None      # fabricscope.agent.procmaps.MapsCache shared by the uprobe probes
+    environments: object = None    # fabricscope.agent.procmaps.Environments shared by every /proc reader
     pods: object = None            # fabricscope.agent.kube.resolver.PodResolver; None outside Kubernetes
     nic_bins: object = None        # fabricscope.agent.probes.nic.history.BinHistory, set by the nic probe
 

@@ -209,3 +209,52 @@ def test_kernel_pids_are_ignored_when_they_may_name_other_processes(tmp_path):
     gone = Owners(proc=tmp_path, clock=Clock(), host_pids=True)
     gone.learn(flow, 99)                                        # exited before the poll
     assert gone.get(flow) is None and gone.pending(flow) and gone.stats.learned == 0
+
+
+def test_a_process_read_after_it_exited_keeps_the_rank_another_probe_read_while_it_lived(
+        tmp_path):
+    """The gloo probe read the rank's environment while it ran; the TCP probe drained
+    its flow only after it exited (a zombie: comm, stat and cgroup still there, environ
+    unreadable). The shared Environments answer for it, by pid and start time; a later
+    process with the same pid gets nothing from them."""
+    from fabricscope.agent.probes.gloo.procs import ProcessTable
+    from fabricscope.agent.procmaps import Environments
+    proc = FakeProc(tmp_path)
+    proc.process(20, "python", [4242], {"RANK": "1", "FABRICSCOPE_JOB": "llm"})
+    stat = tmp_path / "20" / "stat"
+    stat.write_text("20 (python) S " + " ".join(["0"] * 18) + " 5150 0\n")   # field 22
+    clock = Clock()
+    shared = Environments(clock=clock)
+    gloo = ProcessTable(tmp_path, own_netns=os.stat(proc.netns).st_ino, environments=shared)
+    assert gloo.get(20).rank == "1"
+    (tmp_path / "20" / "environ").unlink()        # exited: reading it fails (ESRCH)
+    owners = Owners(proc=tmp_path, clock=Clock(), environments=shared)
+    assert owners.resolve([V4_FLOW])[V4_FLOW].tags()["rank"] == "1"
+    assert shared.recalled == 1
+    stat.write_text("20 (python) S " + " ".join(["0"] * 18) + " 9999 0\n")   # pid reused
+    assert Owners(proc=tmp_path, clock=Clock(), environments=shared).resolve(
+        [V4_FLOW])[V4_FLOW].rank == ""
+
+
+def test_a_flow_learned_after_its_process_was_reaped_gets_the_rank_read_while_it_lived(
+        tmp_path):
+    """Nothing of the process is left in /proc; the pid it connected from still names
+    it for RECALL_S after a probe read it, and nothing after that."""
+    import shutil
+
+    from fabricscope.agent.procmaps import Environments
+    proc = FakeProc(tmp_path)
+    proc.process(40, "python", [], {"RANK": "2", "FABRICSCOPE_JOB": "llm"})
+    (tmp_path / "40" / "stat").write_text("40 (python) S " + " ".join(["0"] * 18) + " 77 0\n")
+    clock = Clock()
+    shared = Environments(clock=clock)
+    assert shared.read(tmp_path / "40")["RANK"] == "2"
+    shutil.rmtree(tmp_path / "40")                                           # reaped
+    owners = Owners(proc=tmp_path, clock=clock, environments=shared, host_pids=True)
+    short = ("198.18.0.2", 40000, "198.18.0.254", 9000)
+    owners.learn(short, 40)
+    assert owners.get(short).tags() == {"pid": "40", "rank": "2", "job": "llm"}
+    clock.now += Environments.RECALL_S + 1
+    later = ("198.18.0.2", 40001, "198.18.0.254", 9000)
+    owners.learn(later, 40)
+    assert owners.get(later) is None

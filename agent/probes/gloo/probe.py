@@ -63,6 +63,7 @@ from fabricscope.agent.probes.gloo import layout
 from fabricscope.agent.probes.base import ProbeContext, ProbeUnavailable
 from fabricscope.agent.probes.base import ringbuf_pages as ringbuf_pages_for
 from fabricscope.agent.probes.gloo.procs import ProcessTable
+from fabricscope.agent.procmaps import shared_environments
 from fabricscope.agent.probes.gloo.records import CPU_SAMPLE_S, CpuSamples, ProcessState
 from fabricscope.agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
 from fabricscope import cgroupcpu
@@ -122,7 +123,8 @@ class GlooProbe(UprobeProbe):
                             "e.g. --gloo-model-window-s 10 --gloo-model-interval-s 5")
         # 64 pages (256 KiB) per 0.2 s of poll interval: a second of ~2,500 collectives
         self.ringbuf_pages = ringbuf_pages or ringbuf_pages_for(ctx, 64)
-        self._procs = ProcessTable(proc, pods=getattr(ctx, "pods", None))
+        self._procs = ProcessTable(proc, pods=getattr(ctx, "pods", None),
+                                   environments=shared_environments(ctx, proc))
         self._proc = str(proc)
         #: each rank's CPU cgroup (its throttled time and quota per step), one sampler
         #: per cgroup directory however many ranks share it

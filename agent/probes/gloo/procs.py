@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fabricscope.agent.kube.resolver import PodIdentity, Resolution
-from fabricscope.agent.procmaps import parse_environ
+from fabricscope.agent.procmaps import Environments
 from fabricscope.jobs import tags_from_env
 
 
@@ -46,9 +46,11 @@ class ProcessTable:
     """Cache of ProcessInfo per pid (a process's namespace and environment at start)."""
 
     def __init__(self, proc: Path = Path("/proc"), own_netns: int | None = None,
-                 pods=None):
+                 pods=None, environments: Environments | None = None):
         self.proc = proc
         self.pods = pods            # fabricscope.agent.kube.resolver.PodResolver, None outside Kubernetes
+        #: shared with the agent's other /proc readers (procmaps.shared_environments)
+        self.environments = environments if environments is not None else Environments()
         self.own_netns = own_netns if own_netns is not None else _netns(proc / "self")
         self._known: dict[int, ProcessInfo] = {}
 
@@ -66,7 +68,7 @@ class ProcessTable:
         resolution, pod = Resolution.UNKNOWN, None
         if local:
             try:
-                env = parse_environ((base / "environ").read_bytes())
+                env = self.environments.read(base)
             except OSError:
                 return None
             if self.pods is not None:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from fabricscope.agent.kube.resolver import PodIdentity
-from fabricscope.agent.procmaps import parse_environ
+from fabricscope.agent.procmaps import Environments
 from fabricscope.jobs import tags_from_env
 
 #: (local address, local port, remote address, remote port); addresses as text
@@ -166,6 +166,9 @@ class Owners:
     host_pids: bool | None = None
     #: fabricscope.agent.kube.resolver.PodResolver in Kubernetes (namespace, pod and job tags)
     pods: object = None
+    #: environments read while their processes lived, shared with the agent's other
+    #: /proc readers: a process read after it exited still has its rank
+    environments: Environments = field(default_factory=Environments)
 
     def __post_init__(self) -> None:
         self._flows: dict[FlowKey, Owner | None] = {}
@@ -303,13 +306,16 @@ class Owners:
         try:
             comm = (base / "comm").read_text().strip()
         except OSError:
-            return None
+            # reaped before this read (a short run, an agent starved of CPU): its rank
+            # and job if another probe read them while it lived
+            env = self.environments.recall(base)
+            return describe_process(pid, "", ("", ""), env) if env is not None else None
         try:
             cgroup_text = (base / "cgroup").read_text()
         except OSError:
             cgroup_text = ""
         try:
-            env = parse_environ((base / "environ").read_bytes())
+            env = self.environments.read(base)
         except OSError:
             env = {}
         # a pod still PENDING (started since the last relist) is tagged without it

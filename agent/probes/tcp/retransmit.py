@@ -60,11 +60,13 @@ import errno
 import logging
 import os
 import re
+from pathlib import Path
 
 from fabricscope.agent import addresses as addrs
 from fabricscope.agent import bpf, tc
 from fabricscope.agent.kernel import Capability
 from fabricscope.agent.probes.tcp.owners import Owners
+from fabricscope.agent.procmaps import shared_environments
 from fabricscope.agent.probes.base import Probe, ProbeUnavailable
 from fabricscope.agent.probes.base import ringbuf_pages as ringbuf_pages_for
 from fabricscope.agent.probes.tcp.common import (FsFlow, addr_key, addr_text, fill_own_addrs,  # noqa: F401
@@ -218,7 +220,8 @@ class TcpRetransmitProbe(Probe):
         self._pending: list[Record] = []
         self._decode_errors = 0
         self._handler_errors = 0
-        self.owners = Owners(pods=getattr(ctx, "pods", None))
+        self.owners = Owners(pods=getattr(ctx, "pods", None),
+                             environments=shared_environments(ctx, Path("/proc")))
         self._tagger = OwnerTagger(self.owners)
         self.kinds_known = False
         self.raw_retransmit = False
