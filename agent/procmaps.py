@@ -130,9 +130,6 @@ class ScanMemo:
     procs: dict[int, _Seen] = field(default_factory=dict)
     last_full: float = float("-inf")
 
-    def start_time(self, pid_dir: str) -> str | None:
-        return start_time(pid_dir)
-
     def known(self, pid: int, start: str) -> _Seen | None:
         seen = self.procs.get(pid)
         return seen if seen is not None and seen.start == start else None
@@ -193,7 +190,7 @@ def scan(proc: Path, name: re.Pattern,
         if not entry.name.isdigit() or int(entry.name) in skip_pids:
             continue
         pid = int(entry.name)
-        start = memo.start_time(entry.path) if memo is not None else None
+        start = start_time(entry.path) if memo is not None else None
         if start is not None:
             live.add(pid)
             seen = memo.known(pid, start)
@@ -279,9 +276,8 @@ class Environments:
 
     A process that has exited keeps its pid, comm, stat and cgroup until its parent
     reaps it, but not its memory: reading its environ fails (ESRCH here; empty on
-    older kernels). An agent that the training
-    starves of CPU may drain a short run's events only then, and would take its rank
-    for a process without RANK. Whichever probe read the process while it lived left
+    older kernels). An agent that the training starves of CPU may drain a short
+    run's events only then, and would take its rank for a process without RANK. Whichever probe read the process while it lived left
     its environment here, under its pid and start time (a later process with the
     same pid is another one). Once the parent has reaped it, nothing of it is left
     to compare: `recall` answers for a pid that no process holds for RECALL_S after
@@ -332,7 +328,7 @@ class Environments:
         return kept[1]
 
 
-def shared_environments(ctx, proc: Path) -> Environments:
+def shared_environments(ctx, proc: Path = Path("/proc")) -> Environments:
     """The agent's Environments for reads of the real /proc, else one of its own."""
     shared = getattr(ctx, "environments", None) if proc == Path("/proc") else None
     return shared if shared is not None else Environments()

@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from fabricscope.agent.procmaps import shared_environments
 from fabricscope.agent.probes.base import Probe, ProbeContext, ProbeUnavailable
 from fabricscope.agent.probes.gloo.procs import ProcessTable
 from fabricscope.agent.probes.ncclprof.records import job_tags
@@ -114,7 +115,8 @@ class NcclInspectorSource(Probe):
                  procs: ProcessTable | None = None):
         super().__init__(ctx)
         self.dir = Path(directory or getattr(ctx.config, "nccl_inspector_dir", "") or "")
-        self._procs = procs or ProcessTable(pods=getattr(ctx, "pods", None))
+        self._procs = procs or ProcessTable(pods=getattr(ctx, "pods", None),
+                                          environments=shared_environments(ctx))
         self._files: dict[Path, _File] = {}
         self._counts = {"lines": 0, "malformed_lines": 0, "truncated": 0, "read_errors": 0}
         self._warned: set[Path] = set()

@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 
+from fabricscope.agent.procmaps import shared_environments
 from fabricscope.agent.probes.base import Probe, ProbeContext, ProbeUnavailable
 from fabricscope.agent.probes.gloo.procs import ProcessTable
 from fabricscope.records import Record
@@ -171,7 +172,8 @@ class NcclRasSource(Probe):
         self.address = str(getattr(cfg, "nccl_ras_address", "") or "")
         self.interval_s = float(getattr(cfg, "nccl_ras_interval_s", 10.0))
         self.job = str(getattr(cfg, "nccl_ras_job", "") or "")
-        self._procs = procs or ProcessTable(pods=getattr(ctx, "pods", None))
+        self._procs = procs or ProcessTable(pods=getattr(ctx, "pods", None),
+                                          environments=shared_environments(ctx))
         self._lock = threading.Lock()
         self._pending: list[Record] = []
         self._counts = {"queries": 0, "unreachable": 0, "unsupported": 0, "malformed": 0}

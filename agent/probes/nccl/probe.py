@@ -38,6 +38,7 @@ import os
 import re
 from pathlib import Path
 
+from fabricscope.agent.procmaps import shared_environments
 from fabricscope.agent import bpf
 from fabricscope.agent.probes.base import ProbeContext
 from fabricscope.agent.probes.base import ringbuf_pages as ringbuf_pages_for
@@ -73,7 +74,8 @@ class NcclProbe(UprobeProbe):
         self.entry_only = entry_only
         self.ringbuf_pages = ringbuf_pages or ringbuf_pages_for(ctx, 64)   # see gloo
         self._comms = CommTable()
-        self._steps = StepRecords(ProcessTable(proc, pods=getattr(ctx, "pods", None)))
+        self._steps = StepRecords(ProcessTable(proc, pods=getattr(ctx, "pods", None),
+                                               environments=shared_environments(ctx, proc)))
         self._name_re = LIB_NAME
         self._needles: tuple[str, ...] = ("libnccl",)
         self._counters.update(decode_errors=0, paths_missing=0)

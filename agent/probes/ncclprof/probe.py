@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from fabricscope.agent.procmaps import shared_environments
 from fabricscope.agent.probes.base import Probe, ProbeContext, ProbeUnavailable
 from fabricscope.agent.probes.gloo.procs import ProcessTable
 from fabricscope.agent.probes.ncclprof.layout import Kind
@@ -61,7 +62,8 @@ class NcclProfProbe(Probe):
                  procs: ProcessTable | None = None):
         super().__init__(ctx)
         self.dir = Path(directory or getattr(ctx.config, "ncclprof_dir", "") or DEFAULT_DIR)
-        self._procs = procs or ProcessTable(pods=getattr(ctx, "pods", None))
+        self._procs = procs or ProcessTable(pods=getattr(ctx, "pods", None),
+                                          environments=shared_environments(ctx))
         self._rings: dict[Path, _Ring] = {}
         # (path, inode) never to open again: bad or foreign rings (each counted once)
         self._skip: set[tuple[Path, int]] = set()

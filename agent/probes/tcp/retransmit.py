@@ -60,7 +60,6 @@ import errno
 import logging
 import os
 import re
-from pathlib import Path
 
 from fabricscope.agent import addresses as addrs
 from fabricscope.agent import bpf, tc
@@ -221,7 +220,7 @@ class TcpRetransmitProbe(Probe):
         self._decode_errors = 0
         self._handler_errors = 0
         self.owners = Owners(pods=getattr(ctx, "pods", None),
-                             environments=shared_environments(ctx, Path("/proc")))
+                             environments=shared_environments(ctx))
         self._tagger = OwnerTagger(self.owners)
         self.kinds_known = False
         self.raw_retransmit = False
