@@ -69,9 +69,9 @@ class CollectorConfig:
         "owns back from InfluxDB (InfluxQL on influx_url; 2.x needs its v1 compatibility "
         "API and a DBRP mapping for the bucket), writes findings and exports them"))
     job_class: bool = field(default=True, metadata=doc(
-        "with diagnosis: classify each owned job from its gloo_collective rows every 10 s "
-        "(data_parallel, sharded, moe_alltoall, pipeline, inference, mixed) and write a "
-        "job_class point when the class changes and every 30 s (diagnosis/jobclass.py)"))
+        "with diagnosis: classify each owned job from its gloo_collective and "
+        "ncclprof_collective rows every 10 s (data_parallel, sharded, moe_alltoall, "
+        "pipeline, inference, mixed) and write a job_class point when the class changes and every 30 s (diagnosis/jobclass.py)"))
     diagnosis_interval_s: float = field(default=1.0, metadata=doc(
         "seconds between two evaluations of every owned job; they run 0.5 s after each "
         "multiple of it on the wall clock, once the agents' batches of the second "

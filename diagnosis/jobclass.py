@@ -3,11 +3,16 @@
     analyzer = JobClassAnalyzer(store, registry)
     records = analyzer.records(owned_jobs, now_ns)     # the collector writes them
 
-Every EVERY_S the analyzer reads the last WINDOW_S of each job's gloo_collective
-rows back from the store (the same InfluxQL the engine uses, diagnosis/store.py),
-classifies them with fabricscope.jobclass.classify, and returns a job_class point
-(fabricscope/measurements/jobclass.py) when the class differs from the one it
-last wrote for the job, or REWRITE_S after that one. A job that changes kind is
+Every EVERY_S the analyzer reads the last WINDOW_S of each job's collectives back
+from the store (the same InfluxQL the engine uses, diagnosis/store.py): gloo's
+(gloo_collective) and NCCL's as the profiler plugin closed them
+(ncclprof_collective; GPU kernel time where the plugin saw the kernels, else
+enqueue time). The classifier does not care which library ran a collective. NCCL
+Inspector's records are not read: without verbose dumps each is stamped with the
+dump's time, not the operation's start, and periods and gaps would be the dumps'.
+The analyzer classifies them with fabricscope.jobclass.classify, and returns a
+job_class point (fabricscope/measurements/jobclass.py) when the class differs from
+the one it last wrote for the job, or REWRITE_S after that one. A job that changes kind is
 re-classified as its window fills with the new kind's collectives (through
 `mixed` while both are in it). A job with no collective rows in the window gets
 no point: there is nothing to decide from.
@@ -35,7 +40,19 @@ SECOND = 1_000_000_000
 WINDOW_S = 30.0          # a few steps of a slow job, several "requests" of a server
 EVERY_S = 10.0           # classifications per job: a job's kind changes rarely
 ROWS_PER_SERIES = 5000   # newest rows per rank and op a read takes (cost cap)
-SOURCE = "gloo_collective"
+
+
+@dataclass(frozen=True)
+class CollectiveSource:
+    """A measurement of collectives as each rank executed them: one row per operation,
+    tagged job, rank and op, stamped at its start, with bytes and peer fields."""
+
+    measurement: str
+    seconds: tuple[str, ...]      # duration columns, the first present taken
+
+
+SOURCES = (CollectiveSource("gloo_collective", ("seconds",)),
+           CollectiveSource("ncclprof_collective", ("kernel_seconds", "enqueue_seconds")))
 
 
 class Drop(str, enum.Enum):
@@ -51,9 +68,11 @@ def _number(value) -> bool:
         and math.isfinite(value)
 
 
-def observation_of(tags: dict, row: dict) -> Observation | Drop:
-    """One stored gloo_collective row (tags of its series, {column: value}) as an
-    Observation, or the cause it cannot be one."""
+def observation_of(tags: dict, row: dict,
+                   seconds_columns: tuple[str, ...] = ("seconds",)) -> Observation | Drop:
+    """One stored collective row (tags of its series, {column: value}) as an
+    Observation, or the cause it cannot be one; its duration is the first of
+    seconds_columns present."""
     op = tags.get("op")
     if not op:
         return Drop.NO_OP
@@ -68,7 +87,7 @@ def observation_of(tags: dict, row: dict) -> Observation | Drop:
         if not _number(size) or size < 0 or size != int(size):
             return Drop.BAD_BYTES
         size = int(size)
-    seconds = row.get("seconds")
+    seconds = next((row[c] for c in seconds_columns if row.get(c) is not None), None)
     if not _number(seconds) or seconds < 0:
         return Drop.BAD_SECONDS
     rank = str(tags.get("rank", ""))
@@ -86,16 +105,25 @@ class Read:
 
 
 def read_window(store: Store, job: str, t0_ns: int, t1_ns: int, seen_to_ns: int = 0) -> Read:
-    """The job's usable collectives of [t0, t1) and the rows dropped; rows stamped
-    before seen_to_ns were read before and count only in `dropped`."""
-    q = (f'SELECT "bytes", "seconds", "peer" FROM {SOURCE} WHERE job = {quote(job)} AND '
+    """The job's usable collectives of [t0, t1), of every source, and the rows dropped;
+    rows stamped before seen_to_ns were read before and count only in `dropped`."""
+    out = Read([], {}, {})
+    for source in SOURCES:
+        _read_source(store, source, job, t0_ns, t1_ns, seen_to_ns, out)
+    out.observations.sort(key=lambda o: o.start_ns)
+    return out
+
+
+def _read_source(store: Store, source: CollectiveSource, job: str, t0_ns: int, t1_ns: int,
+                 seen_to_ns: int, out: Read) -> None:
+    columns = ", ".join(f'"{c}"' for c in ("bytes", *source.seconds, "peer"))
+    q = (f"SELECT {columns} FROM {source.measurement} WHERE job = {quote(job)} AND "
          f"time >= {int(t0_ns)} AND time < {int(t1_ns)} GROUP BY rank, op "
          f"ORDER BY time DESC LIMIT {ROWS_PER_SERIES}")
-    out = Read([], {}, {})
     for tags, columns, values in store.series(q):
         for values_row in values:
             row = dict(zip(columns, values_row))
-            got = observation_of(tags or {}, row)
+            got = observation_of(tags or {}, row, source.seconds)
             if isinstance(got, Observation):
                 out.observations.append(got)
                 continue
@@ -103,8 +131,6 @@ def read_window(store: Store, job: str, t0_ns: int, t1_ns: int, seen_to_ns: int 
             t = row.get("time")
             if not isinstance(t, int) or t >= seen_to_ns:
                 out.new_dropped[got] = out.new_dropped.get(got, 0) + 1
-    out.observations.sort(key=lambda o: o.start_ns)
-    return out
 
 
 def job_class_record(job: str, now_ns: int, c: Classification, rows_dropped: int,
@@ -166,7 +192,7 @@ class JobClassAnalyzer:
         self._drops = self._written = None
         if registry is not None:
             from prometheus_client import Counter
-            self._drops = Counter("fabricscope_job_class_rows_dropped", "gloo_collective "
+            self._drops = Counter("fabricscope_job_class_rows_dropped", "Collective "
                                   "rows the job-class analyzer could not use, by cause",
                                   ["cause"], registry=registry)
             self._written = Counter("fabricscope_job_class_points", "job_class points "
@@ -260,12 +286,13 @@ def computed_class(store: Store, job: str, t0_ns: int, t1_ns: int,
     """The job's class over the window_s up to its last collective in [t0, t1] (for a
     window no collector classified), in the stored point's shape; None without
     collectives."""
-    last = [row.get("time") for row in store.query(
-        f'SELECT last("seconds") FROM {SOURCE} WHERE job = {quote(job)} AND '
-        f"time >= {int(t0_ns)} AND time <= {int(t1_ns)}")]
-    if not last or not isinstance(last[0], int):
+    last = [row.get("time") for source in SOURCES for row in store.query(
+        f'SELECT last("{source.seconds[-1]}") FROM {source.measurement} WHERE '
+        f"job = {quote(job)} AND time >= {int(t0_ns)} AND time <= {int(t1_ns)}")]
+    last = [t for t in last if isinstance(t, int) and not isinstance(t, bool)]
+    if not last:
         return None
-    end = last[0] + 1
+    end = max(last) + 1
     start = max(t0_ns, end - int(window_s * SECOND))
     read = read_window(store, job, start, end)
     if not read.observations and not read.dropped:

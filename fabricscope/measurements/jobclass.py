@@ -24,7 +24,7 @@ MEASUREMENTS = [
         name="job_class",
         doc="What kind of job this is, decided from its collectives alone "
             "(fabricscope.jobclass.classify over the last window of its gloo_collective "
-            "records): the class, the sentence with the numbers that decided it, and "
+            "and ncclprof_collective records): the class, the sentence with the numbers that decided it, and "
             "those numbers. Written when the class changes and every "
             f"{REWRITE_S:.0f} s while it holds. Time: when it was decided.",
         source="collector job-class analyzer (diagnosis/jobclass.py, in the job's "

@@ -12,14 +12,15 @@ from prometheus_client import CollectorRegistry
 
 from fabricscope.collector import diagnosis as collector_diagnosis
 from fabricscope.collector.config import CollectorConfig
-from fabricscope.diagnosis.jobclass import (SECOND, Drop, JobClassAnalyzer, class_line, job_classes,
+from fabricscope.diagnosis.jobclass import (SECOND, SOURCES, Drop, JobClassAnalyzer, class_line, job_classes,
                                 job_class_record, stored_classes)
 from fabricscope import schema
 from fabricscope.errors import UserError
 from fabricscope.jobclass import OpFamily, classify
 from fabricscope.measurements.jobclass import FAMILIES
 from fabricscope.records import Record
-from tests.unit.test_jobclass import DDP, FSDP_GLOO, MOE, PIPELINE, SERVE_MOE, loop, served
+from tests.unit.test_jobclass import (DDP, FSDP_GLOO, FSDP_NCCL, MOE, PIPELINE, SERVE_MOE, loop,
+                                      pipeline, served)
 
 T0 = 1_700_000_000 * SECOND
 
@@ -33,21 +34,32 @@ class FakeStore:
         self.written: list[Record] = []
         self.queries: list[str] = []
 
-    def add(self, job: str, observations, t0: int = T0) -> None:
+    def add(self, job: str, observations, t0: int = T0,
+            measurement: str = "gloo_collective", seconds: str = "seconds") -> None:
         for o in observations:
-            self.rows.append(({"job": job, "rank": str(o.rank), "op": o.op},
-                              {"time": t0 + o.start_ns, "bytes": o.bytes,
-                               "seconds": (o.end_ns - o.start_ns) / SECOND}))
+            row = {"time": t0 + o.start_ns, "bytes": o.bytes,
+                   seconds: (o.end_ns - o.start_ns) / SECOND}
+            if o.peer is not None:
+                row["peer"] = o.peer
+            self.rows.append(({"job": job, "rank": str(o.rank), "op": o.op,
+                               "_measurement": measurement}, row))
+
+    @staticmethod
+    def _measurement(tags: dict) -> str:
+        return tags.get("_measurement", "gloo_collective")
 
     def series(self, q: str):
         self.queries.append(q)
         job = re.search(r"job = '([^']*)'", q).group(1)
+        measurement = re.search(r"FROM (\w+)", q).group(1)
+        columns = ["time", *re.findall(r'"(\w+)"', q.split(" FROM ")[0])]
         lo, hi = map(int, re.search(r"time >= (\d+) AND time < (\d+)", q).groups())
         limit = int(re.search(r"LIMIT (\d+)", q).group(1))
         groups: dict = {}
         for tags, row in self.rows:
             t = row.get("time")
-            if tags.get("job") == job and (not isinstance(t, int) or lo <= t < hi):
+            if tags.get("job") == job and self._measurement(tags) == measurement and \
+                    (not isinstance(t, int) or lo <= t < hi):
                 key = (tags.get("rank"), tags.get("op"))
                 groups.setdefault(key, []).append(row)
         out = []
@@ -55,16 +67,16 @@ class FakeStore:
             rows.sort(key=lambda r: r["time"] if isinstance(r["time"], int) else 0,
                       reverse=True)
             tags = {k: v for k, v in (("rank", rank), ("op", op)) if v is not None}
-            out.append((tags, ["time", "bytes", "seconds"],
-                        [[r.get("time"), r.get("bytes"), r.get("seconds")]
-                         for r in rows[:limit]]))
+            out.append((tags, columns, [[r.get(c) for c in columns] for r in rows[:limit]]))
         return out
 
     def query(self, q: str):
         job = re.search(r"job = '([^']*)'", q)
         lo, hi = map(int, re.search(r"time >= (\d+) AND time <= (\d+)", q).groups())
-        if q.startswith('SELECT last("seconds")'):
+        if q.startswith('SELECT last('):
+            measurement = re.search(r"FROM (\w+)", q).group(1)
             times = [row["time"] for tags, row in self.rows if tags["job"] == job.group(1)
+                     and self._measurement(tags) == measurement
                      and isinstance(row["time"], int) and lo <= row["time"] <= hi]
             return [{"time": max(times), "last": 0.0, "_tags": {}}] if times else []
         return [{"time": r.time_ns, **r.fields, "_tags": dict(r.tags)} for r in self.written
@@ -119,6 +131,48 @@ def test_an_inference_point_carries_its_arrival_rate_and_no_period():
     assert fields["gap_spread"] > 0.8
 
 
+@pytest.mark.parametrize("observations, expected", [
+    (loop(FSDP_NCCL), "sharded"),
+    (loop(MOE), "moe_alltoall"),
+    (pipeline(3), "pipeline"),
+    (served(SERVE_MOE), "inference"),
+])
+def test_a_job_on_nccl_is_classified_from_the_profiler_plugins_collectives(
+        observations, expected):
+    store = FakeStore()
+    store.add("j", observations, measurement="ncclprof_collective", seconds="kernel_seconds")
+    record = only(JobClassAnalyzer(store).records(["j"], T0 + 5 * SECOND))
+    assert record.tags == {"job": "j", "class": expected}
+    assert record.fields["observations"] == len(observations)
+    assert record.fields["rows_dropped"] == 0
+
+
+def test_an_nccl_collective_without_kernel_times_counts_its_enqueue_time():
+    store = FakeStore()
+    store.add("j", loop(DDP), measurement="ncclprof_collective", seconds="enqueue_seconds")
+    record = only(JobClassAnalyzer(store).records(["j"], T0 + 5 * SECOND))
+    assert record.tags["class"] == "data_parallel" and record.fields["rows_dropped"] == 0
+
+
+def test_a_job_with_gloo_and_nccl_groups_is_classified_from_both():
+    """A torch job that trains over NCCL and keeps a gloo group for its CPU side."""
+    store = FakeStore()
+    store.add("j", loop(FSDP_NCCL), measurement="ncclprof_collective",
+              seconds="kernel_seconds")
+    store.add("j", loop([("Barrier", 0, 30, 0.1)]))
+    record = only(JobClassAnalyzer(store).records(["j"], T0 + 5 * SECOND))
+    assert record.tags["class"] == "sharded"
+    assert record.fields["observations"] == len(loop(FSDP_NCCL)) + 30
+    assert job_classes(store, T0, T0 + 60 * SECOND, jobs={"j"})["j"]["class"] == "sharded"
+
+
+def test_an_nccl_only_job_gets_a_computed_class_where_none_is_stored():
+    store = FakeStore()
+    store.add("j", loop(MOE), measurement="ncclprof_collective", seconds="kernel_seconds")
+    assert job_classes(store, T0, T0 + 60 * SECOND, jobs={"j"})["j"]["class"] == \
+        "moe_alltoall"
+
+
 def test_a_job_that_changes_kind_midway_gets_a_new_class_point():
     store = FakeStore()
     store.add("j", loop(DDP, steps=30, step_ms=1000))                       # 0-30 s
@@ -146,7 +200,7 @@ def test_a_held_class_is_written_again_every_30_s_not_every_classification():
     for s in range(5, 66):                                        # a tick per second
         written += analyzer.records(["j"], T0 + s * SECOND)
     assert [(r.time_ns - T0) // SECOND for r in written] == [5, 35, 65]
-    assert len(store.queries) == 7                                # every 10 s
+    assert len([q for q in store.queries if "FROM gloo_collective" in q]) == 7  # every 10 s
     assert {r.fields["since_ns"] for r in written} == {T0 + 5 * SECOND}
 
 
@@ -208,7 +262,7 @@ def test_a_job_without_collectives_gets_no_point_and_is_asked_again_only_every_1
     analyzer = JobClassAnalyzer(store)
     for s in range(5, 15):
         assert analyzer.records(["quiet"], T0 + s * SECOND) == []
-    assert len(store.queries) == 1
+    assert len(store.queries) == len(SOURCES)                     # one read of each
 
 
 def test_a_job_no_longer_owned_is_forgotten_and_written_anew_when_owned_again():

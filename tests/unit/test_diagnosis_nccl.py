@@ -10,6 +10,7 @@ import pytest
 from fabricscope.diagnosis.engine import JobEngine
 from fabricscope.diagnosis.evidence import SECOND, StepSource
 from fabricscope.diagnosis.finding import Finding, severity_rank
+from fabricscope.diagnosis.jobclass import JobClassAnalyzer
 from fabricscope.diagnosis.replay import replay
 from fabricscope.diagnosis.source import Members, StoreSource
 from fabricscope.diagnosis.store import Store
@@ -152,3 +153,13 @@ def test_a_rank_a_later_ras_poll_no_longer_reports_gives_no_finding(store):
     engine.feed(ev)
     engine.evaluate(RECOVERED.end_s * SECOND)
     assert [f for f in engine.findings() if f.cause == "telemetry_gap"] == []
+
+
+def test_the_job_class_analyzer_reads_an_nccl_jobs_class_from_the_profilers_collectives(
+        store):
+    now = (STRAGGLER.t0_s + 20) * SECOND
+    records = JobClassAnalyzer(store).records([STRAGGLER.job], now)
+    assert [r.tags["class"] for r in records] == ["data_parallel"]
+    fields = records[0].fields
+    assert fields["allreduce_bytes_share"] == 1.0 and fields["rows_dropped"] == 0
+    assert fields["collectives_per_step"] == pytest.approx(2, abs=0.5)

@@ -239,3 +239,24 @@ def test_a_served_pipeline_whose_requests_go_one_way_round_stays_inference(stage
     result = classify(served_round(stages))
     assert result.job_class is JobClass.INFERENCE, result.reason
     assert result.period_s is None and result.arrival_rate_per_s
+
+
+@pytest.mark.parametrize("buckets", [2, 3, 5])
+def test_a_step_of_equal_gradient_buckets_is_one_step_not_one_per_bucket(buckets):
+    """Equal AllReduces repeat within the step: the repeat is a bucket, and the step is
+    found where the repeats' gaps alternate (short between buckets, long over compute)."""
+    c = classify(loop([("AllReduce", 25 << 20, 10 + 3 * i, 2) for i in range(buckets)]))
+    assert c.job_class is JobClass.DATA_PARALLEL
+    assert c.period_s == pytest.approx(0.040, rel=0.05)
+    assert c.collectives_per_step == buckets
+
+
+@pytest.mark.parametrize("jitter", [0.3, 0.6, 0.9])
+def test_a_jittery_loop_of_one_collective_per_step_keeps_its_step(jitter):
+    """Independent gaps narrow by sqrt(m) when m are summed: no multiple is taken for a
+    step on its own."""
+    obs = loop([("AllReduce", 25 << 20, 10, 2)], steps=60, jitter=jitter, seed=3)
+    c = classify(obs)
+    assert c.collectives_per_step == 1
+    starts = sorted(o.start_ns for o in obs)
+    assert c.period_s == pytest.approx((starts[-1] - starts[0]) / 59 / 1e9)
