@@ -1,9 +1,13 @@
 """Before and after a change: did it help? (`fabricscope compare`)
 
 Per metric, the samples of two windows: per step (step time, grad sync, data
-load, bus bandwidth; the job's reference rank, its lowest), per request of a
-served model (its latency, fabricscope.requestmodel: a job with no steps is judged
-by it) or per second (the job's nodes' retransmit ratio, bursts, peak 100 us
+load, bus bandwidth; the job's reference rank, its lowest), per step of the loop
+its collectives repeat (fabricscope.jobclass.LoopStep: the time inside its
+exchanges, whatever the class; and the step time of a job gloo_step does not cut,
+one that reduces no gradients or runs on NCCL; the newest ROWS_PER_SERIES rows of
+each rank and op, diagnosis/jobclass.py), per request of a served model (its
+latency, fabricscope.requestmodel: a job with no steps is judged by it) or per
+second (the job's nodes' retransmit ratio, bursts, peak 100 us
 utilisation, the RTT tail of its data flows). Per-step samples are autocorrelated
 and not normal, so:
 - the test is Mann-Whitney U (two-sided), a rank test that assumes no
@@ -76,7 +80,7 @@ METRICS = [Metric("step_time", "s", True), Metric("grad_sync_time", "s", True),
            Metric("data_load_time", "s", True), Metric("busbw", "GB/s", False),
            Metric("retransmit_ratio", "fraction", True), Metric("bursts", "/s", True),
            Metric("peak_utilization", "fraction", True), Metric("rtt_p99", "us", True),
-           Metric("request_latency", "s", True)]
+           Metric("request_latency", "s", True), Metric("exchange_time", "s", True)]
 #: the questions a change answers, in order: the first with enough samples is tested
 #: alone, the others join the explaining family
 PRIMARY = ("step_time", "request_latency")
@@ -272,8 +276,24 @@ def compare_samples(samples: dict[str, tuple[list[float], list[float]]],
 # -- samples from the store --------------------------------------------------------------
 
 def samples(store: Store, job: str, before: Span, after: Span) -> dict:
-    return {name: (values(store, job, name, before), values(store, job, name, after))
+    windows = (Collectives(store, job, before), Collectives(store, job, after))
+    return {name: tuple(values(store, job, name, w.span, w) for w in windows)
             for name in (m.name for m in METRICS)}
+
+
+class Collectives:
+    """The job's collectives of a span, read and classified once for the metrics that
+    come from them (as the collector's analyzer reads them: diagnosis/jobclass.py)."""
+
+    def __init__(self, store: Store, job: str, span: Span):
+        self.store, self.job, self.span = store, job, span
+        self._classification = None
+
+    def classification(self):
+        if self._classification is None:
+            read = read_window(self.store, self.job, self.span.start_ns, self.span.end_ns)
+            self._classification = classify(read.observations)
+        return self._classification
 
 
 def _reference_rank(store: Store, job: str, span: Span) -> str | None:
@@ -303,22 +323,37 @@ def load_spans(rows: list[dict]) -> list[float]:
     return [hi - lo for _, (lo, hi) in sorted(spans.items(), key=lambda kv: kv[1][0])]
 
 
-def request_latencies(store: Store, job: str, span: Span) -> list[float]:
+def request_latencies(store: Store, job: str, span: Span,
+                      collectives: Collectives | None = None) -> list[float]:
     """Each request's latency in the span, in arrival order: the job's collectives
     classified as the collector's analyzer does (diagnosis/jobclass.py); [] unless
     they are a served model's (a training job's samples are its steps)."""
-    c = classify(read_window(store, job, span.start_ns, span.end_ns).observations)
+    c = (collectives or Collectives(store, job, span)).classification()
     return [r.seconds for r in c.requests.requests] if c.requests is not None else []
 
 
-def values(store: Store, job: str, metric: str, span: Span) -> list[float]:
+def loop_steps(store: Store, job: str, span: Span,
+               collectives: Collectives | None = None) -> list:
+    """A training loop's steps in the span from its collectives alone
+    (fabricscope.jobclass.LoopStep): the steps of a job that reduces no gradients
+    (MoE, pipeline) or runs on NCCL, which gloo_step does not cut."""
+    return list((collectives or Collectives(store, job, span)).classification().steps)
+
+
+def values(store: Store, job: str, metric: str, span: Span,
+           collectives: Collectives | None = None) -> list[float]:
     t = f"time >= {span.start_ns} AND time < {span.end_ns}"
     q = quote(job)
+    collectives = collectives or Collectives(store, job, span)
     if metric == "request_latency":
-        return request_latencies(store, job, span)
+        return request_latencies(store, job, span, collectives)
+    if metric == "exchange_time":
+        return [s.exchange_seconds for s in loop_steps(store, job, span, collectives)]
     if metric in ("step_time", "grad_sync_time", "busbw", "data_load_time"):
         rank = _reference_rank(store, job, span)
         if rank is None:
+            if metric == "step_time":
+                return [s.seconds for s in loop_steps(store, job, span, collectives)]
             return []
         if metric == "data_load_time":
             rows = store.query(f"SELECT seconds, step, peer FROM gloo_phase WHERE job = {q} "

@@ -139,6 +139,15 @@ class Share:
 
 
 @dataclass(frozen=True)
+class LoopStep:
+    """One step of a training loop as one rank ran it, from its collectives alone."""
+
+    start_ns: int
+    seconds: float                 # to the next step's start
+    exchange_seconds: float        # the rank's time inside its exchange ops in it
+
+
+@dataclass(frozen=True)
 class Classification:
     job_class: JobClass
     reason: str
@@ -159,6 +168,8 @@ class Classification:
     until_ns: int = 0                       # end of the window's last observation
     ranks: int = 0                          # ranks seen in the window
     exchange_share: float | None = None     # ranks' mean share of time inside exchanges
+    #: a loop's steps, as the rank whose repeat gave the period ran them
+    steps: tuple[LoopStep, ...] = ()
 
     def to_dict(self) -> dict:
         return {"class": self.job_class.value, "reason": self.reason,
@@ -426,11 +437,30 @@ def classify(observations, bin_s: float = BIN_S) -> Classification:
         reason += (f"; {len(requests.requests)} requests, latency p50 "
                    f"{requests.p50_s * 1e3:.1f} ms, p99 {requests.p99_s * 1e3:.1f} ms")
     ranks = {o.rank for o in exchange if o.rank is not None}
+    steps = _loop_steps(timing.repeat[1], int(per_step)) \
+        if period is not None and per_step and timing.repeat is not None else ()
     return Classification(job_class, reason, components, mix, p50, p90, period, per_step,
                           rate, cv, len(kept), dropped, stages, alltoall, requests,
                           min(o.start_ns for o in exchange), max(o.end_ns for o in exchange),
-                          len(ranks),
-                          _exchange_share(exchange))
+                          len(ranks), _exchange_share(exchange), steps)
+
+
+def _loop_steps(seq: list[Observation], ops: int) -> tuple[LoopStep, ...]:
+    """The rank's sequence cut every `ops` calls (its repeat): each step lasts to the
+    next one's start, so the last one, which has no next, is left out. Where a step
+    begins within the loop does not matter to either number: a cut anywhere in it
+    spans one step's compute and one step's calls. Calls that overlap (two threads)
+    count their union."""
+    out = []
+    for i in range(0, len(seq) - ops, ops):
+        chunk = seq[i:i + ops]
+        busy, until = 0, chunk[0].start_ns
+        for o in sorted(chunk, key=lambda o: o.start_ns):
+            busy += max(0, o.end_ns - max(o.start_ns, until))
+            until = max(until, o.end_ns)
+        out.append(LoopStep(chunk[0].start_ns, (seq[i + ops].start_ns - chunk[0].start_ns) / 1e9,
+                            busy / 1e9))
+    return tuple(out)
 
 
 def _exchange_share(exchange: list[Observation]) -> float | None:

@@ -42,14 +42,38 @@ def open_findings(columns: list[str]):
 
 def job_class_panels(b: Board, classification: InfluxQL) -> Board:
     """The job's class and the model that decided it, from a query whose columns are
-    surface/jobclass.py's COLUMNS (a stored classification). No component stores one
-    yet, so training_job() does not call it: once one is, one line there adds it."""
+    surface/jobclass.py's COLUMNS (a stored classification, or a test's), and how the
+    class's own costs moved over time."""
     b.row("What kind of job")
     b.table("Job class and what decided it", [classification], order=list(jobclass.COLUMNS),
-            description="The class from the collectives alone (fabricscope/jobclass.py): "
-                        "the exchange family carrying most bytes, the message sizes, and "
-                        "the period or the arrival rate.")
+            description="The class from the collectives alone (fabricscope/jobclass.py, "
+                        "job_class): the exchange family carrying most bytes, the message "
+                        "sizes, and the period or the arrival rate. The latest decision "
+                        "in the time range.")
+    b.timeseries("Time in exchanges, and what imbalance costs", [
+        select("job_class", [agg("mean", "exchange_share", "in exchanges"),
+                             agg("mean", "bubble_share", "pipeline bubble"),
+                             agg("mean", "stage_cost_share", "slow stage excess"),
+                             agg("mean", "alltoall_cost_share", "uneven all-to-all")])],
+        unit="percentunit", w=12, min_val=0,
+        description="exchange_share: the ranks' mean share of time inside their "
+                    "collectives. Pipelines: the bubble and what a balanced split would "
+                    "save; MoE: what an even routing would save of the all-to-all time.")
+    b.timeseries("Request latency (inference)", [
+        select("job_class", [agg("mean", "request_p50_s", "request p50"),
+                             agg("mean", "request_p99_s", "request p99")])],
+        unit="s", w=12, min_val=0,
+        description="A served model's requests, first exchange to last, over each "
+                    "classification window; the tail_latency finding compares P99 with "
+                    "the job's own first requests.")
     return b
+
+
+def latest_job_class() -> InfluxQL:
+    """The job's latest stored class in the time range, with surface/jobclass.py's
+    COLUMNS."""
+    return select("job_class", [raw(c) for c in jobclass.COLUMNS], by_time=False,
+                  tail="ORDER BY time DESC LIMIT 1", result_format="table")
 
 
 def training_job() -> Board:
@@ -71,6 +95,7 @@ def training_job() -> Board:
                                     time_filter=False, where=('"open" = true',))],
            thresholds=[(None, "green"), (1, "red")],
            description="Findings of the job open now, wherever they started.")
+    job_class_panels(b, latest_job_class())
     b.row("Where the step time goes")
     b.timeseries("Step time", [
         select("gloo_step", [agg("mean", "seconds", "mean of ranks"),

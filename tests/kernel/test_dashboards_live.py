@@ -48,6 +48,7 @@ MAX_DATA_POINTS = 1000          # a panel about 1000 px wide
 LOSSY_NODE = 1
 #: measurements the run must have written (or this test wrote): their queries return rows
 MUST_HAVE = {"gloo_step", "gloo_collective", "gloo_phase", "traffic_model", "train_step",
+             "job_class",
              "nic_window", "nic_flow", "nic_qdisc", "tcp_node", "tcp_flow", "tcp_retransmit",
              "finding", "annotation", "topology_node", "topology_edge"}
 #: fields of those that may be absent from every row, with why
@@ -58,6 +59,8 @@ OPTIONAL_FIELDS = {
     ("traffic_model", "period_s"): "stated only when the model found a period "
                                    "(fabricscope/trafficmodel.fit), which a short run on a "
                                    "loaded machine may not give it",
+    **{("job_class", column): "the lab trains with DDP: only a served model has requests"
+       for column in ("request p50", "request p99")},
 }
 #: ... and those that may be empty, with why
 MAY_BE_EMPTY = {
@@ -163,6 +166,17 @@ def _diagnosis_points(job: str, start_ns: int, end_ns: int) -> list:
     return records
 
 
+def _job_class_points(stack, job: str) -> list:
+    """The run's class, as the collector's analyzer (off in this run) decides it from
+    the gloo_collective rows in InfluxDB."""
+    from fabricscope.diagnosis.jobclass import JobClassAnalyzer
+    from fabricscope.diagnosis.store import Store
+    points = JobClassAnalyzer(Store(stack.influx.url, "fabricscope")).records(
+        [job], time.time_ns())
+    assert [p.tags["class"] for p in points] == ["data_parallel"], points
+    return points
+
+
 def _write(stack, records) -> None:
     from fabricscope import lineproto, schema
     for r in records:
@@ -229,6 +243,7 @@ def run():
         job = stack.influx.query('SHOW TAG VALUES FROM "gloo_step" WITH KEY = "job"',
                                  db="fabricscope")[0]["value"]
         _write(stack, _diagnosis_points(job, start_ms * 10**6, int(time.time() * 1e9)))
+        _write(stack, _job_class_points(stack, job))
         prom.wait_for(lambda p: len(p.query("up == 1")) == 1 + len(lab.nodes), 30,
                       "scrape of the collector and every agent")
         yield Run(stack, prom, job, TimeRange(start_ms, int(time.time() * 1000) + 1000),

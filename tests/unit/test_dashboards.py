@@ -251,17 +251,19 @@ def test_prometheus_names_come_from_the_registries():
 def test_the_job_class_panels_show_a_classification_s_columns_in_reading_order():
     from fabricscope.jobclass import Observation, classify
     from fabricscope.surface import jobclass
-    from fabricscope.surface.grafana.boards import job_class_panels
+    from fabricscope.surface.grafana.boards import (job_class_panels, latest_job_class,
+                                                    training_job)
     from fabricscope.surface.grafana.panels import Board
     ring = [Observation("AllReduce", 1 << 20, s * 10**9 + k * 10**7, s * 10**9 + k * 10**7 + 10**6,
                         rank=0) for s in range(8) for k in range(2)]
     row = jobclass.columns(classify(ring))
     assert list(row) == list(jobclass.COLUMNS) and row["class"] == "data_parallel"
-    # a stored classification would carry these columns; none is stored yet
-    stored = InfluxQL('SELECT "class" FROM "job_class"', "job_class", tuple(row),
-                      result_format="table")
-    board = dashboards.dashboard_json(job_class_panels(Board("t", "t", "t"), stored))
+    board = dashboards.dashboard_json(job_class_panels(Board("t", "t", "t"),
+                                                       latest_job_class()))
     (table,) = [p for p in board["panels"] if p["type"] == "table"]
     assert table["title"] == "Job class and what decided it"
+    assert "ORDER BY time DESC LIMIT 1" in table["targets"][0]["query"]
+    job = dashboards.dashboard_json(training_job())
+    assert "Job class and what decided it" in [p["title"] for p in job["panels"]]
     (organize,) = table["transformations"]
     assert list(organize["options"]["indexByName"])[:3] == ["class", "reason", "components"]

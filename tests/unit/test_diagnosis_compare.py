@@ -4,6 +4,7 @@ bootstrap interval, the drift, and the verdicts on whole comparisons."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -172,7 +173,8 @@ def test_an_aa_comparison_of_a_drifting_healthy_run_is_no_change():
     assert [r.metric for r in results] == [m.name for m in METRICS]
     # a training job serves no requests: it has no request latency to compare
     assert {r.metric: r.verdict for r in results} == {**{name: "no change" for name in LEVELS},
-                                                      "request_latency": "insufficient"}
+                                                      "request_latency": "insufficient",
+                                                      "exchange_time": "insufficient"}
     # the windows do differ (the drift): the p-value alone would have called it
     step = results[0]
     assert step.after_median > step.before_median and step.p_holm < ALPHA
@@ -295,10 +297,51 @@ def test_request_latencies_come_from_the_jobs_collectives_as_the_analyzer_classi
 
 
 class FakeStore:
-    """Answers the analyzer's one read (diagnosis/jobclass.read_window) with fixed series."""
+    """Answers the analyzer's read of gloo_collective (diagnosis/jobclass.read_window)
+    with fixed series, and its read of ncclprof_collective with none; no gloo_step."""
 
     def __init__(self, series):
         self._series = series
 
-    def series(self, _query):
-        return self._series
+    def series(self, query):
+        if "FROM gloo_collective " not in query:
+            return []
+        lo, hi = map(int, re.search(r"time >= (\d+) AND time < (\d+)", query).groups())
+        return [(tags, columns, [row for row in rows if lo <= row[0] < hi])
+                for tags, columns, rows in self._series]
+
+    def query(self, _query):
+        return []
+
+
+def _training_loop(steps: int, step_s, exchange_s) -> list:
+    """A MoE loop on three ranks as gloo_collective series: two AlltoAlls a step, no
+    gradient AllReduce (so no gloo_step); step_s and exchange_s are functions of the
+    step's index."""
+    columns = ["time", "bytes", "seconds", "peer"]
+    series, t = {r: [] for r in range(3)}, 1_000_000_000
+    for i in range(steps):
+        for r in range(3):
+            series[r].append([t, 65536, exchange_s(i) / 2, None])
+            series[r].append([t + 2_000_000, 32768, exchange_s(i) / 2, None])
+        t += int(step_s(i) * 1e9)
+    return [({"rank": str(r), "op": "AlltoAll"}, columns, rows) for r, rows in series.items()]
+
+
+def test_a_loop_without_gloo_steps_is_compared_by_the_steps_of_its_collectives():
+    """A MoE job reduces no gradients, so gloo_step cuts none of its steps: its step time
+    and its time in exchanges come from the loop its collectives repeat."""
+    from fabricscope.diagnosis.compare import samples
+    from fabricscope.diagnosis.timespan import Span
+    slow = FakeStore(_training_loop(60, lambda i: 0.05 if i < 30 else 0.03,
+                                    lambda i: 0.004 if i < 30 else 0.002))
+    got = samples(slow, "j", Span(0, int(2.5e9)), Span(int(2.5e9), int(10e9)))
+    step_before, step_after = got["step_time"]
+    assert step_before == pytest.approx([0.05] * len(step_before))
+    assert step_after == pytest.approx([0.03] * len(step_after)) and len(step_after) >= 20
+    exchange_before, exchange_after = got["exchange_time"]
+    assert exchange_before == pytest.approx([0.004] * len(exchange_before), rel=1e-3)
+    assert exchange_after == pytest.approx([0.002] * len(exchange_after), rel=1e-3)
+    results = {r.metric: r.verdict for r in compare_samples(got)}
+    assert results["step_time"] == "better" and results["exchange_time"] == "better"
+    assert results["request_latency"] == "insufficient"
