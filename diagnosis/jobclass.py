@@ -48,7 +48,8 @@ class CollectiveSource:
     tagged job, rank and op, stamped at its start, with bytes and peer fields."""
 
     measurement: str
-    seconds: tuple[str, ...]      # duration columns, the first present taken
+    seconds: tuple[str, ...]      # duration columns, the first present taken; every row
+                                  # has the last
 
 
 SOURCES = (CollectiveSource("gloo_collective", ("seconds",)),
