@@ -324,7 +324,9 @@ class TcpRetransmitProbe(Probe):
         o = self.owners.stats
         out.update(owners_resolved=o.resolved, owners_unresolved=o.unresolved,
                    owners_from_connect=o.learned,
-                   owner_scans=o.scans, owner_waiting=self._tagger.waiting)
+                   owner_scans=o.scans, owner_waiting=self._tagger.waiting,
+                   # the agent's shared environments: every /proc reader's recalls
+                   environments_recalled=self.owners.environments.recalled)
         # Cost of our programs, when the kernel's BPF stats are on (else 0), and the
         # hits they missed (missed_hits).
         out.update(sum(progs.values(), bpf.ProgStats()).counters())
