@@ -1,13 +1,13 @@
 """Before and after a change: did it help? (`fabricscope compare`)
 
 Per metric, the samples of two windows: per step (step time, grad sync, data
-load, bus bandwidth; the job's reference rank, its lowest), per step of the loop
-its collectives repeat (fabricscope.jobclass.LoopStep: the time inside its
-exchanges, whatever the class; and the step time of a job gloo_step does not cut,
-one that reduces no gradients or runs on NCCL; the newest ROWS_PER_SERIES rows of
-each rank and op, diagnosis/jobclass.py), per request of a served model (its
-latency, fabricscope.requestmodel: a job with no steps is judged by it) or per
-second (the job's nodes' retransmit ratio, bursts, peak 100 us
+load, bus bandwidth; the job's reference rank, its lowest; steps from gloo_step,
+else nccl_step, which has the step time only), per step of the loop its
+collectives repeat where neither cuts any (a job that reduces no gradients, MoE
+or pipeline: fabricscope.jobclass.LoopStep, its step time and the time inside its
+exchanges, from the newest ROWS_PER_SERIES rows of each rank and op,
+diagnosis/jobclass.py), per request of a served model (its latency,
+fabricscope.requestmodel: a job with no steps is judged by it) or per second (the job's nodes' retransmit ratio, bursts, peak 100 us
 utilisation, the RTT tail of its data flows). Per-step samples are autocorrelated
 and not normal, so:
 - the test is Mann-Whitney U (two-sided), a rank test that assumes no
@@ -276,18 +276,19 @@ def compare_samples(samples: dict[str, tuple[list[float], list[float]]],
 # -- samples from the store --------------------------------------------------------------
 
 def samples(store: Store, job: str, before: Span, after: Span) -> dict:
-    windows = (Collectives(store, job, before), Collectives(store, job, after))
+    windows = (JobWindow(store, job, before), JobWindow(store, job, after))
     return {name: tuple(values(store, job, name, w.span, w) for w in windows)
             for name in (m.name for m in METRICS)}
 
 
-class Collectives:
-    """The job's collectives of a span, read and classified once for the metrics that
-    come from them (as the collector's analyzer reads them: diagnosis/jobclass.py)."""
+class JobWindow:
+    """The job's records of one span that several metrics share, each read once: its
+    collectives, classified as the collector's analyzer does (diagnosis/jobclass.py),
+    and its nodes."""
 
     def __init__(self, store: Store, job: str, span: Span):
         self.store, self.job, self.span = store, job, span
-        self._classification = None
+        self._classification = self._nodes = None
 
     def classification(self):
         if self._classification is None:
@@ -295,19 +296,49 @@ class Collectives:
             self._classification = classify(read.observations)
         return self._classification
 
+    def nodes(self) -> list[str]:
+        if self._nodes is None:
+            self._nodes = _nodes(self.store, self.job, self.span)
+        return self._nodes
 
-def _reference_rank(store: Store, job: str, span: Span) -> str | None:
-    rows = store.query(f"SELECT count(seconds) FROM gloo_step WHERE job = {quote(job)} AND "
+
+#: where a job's steps are cut, in order: gloo's gradient AllReduce windows, then the
+#: repeating pattern of its NCCL calls (agent/probes/nccl/steps.py)
+STEP_SOURCES = ("gloo_step", "nccl_step")
+
+
+def _reference_rank(store: Store, job: str, span: Span,
+                    source: str = "gloo_step") -> str | None:
+    rows = store.query(f"SELECT count(seconds) FROM {source} WHERE job = {quote(job)} AND "
                        f"time >= {span.start_ns} AND time < {span.end_ns} GROUP BY rank")
     ranks = [r["_tags"].get("rank") for r in rows if r.get("count")]
     ranks = [r for r in ranks if r]
     return min(ranks, key=lambda r: (len(r), r)) if ranks else None
 
 
+def _stepped(store: Store, job: str, span: Span) -> tuple[str, str] | None:
+    """(step measurement, reference rank) of the first source that cut the job's steps
+    in the span, None when none did."""
+    for source in STEP_SOURCES:
+        rank = _reference_rank(store, job, span, source)
+        if rank is not None:
+            return source, rank
+    return None
+
+
+#: measurements whose rows name a job's nodes, each with a field every row has
+NODE_SOURCES = (("gloo_step", "seconds"), ("nccl_step", "seconds"),
+                ("gloo_collective", "seconds"), ("ncclprof_collective", "enqueue_seconds"))
+
+
 def _nodes(store: Store, job: str, span: Span) -> list[str]:
-    rows = store.query(f"SELECT count(seconds) FROM gloo_step WHERE job = {quote(job)} AND "
-                       f"time >= {span.start_ns} AND time < {span.end_ns} GROUP BY node")
-    return sorted({r["_tags"].get("node") for r in rows if r["_tags"].get("node")})
+    nodes = set()
+    for measurement, always in NODE_SOURCES:
+        rows = store.query(f'SELECT count("{always}") FROM {measurement} WHERE '
+                           f"job = {quote(job)} AND time >= {span.start_ns} AND "
+                           f"time < {span.end_ns} GROUP BY node")
+        nodes |= {r["_tags"].get("node") for r in rows if r["_tags"].get("node")}
+    return sorted(nodes)
 
 
 def load_spans(rows: list[dict]) -> list[float]:
@@ -324,47 +355,52 @@ def load_spans(rows: list[dict]) -> list[float]:
 
 
 def request_latencies(store: Store, job: str, span: Span,
-                      collectives: Collectives | None = None) -> list[float]:
+                      window: JobWindow | None = None) -> list[float]:
     """Each request's latency in the span, in arrival order: the job's collectives
     classified as the collector's analyzer does (diagnosis/jobclass.py); [] unless
     they are a served model's (a training job's samples are its steps)."""
-    c = (collectives or Collectives(store, job, span)).classification()
+    c = (window or JobWindow(store, job, span)).classification()
     return [r.seconds for r in c.requests.requests] if c.requests is not None else []
 
 
 def loop_steps(store: Store, job: str, span: Span,
-               collectives: Collectives | None = None) -> list:
+               window: JobWindow | None = None) -> list:
     """A training loop's steps in the span from its collectives alone
-    (fabricscope.jobclass.LoopStep): the steps of a job that reduces no gradients
-    (MoE, pipeline) or runs on NCCL, which gloo_step does not cut."""
-    return list((collectives or Collectives(store, job, span)).classification().steps)
+    (fabricscope.jobclass.LoopStep): for a job whose steps no step source cuts (one
+    that reduces no gradients, MoE or pipeline, on gloo; NCCL's where only the
+    profiler plugin's collectives are read)."""
+    return list((window or JobWindow(store, job, span)).classification().steps)
 
 
 def values(store: Store, job: str, metric: str, span: Span,
-           collectives: Collectives | None = None) -> list[float]:
+           window: JobWindow | None = None) -> list[float]:
     t = f"time >= {span.start_ns} AND time < {span.end_ns}"
     q = quote(job)
-    collectives = collectives or Collectives(store, job, span)
+    window = window or JobWindow(store, job, span)
     if metric == "request_latency":
-        return request_latencies(store, job, span, collectives)
-    if metric == "exchange_time":
-        return [s.exchange_seconds for s in loop_steps(store, job, span, collectives)]
-    if metric in ("step_time", "grad_sync_time", "busbw", "data_load_time"):
-        rank = _reference_rank(store, job, span)
-        if rank is None:
+        return request_latencies(store, job, span, window)
+    if metric in ("step_time", "grad_sync_time", "busbw", "data_load_time", "exchange_time"):
+        stepped = _stepped(store, job, span)
+        if stepped is None:          # the loop its collectives repeat, if any
+            steps = loop_steps(store, job, span, window)
             if metric == "step_time":
-                return [s.seconds for s in loop_steps(store, job, span, collectives)]
+                return [s.seconds for s in steps]
+            if metric == "exchange_time":
+                return [s.exchange_seconds for s in steps]
             return []
+        source, rank = stepped
+        if metric == "exchange_time" or (source != "gloo_step" and metric != "step_time"):
+            return []                # grad_sync_time answers, or the source has no such field
         if metric == "data_load_time":
             rows = store.query(f"SELECT seconds, step, peer FROM gloo_phase WHERE job = {q} "
                                f"AND rank = {quote(rank)} AND phase = 'data_load' AND {t}")
             return load_spans(rows)
         field = {"step_time": "seconds", "grad_sync_time": "sync_seconds",
                  "busbw": "busbw_gbs"}[metric]
-        rows = store.query(f"SELECT {field} FROM gloo_step WHERE job = {q} AND "
+        rows = store.query(f"SELECT {field} FROM {source} WHERE job = {q} AND "
                            f"rank = {quote(rank)} AND {t}")
         return [float(r[field]) for r in rows if r.get(field) is not None]
-    nodes = _nodes(store, job, span)
+    nodes = window.nodes()
     if not nodes:
         return []
     where = f"node =~ {regex_of(nodes)} AND {t}"

@@ -163,3 +163,18 @@ def test_the_job_class_analyzer_reads_an_nccl_jobs_class_from_the_profilers_coll
     fields = records[0].fields
     assert fields["allreduce_bytes_share"] == 1.0 and fields["rows_dropped"] == 0
     assert fields["collectives_per_step"] == pytest.approx(2, abs=0.5)
+
+
+def test_compare_takes_an_nccl_jobs_step_time_from_its_nccl_steps(store):
+    """gloo_step cuts no step of an NCCL job: nccl_step does, and its step time is the
+    question; the loop of its collectives is not asked for what the steps answer."""
+    from fabricscope.diagnosis.compare import compare_samples, samples
+    from fabricscope.diagnosis.timespan import Span
+    t0 = STRAGGLER.t0_s * SECOND
+    got = samples(store, STRAGGLER.job, Span(t0, t0 + FAULT * SECOND),
+                  Span(t0 + FAULT * SECOND, STRAGGLER.end_s * SECOND))
+    before, after = got["step_time"]
+    assert len(before) >= 10 and len(after) >= 5 and min(after) > max(before)
+    assert got["exchange_time"] == ([], [])
+    verdicts = {r.metric: r.verdict for r in compare_samples(got)}
+    assert verdicts["step_time"] == "worse"
