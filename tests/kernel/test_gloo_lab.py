@@ -321,16 +321,20 @@ def test_every_step_carries_its_cgroups_throttled_time(run):
 
 
 def test_a_rank_under_a_cpu_quota_reports_its_throttled_time_and_the_limit(tmp_path):
-    """Node 0's ranks at 30 % of a CPU (a run of its own): each step says how long the
-    kernel held its cgroup off the CPU, and the quota."""
-    run = collect(tmp_path, steps=40, cpu_pct=30)
+    """Node 0's ranks at 10 % of a CPU (a run of its own): each step says how long the
+    kernel held its cgroup off the CPU, and the quota. 10 %, not more: a quota
+    throttles only a rank that wants more CPU than it allows, and on two busy cores
+    three ranks, their agents and the collector leave each rank not much more than a
+    quarter of a CPU; at 30 % a run on a loaded machine was throttled in fewer than
+    half its steps. A DDP step's compute wants far more than 10 ms of every 100 ms."""
+    run = collect(tmp_path, steps=40, cpu_pct=10)
     later = after_first_sample([r for r in run.of("gloo_step") if "seconds" in r.fields])
     assert later and all("throttled_seconds" in r.fields for r in later), run.agent_stderr[-2000:]
-    assert {r.fields["cpu_limit"] for r in later} == {0.3}
+    assert {r.fields["cpu_limit"] for r in later} == {0.1}
     assert {r.fields["cpu_limit_held"] for r in later} == {True}     # set before the run
-    # DDP at 30 % of a CPU runs out of its quota in most steps; how long it is held off
-    # depends on how much CPU a step wants on this machine (a median share of the step
-    # from 0.19 to over 0.3 here), so only that it is held off is asserted
-    assert statistics.median(r.fields["throttled_seconds"] for r in later) > 0
+    # how long it is held off depends on how much CPU a step wants on this machine,
+    # so only that it is held off in most steps is asserted
+    throttled = [r.fields["throttled_seconds"] for r in later]
+    assert statistics.median(throttled) > 0, throttled
     for r in run.records:
         schema.validate(r)
