@@ -259,6 +259,7 @@ class GlooProbe(UprobeProbe):
         out["scans"] = self._uprobes.counters["scans"]
         out["libraries_attached"] = len(self._uprobes.attached)   # a gauge, as before
         out["processes"] = len(self._states)
+        out["late_attributed"] = self._procs.late      # events of processes already gone
         if self._bpf is not None:
             table = self._bpf[b"stats"]
             for i, name in enumerate(layout.STATS):
@@ -308,8 +309,9 @@ class GlooProbe(UprobeProbe):
             log.debug("gloo: deny map: %s", exc)
 
     def _reap(self) -> None:
-        """Flush the steps of local processes that exited; forget foreign ones."""
-        for pid in self._procs.pids():
+        """Flush the steps of local processes that exited (also of those whose late
+        events came after an earlier reap); forget foreign ones."""
+        for pid in set(self._procs.pids()) | set(self._states):
             if self._procs.alive(pid):
                 continue
             state = self._states.pop(pid, None)

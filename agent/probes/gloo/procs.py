@@ -14,11 +14,12 @@ FABRICSCOPE_JOB from the label through the downward API where train_step must ma
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from fabricscope.agent.kube.resolver import PodIdentity, Resolution
-from fabricscope.agent.procmaps import Environments
+from fabricscope.agent.procmaps import Environments, start_time
 from fabricscope.jobs import tags_from_env
 
 
@@ -43,23 +44,44 @@ def describe(pid: int, env: dict[str, str], local: bool,
 
 
 class ProcessTable:
-    """Cache of ProcessInfo per pid (a process's namespace and environment at start)."""
+    """Cache of ProcessInfo per pid (a process's namespace and environment at start).
+
+    A process that exits keeps answering for GONE_S after it is forgotten: its last
+    events may still be in the ring when the probe sees it gone (an agent the
+    training starves of CPU drains them late), and by then /proc has no namespace
+    for it (a zombie) or no entry at all (reaped). Its pid answers for it only while
+    no other process holds the pid (the start time tells them apart)."""
+
+    GONE_S = 30.0
 
     def __init__(self, proc: Path = Path("/proc"), own_netns: int | None = None,
-                 pods=None, environments: Environments | None = None):
+                 pods=None, environments: Environments | None = None, clock=time.monotonic):
         self.proc = proc
         self.pods = pods            # fabricscope.agent.kube.resolver.PodResolver, None outside Kubernetes
         #: shared with the agent's other /proc readers (procmaps.shared_environments)
         self.environments = environments if environments is not None else Environments()
         self.own_netns = own_netns if own_netns is not None else _netns(proc / "self")
+        self.clock = clock
         self._known: dict[int, ProcessInfo] = {}
+        self._starts: dict[int, str | None] = {}   # the start time each was read with
+        self._gone: dict[int, float] = {}          # forgotten pids: when
+        self.late = 0        # answers for processes already gone
 
     def get(self, pid: int) -> ProcessInfo | None:
-        """The process's info; None when it is gone (or /proc refuses)."""
+        """The process's info; None when it is gone (or /proc refuses) unless it was
+        read before it went, within GONE_S."""
+        base = self.proc / str(pid)
         info = self._known.get(pid)
         if info is not None:
-            return info
-        base = self.proc / str(pid)
+            gone = self._gone.get(pid)
+            if gone is None:
+                return info
+            start = start_time(str(base))
+            if self.clock() - gone <= self.GONE_S and start in (None, self._starts.get(pid)):
+                self.late += 1
+                return info
+            self._drop(pid)
+        start = start_time(str(base))
         netns = _netns(base)
         if netns is None:
             return None
@@ -75,7 +97,7 @@ class ProcessTable:
                 resolution, pod = self.pods.for_pid(self.proc, pid)
         info = describe(pid, env, local, pod)
         if resolution is not Resolution.PENDING:    # its pod may be listed by the next ask
-            self._known[pid] = info
+            self._known[pid], self._starts[pid] = info, start
         return info
 
     def alive(self, pid: int) -> bool:
@@ -83,10 +105,21 @@ class ProcessTable:
         return _netns(self.proc / str(pid)) is not None
 
     def forget(self, pid: int) -> None:
+        """The process is gone: its info answers its late events for GONE_S more."""
+        now = self.clock()
+        if pid in self._known:
+            self._gone.setdefault(pid, now)
+        for old in [p for p, t in self._gone.items() if now - t > self.GONE_S]:
+            self._drop(old)
+
+    def _drop(self, pid: int) -> None:
         self._known.pop(pid, None)
+        self._starts.pop(pid, None)
+        self._gone.pop(pid, None)
 
     def pids(self) -> list[int]:
-        return list(self._known)
+        """The processes not yet forgotten."""
+        return [p for p in self._known if p not in self._gone]
 
 
 def _netns(base: Path) -> int | None:
