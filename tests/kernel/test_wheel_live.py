@@ -22,6 +22,15 @@ from tests.support.wheel import installed_wheel
 pytestmark = pytest.mark.root
 
 STEPS = 12
+#: the gloo probe's counters that say why a rank's events were not stored
+WHY_NOT_STORED = ("unattributed", "late_attributed", "handler_errors", "decode_errors")
+
+
+def gloo_counts(stack, node_index: int) -> str:
+    def count(event: str) -> float:
+        return stack.agent_metric(node_index, "fabricscope_agent_probe_events_total",
+                                  {"probe": "gloo", "event": event})
+    return ", ".join(f"{event} {count(event):.0f}" for event in WHY_NOT_STORED)
 
 
 def test_the_installed_agent_collector_and_diagnose_see_a_training_job(tmp_path):
@@ -41,8 +50,13 @@ def test_the_installed_agent_collector_and_diagnose_see_a_training_job(tmp_path)
             rows = stack.influx.query(f"SELECT count(\"seconds\") FROM gloo_step "
                                       f"WHERE job = '{job}'", db="fabricscope")
             return rows[0]["count"] if rows else 0
-        await_condition(lambda: stored_steps() >= STEPS - 2, 60,
-                        "the installed agents' steps in InfluxDB")
+        try:
+            await_condition(lambda: stored_steps() >= STEPS - 2, 60,
+                            "the installed agents' steps in InfluxDB")
+        except TimeoutError as exc:     # which agent saw what: its counters, its log
+            tails = "; ".join(f"node{i}'s agent: {gloo_counts(stack, i)}; log: "
+                              f"{agent.log_tail(6)}" for i, agent in sorted(stack.agents.items()))
+            raise TimeoutError(f"{exc}: {stored_steps()} steps stored; {tails}") from exc
         proc = subprocess.run([*command, "diagnose", "--influx-url", stack.influx.url,
                                "--job", job, "--since", "10m", "--recompute", "--json"],
                               cwd=tmp_path, capture_output=True, text=True, timeout=300)
