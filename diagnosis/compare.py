@@ -7,8 +7,9 @@ collectives repeat where neither cuts any (a job that reduces no gradients, MoE
 or pipeline: fabricscope.jobclass.LoopStep, its step time and the time inside its
 exchanges, from the newest ROWS_PER_SERIES rows of each rank and op,
 diagnosis/jobclass.py), per request of a served model (its latency,
-fabricscope.requestmodel: a job with no steps is judged by it) or per second (the job's nodes' retransmit ratio, bursts, peak 100 us
-utilisation, the RTT tail of its data flows). Per-step samples are autocorrelated
+fabricscope.requestmodel: a job with no steps is judged by it) or per second
+(the job's nodes' retransmit ratio, bursts, peak 100 us utilisation, the RTT tail
+of its data flows). Per-step samples are autocorrelated
 and not normal, so:
 - the test is Mann-Whitney U (two-sided), a rank test that assumes no
   distribution, over batch means: each window is cut into blocks of n^(1/3)
@@ -289,12 +290,19 @@ class JobWindow:
     def __init__(self, store: Store, job: str, span: Span):
         self.store, self.job, self.span = store, job, span
         self._classification = self._nodes = None
+        self._stepped: tuple[str, str] | None | bool = False    # False: not asked yet
 
     def classification(self):
         if self._classification is None:
             read = read_window(self.store, self.job, self.span.start_ns, self.span.end_ns)
             self._classification = classify(read.observations)
         return self._classification
+
+    def stepped(self) -> tuple[str, str] | None:
+        """_stepped's answer for the span."""
+        if self._stepped is False:
+            self._stepped = _stepped(self.store, self.job, self.span)
+        return self._stepped
 
     def nodes(self) -> list[str]:
         if self._nodes is None:
@@ -380,7 +388,7 @@ def values(store: Store, job: str, metric: str, span: Span,
     if metric == "request_latency":
         return request_latencies(store, job, span, window)
     if metric in ("step_time", "grad_sync_time", "busbw", "data_load_time", "exchange_time"):
-        stepped = _stepped(store, job, span)
+        stepped = window.stepped()
         if stepped is None:          # the loop its collectives repeat, if any
             steps = loop_steps(store, job, span, window)
             if metric == "step_time":
