@@ -284,6 +284,11 @@ static __always_inline void ack_baseline(__u64 sk, struct fs_flow *flow, struct 
 	s->rcv_acked = 0;
 }
 
+/* Bytes counted since recover_received last compared, past which add_transfer
+ * compares within a transfer: a quarter of the ACK number's space, so a later
+ * comparison still finds the advance below 2^31 (see recover_received). */
+#define FS_ACK_RESYNC_BYTES (1ULL << 30)
+
 /* Transfers: a socket's hits that move bytes (payload in, snd_una advancing, or
  * data in flight to be acknowledged) with no gap over FS_TRANSFER_GAP_NS between
  * them. A gap ends the transfer before the hit (reported here, on the first hit
@@ -293,8 +298,8 @@ static __always_inline void ack_baseline(__u64 sk, struct fs_flow *flow, struct 
  * tcp_probe shows the socket as the previous segment left it, so `out` (snd_una's
  * advance) is what the segment before this hit acknowledged: after a gap it is the
  * last acknowledgment of the transfer that ended, and counts there. Bytes of missed
- * hits (recover_received, checked at a gap: once per transfer, not per segment)
- * count for the transfer that ended when they arrived before it ended
+ * hits (recover_received, checked at a gap, once per transfer, and within a long
+ * one every FS_ACK_RESYNC_BYTES; not per segment) count for the transfer that ended when they arrived before it ended
  * (received_after: our request's ACK covered them, or our ACK of them left before
  * the gap began); else the hits missed were the beginning of the one this hit
  * starts, and they, with that snd_una advance, count for it. Returns the recovered
@@ -318,6 +323,15 @@ static __always_inline __u32 add_transfer(__u64 sk, struct fs_sock *s, struct fs
 			out = 0;
 		}
 		end_transfer(s, flow, family);
+	} else if (s->has_ack && s->received > s->rcv_acked + FS_ACK_RESYNC_BYTES) {
+		/* A transfer with no gap: our ACK numbers wrap every 4 GiB, and a
+		 * difference of 2 GiB or more is ambiguous, so compare within the
+		 * transfer before either; its missed bytes are its own. */
+		__u64 ack_ns = 0;
+
+		recovered = recover_received(sk, flow, s, &ack_ns, 0);
+		s->xfer_in += recovered;
+		s->received += recovered;
 	}
 	s->received += in;
 	if (in)

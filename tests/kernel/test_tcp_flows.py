@@ -452,12 +452,17 @@ while True:
 """
 
 
+# more than one wrap of a TCP sequence number, and not a multiple of it
+WRAPS_ACK_NUMBERS = (1 << 32) + (1 << 29)
+
+
 def test_received_bytes_of_missed_tcp_probe_hits_are_recovered_from_our_acks(lab, col):
     """tcp_probe misses hits while a map syscall holds the CPU (the receiver shares
     CPU 0 with one); the transfers and the close still count every byte received.
     The starved receiver also makes the sender retransmit (tail loss probes): those
     duplicates count twice, by design, so the counts lie in [sent, sent +
-    retransmitted payload, from the sender's own probe]."""
+    retransmitted payload, from the sender's own probe]. Each round sends more than
+    4 GiB, so the ACK numbers that the recovery compares wrap within a transfer."""
     n0, n1 = lab.nodes[0], lab.nodes[1]
     probe = col.probes[1]
     before = probe.stats()
@@ -468,7 +473,7 @@ def test_received_bytes_of_missed_tcp_probe_hits_are_recovered_from_our_acks(lab
             port, small0 = 5340 + k, probe.stats()["transfers_small"]
             with traffic([(n1, ["taskset", "-c", "0", *sink_argv(port)])]) as (sink,):
                 await_up(sink)
-                with traffic([(n0, send_argv(n1.address, port, seconds=2.0))]) as (sender,):
+                with traffic([(n0, send_argv(n1.address, port, nbytes=WRAPS_ACK_NUMBERS))]) as (sender,):
                     sent = int(finish(sender))
                 assert int(finish(sink)) == sent
             col.until(lambda c, p=str(port): any(r.tags["sport"] == p
