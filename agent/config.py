@@ -104,7 +104,9 @@ class AgentConfig:
         "that training threads get the CPU first (a rank delayed by the agent delays every "
         "rank at the next collective). Kernel maps buffer several poll intervals, so a late "
         "poll loses nothing; what a far-too-late one loses is counted "
-        "(fabricscope_agent_events_lost_total). 0 keeps the priority it started with"))
+        "(fabricscope_agent_events_lost_total). 0 keeps the priority it started with. "
+        "One thread keeps it anyway: the gloo probe's watcher, which wakes 20 times a "
+        "second to read a new rank's identity while the rank lives"))
     cpu_policy: str = field(default="normal", metadata=doc(
         "scheduling policy the agent takes once attached: normal (at `nice`) or idle "
         "(SCHED_IDLE: it runs only on CPU time nothing else wants, so training never "

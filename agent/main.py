@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import time
 
@@ -19,6 +18,7 @@ from fabricscope.agent import addresses
 from fabricscope.agent.metrics import AgentMetrics
 from fabricscope.agent.outputs import JsonlOutput
 from fabricscope.agent.pipeline import run_pipeline
+from fabricscope.agent.priority import lower_priority
 from fabricscope.agent.probes import load_class
 from fabricscope.agent.probes.base import (Clock, Probe, ProbeContext, ProbeUnavailable,
                                effective_poll_interval)
@@ -148,29 +148,6 @@ def final_counts(probe_stats) -> str:
         if shown:
             parts.append(f"{probe}: " + ", ".join(f"{k} {v}" for k, v in sorted(shown.items())))
     return "; ".join(parts) or "nothing lost"
-
-
-def lower_priority(nice: int, policy: str = "normal") -> None:
-    """Drop every thread of the agent to `nice`, or to SCHED_IDLE for policy "idle"
-    (Linux priorities are per thread; threads started later inherit their creator's).
-    After attach: BCC compiles at full speed."""
-    if policy == "idle":
-        def lower(tid: int) -> None:
-            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        how = "as SCHED_IDLE from here on (config cpu_policy)"
-    elif nice > 0:
-        def lower(tid: int) -> None:
-            if os.getpriority(os.PRIO_PROCESS, tid) < nice:
-                os.setpriority(os.PRIO_PROCESS, tid, nice)
-        how = f"at nice {nice} from here on (config nice)"
-    else:
-        return
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            lower(int(tid))
-        except OSError:      # a thread that just exited
-            pass
-    log.info("agent runs %s", how)
 
 
 def run_agent(cfg) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,6 +290,7 @@ class Environments:
     def __init__(self, limit: int = 4096, clock=time.monotonic):
         self.limit, self.clock = limit, clock
         self._kept: dict[str, tuple[str, dict[str, str], float]] = {}
+        self._lock = threading.Lock()   # a probe's watcher thread reads too (ProcessTable.witness)
         self.recalled = 0        # environments of exited processes answered from here
 
     def read(self, pid_dir) -> dict[str, str]:
@@ -303,10 +305,11 @@ class Environments:
         if raw:
             env = parse_environ(raw)
             if start is not None:
-                self._kept.pop(pid_dir, None)
-                if len(self._kept) >= self.limit:
-                    self._kept.pop(next(iter(self._kept)))      # the oldest read
-                self._kept[pid_dir] = (start, env, self.clock())
+                with self._lock:
+                    self._kept.pop(pid_dir, None)
+                    if len(self._kept) >= self.limit:
+                        self._kept.pop(next(iter(self._kept)))      # the oldest read
+                    self._kept[pid_dir] = (start, env, self.clock())
             return env
         kept = self._kept.get(pid_dir)
         if kept is not None and start is not None and kept[0] == start:

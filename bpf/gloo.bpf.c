@@ -53,6 +53,12 @@
 BPF_HASH(active, __u64, struct fs_gloo_event, MAX_THREADS);
 BPF_HASH(deny, __u32, __u8, MAX_DENY);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+/* A process's first call here queues its pid (new_pids) once (first_seen): user
+ * space reads who it is at once, from a thread that the agent's drains and its
+ * lowered priority do not hold up, while it lives (a short run may exit before its
+ * first event is drained, and then nothing names it). */
+BPF_TABLE("lru_hash", __u32, __u8, first_seen, MAX_DENY);
+BPF_QUEUE(new_pids, __u32, 1024);
 /* Never written: exposes the event layout to the loader's size check. */
 BPF_ARRAY(event_layout, struct fs_gloo_event, 1);
 
@@ -72,6 +78,16 @@ static __always_inline int buffer_size(const char *field, int kind, __u64 *size)
 	return bpf_probe_read_user(size, sizeof(*size), p + FS_UB_SIZE_OFF) ? -1 : 0;
 }
 
+static __always_inline void notice_process(__u32 tgid)
+{
+	__u8 one = 1;
+
+	if (first_seen.lookup(&tgid) || first_seen.insert(&tgid, &one))
+		return;
+	if (new_pids.push(&tgid, 0))
+		stat_add(FS_GS_NOTICES_LOST, 1);
+}
+
 static __always_inline int on_entry(struct pt_regs *ctx, __u32 op, long elements_off,
 				    long elemsize_off, int out_kind, long out_off, long in_off)
 {
@@ -85,6 +101,7 @@ static __always_inline int on_entry(struct pt_regs *ctx, __u32 op, long elements
 		stat_add(FS_GS_FILTERED, 1);
 		return 0;
 	}
+	notice_process(tgid);
 	ev.pid = tgid;
 	ev.tid = (__u32)id;
 	ev.op = op;
@@ -225,6 +242,7 @@ static __always_inline int p2p_call(struct pt_regs *ctx, __u32 op)
 		stat_add(FS_GS_FILTERED, 1);
 		return 0;
 	}
+	notice_process(tgid);
 	struct fs_p2p_call call = {.start_ns = bpf_ktime_get_ns(), .op = op,
 				   .peer = (__s32)PT_REGS_PARM4(ctx)};
 	p2p_calls.update(&id, &call);

@@ -46,7 +46,8 @@
 #define FS_GS_P2P_UNWAITED 10 /* send/recv works freed before a wait on them returned (an
 			       * isend never waited for): found when a new work reuses the
 			       * address (the LRU map forgets the rest unseen) */
-#define FS_GS_NSTATS 11
+#define FS_GS_NOTICES_LOST 11 /* new processes not queued for user space (new_pids full) */
+#define FS_GS_NSTATS 12
 
 /* One collective as executed by one thread: entry to return of gloo::<op>(); or one
  * point-to-point transfer: its call to the return of its work's wait(). */

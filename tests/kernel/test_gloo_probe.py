@@ -1,8 +1,12 @@
-"""The gloo probe's attach, detach and configuration errors on the real kernel (root)."""
+"""The gloo probe's attach, detach and configuration errors on the real kernel (root),
+and its watcher naming a rank that is gone before the first drain."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -75,3 +79,41 @@ def test_configured_file_without_gloo_is_unavailable(tmp_path):
 def test_bad_model_settings_are_a_user_error():
     with pytest.raises(UserError, match="must be positive"):
         make(gloo_model_interval_s=0)
+
+
+# One rank alone calls an AllReduce, says so, and exits when told.
+SHORT_RANK = """import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+dist.all_reduce(torch.ones(4))
+print("called", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_rank_gone_before_the_first_drain_is_named_from_its_witness(tmp_path):
+    """The watcher reads a rank at its first call; the rank exits and is reaped before
+    the probe drains its event, which still names its job and rank."""
+    from fabricscope.lab.stack import await_condition
+    probe = make()
+    try:
+        probe.attach()
+        probe.poll()
+        before = probe.stats()
+        env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "FABRICSCOPE_JOB": "short-run"}
+        rank = subprocess.Popen([sys.executable, "-c", SHORT_RANK, str(tmp_path / "store")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                env=env)
+        try:
+            assert rank.stdout.readline().strip() == "called"
+            await_condition(lambda: probe.stats()["processes_witnessed"]
+                            > before["processes_witnessed"], 30, "the rank witnessed")
+        finally:
+            rank.communicate("\n", timeout=60)             # exits; reaped here
+        assert not os.path.exists(f"/proc/{rank.pid}")
+        records = probe.poll()
+        after = probe.stats()
+        assert after["unattributed"] == before["unattributed"], after
+        mine = [r for r in records if r.tags.get("job") == "short-run"]
+        assert mine and {r.tags["rank"] for r in mine} == {"0"}, records
+    finally:
+        probe.detach()

@@ -143,7 +143,7 @@ def test_markers_only_agent_prints_steps_and_stops_cleanly(tmp_path):
 
 _THREADS = """
 import os, threading
-from fabricscope.agent.main import lower_priority
+from fabricscope.agent.priority import lower_priority
 ready, release = threading.Event(), threading.Event()
 def idle():
     ready.set(); release.wait()
@@ -166,6 +166,17 @@ def _threads_after_lower(args: str, probe: str) -> list[str]:
                           capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.split()
+
+
+def test_lower_priority_leaves_a_kept_thread_at_its_priority():
+    probe = "lambda tid: os.getpriority(os.PRIO_PROCESS, tid)"
+    kept = _THREADS.replace("lower_priority({args})",
+                            "from fabricscope.agent.priority import keep_priority\n"
+                            "keep_priority(t.native_id)\nlower_priority({args})")
+    proc = subprocess.run([sys.executable, "-c", kept.format(args="7", probe=probe)],
+                          capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[7,", "0]", "7"]
 
 
 def test_lower_priority_reaches_every_thread_and_new_ones_inherit_it():

@@ -28,7 +28,8 @@ F_NO_CONTEXT, F_NO_COUNT, F_NO_OUT, F_NO_IN = 1, 2, 4, 8
 
 #: Names of the BPF `stats` array entries, in FS_GS_* order (bpf/gloo.h).
 STATS = ("entries", "emitted", "lost", "filtered", "unfinished", "orphan_returns",
-         "active_full", "sends_outside", "recvs_outside", "p2p_unpaired", "p2p_unwaited")
+         "active_full", "sends_outside", "recvs_outside", "p2p_unpaired", "p2p_unwaited",
+         "notices_lost")
 
 # gloo's base classes (gloo/context.h, gloo/transport/unbound_buffer.h):
 #   class Context { const int rank; const int size; int base; ... }  (no vtable)

@@ -63,6 +63,7 @@ from fabricscope.agent.probes.gloo import layout
 from fabricscope.agent.probes.base import ProbeContext, ProbeUnavailable
 from fabricscope.agent.probes.base import ringbuf_pages as ringbuf_pages_for
 from fabricscope.agent.probes.gloo.procs import ProcessTable
+from fabricscope.agent.priority import keep_priority, release_priority
 from fabricscope.agent.procmaps import shared_environments
 from fabricscope.agent.probes.gloo.records import CPU_SAMPLE_S, CpuSamples, ProcessState
 from fabricscope.agent.uprobes import Hook, LibraryUprobes, UprobeProbe, shared_maps
@@ -85,6 +86,9 @@ BUFFER_HOOKS = ([Hook(layout.SEND_SYM, "buffer_send")]
 DEFAULT_HOOKS = COLLECTIVE_HOOKS + P2P_HOOKS
 HOOKS = DEFAULT_HOOKS + BUFFER_HOOKS
 _COLLECTIVES = frozenset(op.symbol for op in layout.OPS)
+#: how often the watcher takes the pids of processes that just made their first call
+#: (gloo.bpf.c notice_process): a run lives far longer, so it is read while it lives
+WATCH_S = 0.05
 ALLREDUCE = next(op.id for op in layout.OPS if op.name == "AllReduce")
 
 
@@ -133,6 +137,8 @@ class GlooProbe(UprobeProbe):
         self._cpu_lock = threading.Lock()
         self._cpu_stop = threading.Event()
         self._cpu_thread: threading.Thread | None = None
+        self._watch_stop = threading.Event()
+        self._watcher: threading.Thread | None = None
         self._states: dict[int, ProcessState] = {}
         self._denied: set[int] = set()
         self._last_model = time.monotonic()
@@ -140,7 +146,8 @@ class GlooProbe(UprobeProbe):
         self._in_flight: dict[int, int] = {}   # pid -> its AllReduce in flight then
         self._counters.update(decode_errors=0, unattributed=0, foreign_processes=0,
                               bytes_from_transfers=0, bytes_unknown=0, late_windows=0,
-                              step_resyncs=0, cgroup_unknown=0, handler_errors=0)
+                              step_resyncs=0, cgroup_unknown=0, handler_errors=0,
+                              processes_witnessed=0)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -149,11 +156,33 @@ class GlooProbe(UprobeProbe):
                                                  *layout.cflags(), *self.ctx.cflags])
         bpf.check_layout(layout.GlooEvent, self._bpf[b"event_layout"].Leaf)
         bpf.open_ring(self._bpf[b"events"], self._on_event, self._handler_error, self.name)
+        self._start_watcher()
         self._uprobes.bpf = self._bpf
         own = own_torch_library()
         for path in self.paths + ([own] if own else []):
             self._attach_path(path, configured=path in self.paths)
         self._uprobes.rescan(LIB_NAME, ("libtorch_cpu",))  # skip maps without it early
+
+    def _start_watcher(self) -> None:
+        """The thread that reads who a process is as soon as it makes its first call,
+        at the priority the agent started with (agent/priority.py)."""
+        self._watcher = threading.Thread(target=self._watch, args=(self._bpf[b"new_pids"],),
+                                         daemon=True, name="gloo-process-watcher")
+        self._watcher.start()
+        keep_priority(self._watcher.native_id)
+
+    def _watch(self, new_pids) -> None:
+        """Every WATCH_S, the pids queued since (each process once), witnessed while
+        they live: the main thread drains their events only at its next poll, which a
+        loaded node can hold off past a short run's end."""
+        while not self._watch_stop.wait(WATCH_S):
+            while True:
+                try:
+                    pid = int(new_pids.pop().value)
+                except KeyError:       # the queue is empty
+                    break
+                self._procs.witness(pid)
+                self._counters["processes_witnessed"] += 1
 
     def _rescan(self) -> None:
         self._uprobes.rescan(LIB_NAME, ("libtorch_cpu",))  # skip maps without it early
@@ -222,8 +251,12 @@ class GlooProbe(UprobeProbe):
 
     def detach(self) -> None:
         self._cpu_stop.set()
+        self._watch_stop.set()
         if self._cpu_thread is not None:
             self._cpu_thread.join(timeout=2)
+        if self._watcher is not None:
+            self._watcher.join(timeout=2)
+            release_priority(self._watcher.native_id)
         super().detach()
 
     def _after_rescan(self) -> None:

@@ -14,6 +14,7 @@ FABRICSCOPE_JOB from the label through the downward API where train_step must ma
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,9 +51,15 @@ class ProcessTable:
     events may still be in the ring when the probe sees it gone (an agent the
     training starves of CPU drains them late), and by then /proc has no namespace
     for it (a zombie) or no entry at all (reaped). Its pid answers for it only while
-    no other process holds the pid (the start time tells them apart)."""
+    no other process holds the pid (the start time tells them apart).
+
+    A process the probe's watcher thread witnessed (`witness`: its namespace here,
+    its environment in `environments`) is named after it exits even when `get`
+    first asks then: a short run can live and end between two of the agent's
+    drains."""
 
     GONE_S = 30.0
+    WITNESS_LIMIT = 4096
 
     def __init__(self, proc: Path = Path("/proc"), own_netns: int | None = None,
                  pods=None, environments: Environments | None = None, clock=time.monotonic):
@@ -65,6 +72,9 @@ class ProcessTable:
         self._known: dict[int, ProcessInfo] = {}
         self._starts: dict[int, str | None] = {}   # the start time each was read with
         self._gone: dict[int, float] = {}          # forgotten pids: when
+        #: pid -> (start time, network namespace) read by `witness`, until `get` reads it
+        self._witnessed: dict[int, tuple[str, int]] = {}
+        self._lock = threading.Lock()              # `witness` runs on another thread
         self.late = 0        # answers for processes already gone
 
     def get(self, pid: int) -> ProcessInfo | None:
@@ -84,21 +94,56 @@ class ProcessTable:
         start = start_time(str(base))
         netns = _netns(base)
         if netns is None:
-            return None
+            netns = self._witnessed_netns(pid, start)
+            if netns is None:
+                return None
+            self.late += 1
         local = netns == self.own_netns
-        env: dict[str, str] = {}
+        env: dict[str, str] | None = {}
         resolution, pod = Resolution.UNKNOWN, None
         if local:
             try:
                 env = self.environments.read(base)
             except OSError:
-                return None
+                env = self.environments.recall(base)    # reaped since it was witnessed
+                if env is None:
+                    return None
             if self.pods is not None:
                 resolution, pod = self.pods.for_pid(self.proc, pid)
         info = describe(pid, env, local, pod)
         if resolution is not Resolution.PENDING:    # its pod may be listed by the next ask
             self._known[pid], self._starts[pid] = info, start
+            with self._lock:
+                self._witnessed.pop(pid, None)
         return info
+
+    def witness(self, pid: int) -> None:
+        """Read what `get` needs of a process that just started calling, while it
+        lives: its network namespace and start time here and, for a local one, its
+        environment into `environments`. Safe beside `get` on another thread."""
+        base = self.proc / str(pid)
+        start, netns = start_time(str(base)), _netns(base)
+        if netns is None or start is None:
+            return
+        if netns == self.own_netns:
+            try:
+                self.environments.read(base)
+            except OSError:
+                return
+        with self._lock:
+            self._witnessed.pop(pid, None)
+            if len(self._witnessed) >= self.WITNESS_LIMIT:
+                self._witnessed.pop(next(iter(self._witnessed)))    # the oldest
+            self._witnessed[pid] = (start, netns)
+
+    def _witnessed_netns(self, pid: int, start: str | None) -> int | None:
+        """The namespace `witness` read for the process now gone (zombie: `start`
+        still readable and the same; reaped: None), else None."""
+        with self._lock:
+            seen = self._witnessed.get(pid)
+        if seen is None or start not in (None, seen[0]):
+            return None
+        return seen[1]
 
     def alive(self, pid: int) -> bool:
         # a zombie has no namespaces any more: it counts as gone
@@ -107,6 +152,8 @@ class ProcessTable:
     def forget(self, pid: int) -> None:
         """The process is gone: its info answers its late events for GONE_S more."""
         now = self.clock()
+        with self._lock:
+            self._witnessed.pop(pid, None)
         if pid in self._known:
             self._gone.setdefault(pid, now)
         for old in [p for p, t in self._gone.items() if now - t > self.GONE_S]:
