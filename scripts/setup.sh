@@ -7,7 +7,7 @@ VENV=${FABRICSCOPE_VENV:-.venv}
 PY=${PYTHON:-python3.11}
 APT_PACKAGES=(bpfcc-tools python3-bpfcc libbpfcc linux-headers-amd64 influxdb
   prometheus prometheus-alertmanager nftables iperf3 iproute2 ethtool curl
-  procps binutils victoria-metrics gcc util-linux chromium tmux)
+  procps binutils victoria-metrics gcc util-linux chromium tmux bubblewrap)
 log() { printf '[setup] %s\n' "$*"; }
 
 if [ "$(id -u)" != 0 ]; then
