@@ -103,6 +103,21 @@ class Collector:
         self.until(lambda c: all(p.stats().get("owner_waiting", 0) == 0 for p in c.probes),
                    timeout_s, "records waiting for owners")
 
+    def until_closed(self, closed, what: str, sweeps: int = 2) -> None:
+        """Poll until closed(self), or until every probe swept `sweeps` times more and
+        holds no record waiting for its owner, then assert closed(self). A socket whose
+        every teardown hit the kernel skipped is closed by the first sweep at least
+        Sweeper.recheck_s after it was last found alive (agent/probes/tcp/sweep.py):
+        sweeps come every_s >= recheck_s apart, so by the second one after it closed.
+        The deadline is only a guard against a sweep that never comes."""
+        start = [p.stats()["sweeps"] for p in self.probes]
+
+        def settled(c) -> bool:
+            return all(p.stats()["sweeps"] - s >= sweeps and p.stats().get("owner_waiting", 0) == 0
+                       for p, s in zip(c.probes, start))
+        self.until(lambda c: closed(c) or settled(c), 300, what)
+        assert closed(self), f"{what}: not closed after {sweeps} sweeps of every probe"
+
     def until(self, done, timeout_s: float = 30.0, what: str = "records"):
         """Poll until done(self) is true; fail naming `what` at the deadline."""
         deadline = time.monotonic() + timeout_s

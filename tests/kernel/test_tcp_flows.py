@@ -425,8 +425,8 @@ def test_a_small_piece_right_after_a_transfer_is_its_tail_not_chatter(lab, col):
 
     def mine(c):
         return [r for r in c.of(0, "tcp_transfer") if r.tags["dport"] == "5323"]
-    col.until(lambda c: any(r.tags["dport"] == "5323" for r in c.of(0, "tcp_flow_close")),
-              20, "the flow's close")
+    col.until_closed(lambda c: any(r.tags["dport"] == "5323" for r in c.of(0, "tcp_flow_close")),
+                     "the flow's close")
     pieces = sorted(mine(col), key=lambda r: r.time_ns)
     # the stall-split rest counts; the piece half a second later does not
     assert sum(r.fields["bytes_out"] for r in pieces) == 303_000, [(r.fields, r.time_ns) for r in pieces]
@@ -476,10 +476,10 @@ def test_received_bytes_of_missed_tcp_probe_hits_are_recovered_from_our_acks(lab
                 with traffic([(n0, send_argv(n1.address, port, nbytes=WRAPS_ACK_NUMBERS))]) as (sender,):
                     sent = int(finish(sender))
                 assert int(finish(sink)) == sent
-            col.until(lambda c, p=str(port): any(r.tags["sport"] == p
-                                                 for r in c.of(1, "tcp_flow_close"))
-                      and any(r.tags["dport"] == p for r in c.of(0, "tcp_flow_close")),
-                      20, "the flow's close on both ends")
+            col.until_closed(lambda c, p=str(port): any(r.tags["sport"] == p
+                                                        for r in c.of(1, "tcp_flow_close"))
+                             and any(r.tags["dport"] == p for r in c.of(0, "tcp_flow_close")),
+                             "the flow's close on both ends")
             # pieces under tcp_transfer_min_bytes long after the one before (the sink
             # starved for over tcp_transfer_tail_us) are only counted, by design
             rounds.append((port, sent, probe.stats()["transfers_small"] - small0))
@@ -546,8 +546,8 @@ def test_bytes_acknowledged_before_a_sockets_first_tcp_probe_hit_are_counted(lab
         finally:
             window[ctypes.c_int(0)] = ctypes.c_uint32(probe._gen)
         assert int(finish(sink)) == first + rest + 1
-    col.until(lambda c: any(r.tags["dport"] == "5360" for r in c.of(0, "tcp_flow_close")),
-              20, "the flow's close")
+    col.until_closed(lambda c: any(r.tags["dport"] == "5360" for r in c.of(0, "tcp_flow_close")),
+                     "the flow's close")
     (close,) = [r for r in col.of(0, "tcp_flow_close") if r.tags["dport"] == "5360"]
     assert close.fields["bytes_acked"] == first + rest, close
     assert close.fields["bytes_sent"] == first + rest + 1, close
@@ -632,8 +632,8 @@ def test_a_responses_missed_tail_counts_for_it_not_for_the_next_response(lab, pr
             client.stdin.flush()
             finish(client)
         finish(server)
-    col.until(lambda c: any(r.tags["dport"] == str(port) for r in c.of(0, "tcp_flow_close")),
-              20, "the flow's close")
+    col.until_closed(lambda c: any(r.tags["dport"] == str(port)
+                                   for r in c.of(0, "tcp_flow_close")), "the flow's close")
     assert probe.stats()["received_recovered_bytes"] - recovered0 >= b
     reads = sorted((r for r in col.of(0, "tcp_transfer") if r.tags["dport"] == str(port)),
                    key=lambda r: r.time_ns)
@@ -701,8 +701,8 @@ def test_every_connection_opens_and_closes_on_both_sides_while_map_syscalls_hold
             if made_up():
                 break
     try:
-        col.until(lambda c: all(len(e) >= count for p in ports
-                                for e in events("tcp_flow_close", p)), 30, "the closes")
+        col.until_closed(lambda c: all(len(e) >= count for p in ports
+                                       for e in events("tcp_flow_close", p)), "the closes")
     except AssertionError:
         raise AssertionError(f"closes {[[len(e) for e in events('tcp_flow_close', p)] for p in ports]}"
                              f" of {count}; {[f() for f in stats]}") from None
@@ -748,8 +748,8 @@ def test_a_socket_gone_with_its_entries_left_is_closed_by_the_sweep(lab, probes,
                                     for r in c.of(0, "tcp_flow_close")), 30, "the swept close")
             finish(sender)
         finish(sink)
-    col.until(lambda c: any(r.tags["dport"] == str(port + 1)
-                            for r in c.of(0, "tcp_flow_close")), 10, "the live connection's close")
+    col.until_closed(lambda c: any(r.tags["dport"] == str(port + 1)
+                                   for r in c.of(0, "tcp_flow_close")), "the live connection's close")
     live_closes = [r for r in col.of(0, "tcp_flow_close") if r.tags["dport"] == str(port + 1)]
     closes = [r for r in col.of(0, "tcp_flow_close") if r.tags["dport"] == str(port)]
     assert len(closes) == 1

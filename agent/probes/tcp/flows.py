@@ -98,7 +98,7 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         self._out_total = (0, 0)           # TC egress (segs, bytes) at the last cut
         self._counts = {"windows": 0, "flows_read": 0, "flows_deleted": 0,
                         "flow_table_full": 0, "flow_decode_errors": 0, "sweep_errors": 0,
-                        "handler_errors": 0}
+                        "handler_errors": 0, "sweeps": 0}
         self._sweeper = Sweeper()
         self._destroy_fd = None            # raw tcp_destroy_sock program: the sweep replays it
         self._rx = RxSampler(ctx.addresses) if self.settings.rx_info else None
@@ -266,6 +266,7 @@ class TcpFlowsProbe(TcpRetransmitProbe):
         now = time.monotonic_ns()           # bpf_ktime_get_ns's clock
         if not self._sweeper.due(now):
             return
+        self._counts["sweeps"] += 1
         table = self._bpf[b"socks"]
         keys, values, _ = self._read_map(table, 8, SOCK_DTYPE.itemsize, table.max_entries)
         k = np.frombuffer(keys, dtype=np.uint64)
