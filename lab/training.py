@@ -233,7 +233,7 @@ class TrainingRun:
 
     def _code(self, rank: int, code: int | None) -> int | None:
         """The rank's exit status, 0 for an abort in teardown after every rank trained."""
-        if code == -signal.SIGABRT and _trained(self.log_paths[rank]):
+        if judged_status(code, _trained(self.log_paths[rank])) != code:
             text = self._describe(rank, code)
             if text not in self.teardown_aborts:
                 self.teardown_aborts.append(text)
@@ -257,6 +257,13 @@ def start_rank(argv: list[str], env: dict | None, cgroup: str, stdout, stderr) -
     return subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                             stdout=stdout, stderr=stderr, start_new_session=True,
                             preexec_fn=joiner(cgroup) if cgroup else None)
+
+
+def judged_status(code: int | None, trained: bool) -> int | None:
+    """A rank's exit status as the run counts it: 0 for an abort (SIGABRT) after the
+    rank wrote TRAINED, i.e. in torch's gloo teardown once every rank passed the final
+    barrier ("terminate called without an active exception")."""
+    return 0 if code == -signal.SIGABRT and trained else code
 
 
 def _trained(log_path: str) -> bool:
