@@ -60,6 +60,10 @@ static __always_inline void open_at_first_ack(__u64 sk, const void *flow, __u16 
 /* ... and keeps the socket's cookie for user space's sweep (below). */
 static __always_inline void keep_cookie(__u64 sk, struct __sk_buff *skb);
 #define FS_ON_CONNECTED_TX(sk, skb) keep_cookie(sk, skb)
+/* ... and ties a connecting socket's received-byte recovery to its handshake ACK
+ * (below). */
+static __always_inline void tie_at_handshake(__u64 sk, __u32 ack);
+#define FS_ON_HANDSHAKE_ACK(sk, ack) tie_at_handshake(sk, ack)
 #endif
 #include "tcp_retransmit.h"
 #include "tcp_flows.h"
@@ -265,19 +269,24 @@ static __always_inline int received_after(__u64 sk, struct fs_sock *s, __u64 ack
 	return ack_ns > s->xfer_last + FS_TRANSFER_GAP_NS;
 }
 
-/* Ties recover_received's scales while the socket has counted nothing: its own last
- * ACK, sent since it was established (an older entry is a dead socket's at the same
- * address), or, for an accepted socket that sent nothing yet, its SYN-ACK. A socket
- * first seen with bytes counted gets none: its missed hits are not recovered. */
+/* Ties recover_received's scales while the socket has counted nothing, to the
+ * acknowledgment number that acknowledged no data: an accepted socket's SYN-ACK (the
+ * latest one of its flow, sent before it was established), a connecting one's
+ * handshake ACK (tie_at_handshake, from TC egress). Either covers no byte, so hits
+ * missed before the first counted one are recovered too. Its own last ACK (sent
+ * since it was established; an older entry is a dead socket's at the same address)
+ * stands in only where neither was seen, as for a socket older than the probe: it
+ * may already cover bytes of missed hits, which are then lost. A socket first seen
+ * with bytes counted gets none: its missed hits are not recovered. */
 static __always_inline void ack_baseline(__u64 sk, struct fs_flow *flow, struct fs_sock *s)
 {
 	__u32 ack;
 	__u64 ts;
 
-	int own = fs_last_ack(sk, flow, &ack, &ts, 0) && ts >= s->est_ns;
+	int synack = s->est_ns && !s->active && fs_last_ack(sk, flow, &ack, &ts, 1) &&
+		     ts <= s->est_ns;
 
-	if (!own && !(s->est_ns && !s->active && fs_last_ack(sk, flow, &ack, &ts, 1) &&
-		      ts <= s->est_ns))
+	if (!synack && !(fs_last_ack(sk, flow, &ack, &ts, 0) && ts >= s->est_ns))
 		return;
 	s->has_ack = 1;
 	s->last_ack = ack;
@@ -640,6 +649,20 @@ static __always_inline void keep_cookie(__u64 sk, struct __sk_buff *skb)
 
 	if (s && !s->cookie)
 		s->cookie = bpf_get_socket_cookie(skb);
+}
+
+/* Called by TC egress with a connecting socket's handshake ACK (ack: the peer's
+ * initial sequence number + 1), which leaves before any data can arrive: the baseline
+ * of recover_received (see ack_baseline) when the socket has counted nothing. */
+static __always_inline void tie_at_handshake(__u64 sk, __u32 ack)
+{
+	struct fs_sock *s = socks.lookup(&sk);
+
+	if (!s || s->has_ack || s->received)
+		return;
+	s->has_ack = 1;
+	s->last_ack = ack;
+	s->rcv_acked = 0;
 }
 
 /* Called by TC egress when a new socket's packet finds a freed socket's entry at

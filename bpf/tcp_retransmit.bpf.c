@@ -453,6 +453,9 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 		    fs_connected(bsk)) {
 			FS_ON_OPEN_TX(sk, flow, tx.family, 1, seen->ts_ns);
 			FS_ON_CONNECTED_TX(sk, skb);
+#ifdef FS_ON_HANDSHAKE_ACK
+			FS_ON_HANDSHAKE_ACK(sk, seen->ack_seq);
+#endif
 		}
 #endif
 		/* In place: an LRU update allocates a new element per packet, and that churn

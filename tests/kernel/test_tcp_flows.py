@@ -561,6 +561,37 @@ def test_bytes_acknowledged_before_a_sockets_first_tcp_probe_hit_are_counted(lab
                if r.tags["dport"] == "5360") == first + rest
 
 
+def test_bytes_received_before_a_sockets_first_tcp_probe_hit_are_counted(lab, probes, col):
+    """A socket's first tcp_probe hits, which the kernel skips now and then while a
+    map syscall holds the CPU, carry received bytes too. Here the program's gate
+    drops them for certain (node 1's window generation 0) until the first piece is
+    acknowledged by our ACKs. The recovery counts from the accepted socket's SYN-ACK,
+    which acknowledged no data, so the close holds every byte received."""
+    n0, n1 = lab.nodes[0], lab.nodes[1]
+    probe, first, rest, port = probes[1], 100_000, 300_000, 5361
+    window = probe._bpf[b"window"]
+    recovered0 = probe.stats()["received_recovered_bytes"]
+    with traffic([(n1, sink_argv(port, exact=first + rest))]) as (sink,):
+        await_up(sink)
+        window[ctypes.c_int(0)] = ctypes.c_uint32(0)      # no poll runs until restored
+        try:
+            with traffic([(n0, [PY, "-c", SEND_AFTER_GO, n1.address, str(port), str(first),
+                                str(rest)])]) as (sender,):
+                assert sender.stdout.readline().strip() == "acked", sender.stderr.read()
+                window[ctypes.c_int(0)] = ctypes.c_uint32(probe._gen)
+                sender.stdin.write("go\n")
+                sender.stdin.flush()
+                finish(sender)
+        finally:
+            window[ctypes.c_int(0)] = ctypes.c_uint32(probe._gen)
+        assert int(finish(sink)) == first + rest + 1
+    col.until_closed(lambda c: any(r.tags["sport"] == str(port)
+                                   for r in c.of(1, "tcp_flow_close")), "the flow's close")
+    (close,) = [r for r in col.of(1, "tcp_flow_close") if r.tags["sport"] == str(port)]
+    assert close.fields["bytes_received"] == first + rest + 1, close
+    assert probe.stats()["received_recovered_bytes"] - recovered0 >= first
+
+
 # Answers a client's first request byte with argv[2] bytes, then, after a line on stdin
 # and a pause longer than tcp_transfer_gap_us, argv[3] more: one response in two parts
 # (a storage server waiting on its disk); a second request gets argv[4].
@@ -638,6 +669,38 @@ def test_a_responses_missed_tail_counts_for_it_not_for_the_next_response(lab, pr
     reads = sorted((r for r in col.of(0, "tcp_transfer") if r.tags["dport"] == str(port)),
                    key=lambda r: r.time_ns)
     assert [r.fields["bytes_in"] for r in reads] == [a + b, c], [r.fields for r in reads]
+
+
+def test_bytes_a_connecting_socket_received_before_its_first_tcp_probe_hit_count(
+        lab, probes, col):
+    """As above for the connecting side: node 0's hits are dropped from before it
+    connects until the first response is read. The recovery counts from the socket's
+    handshake ACK (TC egress), which acknowledged no data."""
+    n0, n1 = lab.nodes[0], lab.nodes[1]
+    probe, (a, b, c), port = probes[0], (300_000, 200_000, 400_000), 5366
+    window = probe._bpf[b"window"]
+    with traffic([(n1, [PY, "-c", RESPOND_IN_TWO, str(port), str(a), str(b), str(c)])]) \
+            as (server,):
+        await_up(server)
+        window[ctypes.c_int(0)] = ctypes.c_uint32(0)      # no poll runs until restored
+        try:
+            with traffic([(n0, [PY, "-c", REQUEST_TWICE, n1.address, str(port), str(a),
+                                str(b), str(c)])]) as (client,):
+                assert client.stdout.readline().strip() == "a", client.stderr.read()
+                window[ctypes.c_int(0)] = ctypes.c_uint32(probe._gen)
+                server.stdin.write("go\n")
+                server.stdin.flush()
+                assert client.stdout.readline().strip() == "b", client.stderr.read()
+                client.stdin.write("go\n")
+                client.stdin.flush()
+                finish(client)
+        finally:
+            window[ctypes.c_int(0)] = ctypes.c_uint32(probe._gen)
+        finish(server)
+    col.until_closed(lambda c: any(r.tags["dport"] == str(port)
+                                   for r in c.of(0, "tcp_flow_close")), "the flow's close")
+    (close,) = [r for r in col.of(0, "tcp_flow_close") if r.tags["dport"] == str(port)]
+    assert close.fields["bytes_received"] == a + b + c, close
 
 
 # Accepts n connections, answering each with one byte, then exits.
