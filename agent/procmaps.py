@@ -271,6 +271,16 @@ def open_path(path: str) -> Sighting:
     return Sighting((st.st_dev, st.st_ino), fd, path)
 
 
+def keep_newest(kept: dict, key, value, limit: int) -> None:
+    """Stores value under key as the newest entry of `kept` (dicts keep insertion
+    order), evicting the oldest once `limit` entries are held: a bounded memory of
+    processes, whose oldest reads are the likeliest to be of processes long gone."""
+    kept.pop(key, None)
+    if len(kept) >= limit:
+        kept.pop(next(iter(kept)))
+    kept[key] = value
+
+
 class Environments:
     """Each process's environment as a probe read it while the process lived, shared
     by the probes that read /proc/PID/environ (ProbeContext.environments).
@@ -306,10 +316,7 @@ class Environments:
             env = parse_environ(raw)
             if start is not None:
                 with self._lock:
-                    self._kept.pop(pid_dir, None)
-                    if len(self._kept) >= self.limit:
-                        self._kept.pop(next(iter(self._kept)))      # the oldest read
-                    self._kept[pid_dir] = (start, env, self.clock())
+                    keep_newest(self._kept, pid_dir, (start, env, self.clock()), self.limit)
             return env
         kept = self._kept.get(pid_dir)
         if kept is not None and start is not None and kept[0] == start:

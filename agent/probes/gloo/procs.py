@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fabricscope.agent.kube.resolver import PodIdentity, Resolution
-from fabricscope.agent.procmaps import Environments, start_time
+from fabricscope.agent.procmaps import Environments, keep_newest, start_time
 from fabricscope.jobs import tags_from_env
 
 
@@ -99,15 +99,16 @@ class ProcessTable:
                 return None
             self.late += 1
         local = netns == self.own_netns
-        env: dict[str, str] | None = {}
+        env: dict[str, str] = {}
         resolution, pod = Resolution.UNKNOWN, None
         if local:
             try:
                 env = self.environments.read(base)
             except OSError:
-                env = self.environments.recall(base)    # reaped since it was witnessed
-                if env is None:
+                recalled = self.environments.recall(base)    # reaped since it was witnessed
+                if recalled is None:
                     return None
+                env = recalled
             if self.pods is not None:
                 resolution, pod = self.pods.for_pid(self.proc, pid)
         info = describe(pid, env, local, pod)
@@ -131,10 +132,7 @@ class ProcessTable:
             except OSError:
                 return
         with self._lock:
-            self._witnessed.pop(pid, None)
-            if len(self._witnessed) >= self.WITNESS_LIMIT:
-                self._witnessed.pop(next(iter(self._witnessed)))    # the oldest
-            self._witnessed[pid] = (start, netns)
+            keep_newest(self._witnessed, pid, (start, netns), self.WITNESS_LIMIT)
 
     def _witnessed_netns(self, pid: int, start: str | None) -> int | None:
         """The namespace `witness` read for the process now gone (zombie: `start`
