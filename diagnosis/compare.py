@@ -7,7 +7,11 @@ collectives repeat where neither cuts any (a job that reduces no gradients, MoE
 or pipeline: fabricscope.jobclass.LoopStep, its step time and the time inside its
 exchanges, from the newest ROWS_PER_SERIES rows of each rank and op,
 diagnosis/jobclass.py), per request of a served model (its latency,
-fabricscope.requestmodel: a job with no steps is judged by it) or per second
+fabricscope.requestmodel: a job with no steps is judged by it), per step of that
+loop from all ranks' collectives in it (a MoE job's all-to-all imbalance: max / mean
+of the ranks' AlltoAll bytes received, fabricscope.alltoallmodel.step_imbalance; a
+pipeline's bubble: the ranks' mean share of the step in Send and Recv,
+fabricscope.stagemodel.step_bubble) or per second
 (the job's nodes' retransmit ratio, bursts, peak 100 us utilisation, the RTT tail
 of its data flows). Per-step samples are autocorrelated
 and not normal, so:
@@ -54,7 +58,9 @@ import numpy as np
 from fabricscope.diagnosis.jobclass import read_window
 from fabricscope.diagnosis.store import Store, quote, regex_of
 from fabricscope.diagnosis.timespan import Span
+from fabricscope.alltoallmodel import step_imbalance
 from fabricscope.jobclass import classify
+from fabricscope.stagemodel import step_bubble
 
 DRIFT_MARGIN = 1.5
 ALPHA = 0.01
@@ -81,7 +87,8 @@ METRICS = [Metric("step_time", "s", True), Metric("grad_sync_time", "s", True),
            Metric("data_load_time", "s", True), Metric("busbw", "GB/s", False),
            Metric("retransmit_ratio", "fraction", True), Metric("bursts", "/s", True),
            Metric("peak_utilization", "fraction", True), Metric("rtt_p99", "us", True),
-           Metric("request_latency", "s", True), Metric("exchange_time", "s", True)]
+           Metric("request_latency", "s", True), Metric("exchange_time", "s", True),
+           Metric("alltoall_imbalance", "x", True), Metric("bubble_share", "fraction", True)]
 #: the questions a change answers, in order: the first with enough samples is tested
 #: alone, the others join the explaining family
 PRIMARY = ("step_time", "request_latency")
@@ -290,11 +297,13 @@ class JobWindow:
     def __init__(self, store: Store, job: str, span: Span):
         self.store, self.job, self.span = store, job, span
         self._classification = self._nodes = None
+        self.observations: list = []         # read with the classification
         self._stepped: tuple[str, str] | None | bool = False    # False: not asked yet
 
     def classification(self):
         if self._classification is None:
             read = read_window(self.store, self.job, self.span.start_ns, self.span.end_ns)
+            self.observations = read.observations
             self._classification = classify(read.observations)
         return self._classification
 
@@ -380,6 +389,25 @@ def loop_steps(store: Store, job: str, span: Span,
     return list((window or JobWindow(store, job, span)).classification().steps)
 
 
+#: per step of the loop, from all ranks' collectives in it: what a MoE job's routing
+#: and a pipeline's stage split change
+STEP_MEASURES = {"alltoall_imbalance": step_imbalance, "bubble_share": step_bubble}
+
+
+def per_loop_step(store: Store, job: str, span: Span, measure,
+                  window: JobWindow | None = None) -> list[float]:
+    """measure(observations, lo_ns, hi_ns) over each step of the loop the job's
+    collectives repeat (loop_steps), for the steps where it has a value."""
+    window = window or JobWindow(store, job, span)
+    out = []
+    for step in loop_steps(store, job, span, window):
+        value = measure(window.observations, step.start_ns,
+                        step.start_ns + int(step.seconds * 1e9))
+        if value is not None:
+            out.append(value)
+    return out
+
+
 def values(store: Store, job: str, metric: str, span: Span,
            window: JobWindow | None = None) -> list[float]:
     t = f"time >= {span.start_ns} AND time < {span.end_ns}"
@@ -387,6 +415,8 @@ def values(store: Store, job: str, metric: str, span: Span,
     window = window or JobWindow(store, job, span)
     if metric == "request_latency":
         return request_latencies(store, job, span, window)
+    if metric in STEP_MEASURES:
+        return per_loop_step(store, job, span, STEP_MEASURES[metric], window)
     if metric in ("step_time", "grad_sync_time", "busbw", "data_load_time", "exchange_time"):
         stepped = window.stepped()
         if stepped is None:          # the loop its collectives repeat, if any

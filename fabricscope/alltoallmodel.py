@@ -73,6 +73,20 @@ def _exchanged(o) -> bool:
     return str(o.op).lower() in ALLTOALL_OPS and o.bytes is not None
 
 
+def step_imbalance(observations, lo_ns: int, hi_ns: int) -> float | None:
+    """max / mean of the ranks' AlltoAll bytes received in the calls that start in
+    [lo_ns, hi_ns) (one step of the loop: `fabricscope compare` samples it per step);
+    None without RANKS_MIN ranks receiving there."""
+    received: dict[int, int] = {}
+    for o in observations:
+        if o.rank is not None and _exchanged(o) and lo_ns <= o.start_ns < hi_ns:
+            received[o.rank] = received.get(o.rank, 0) + o.bytes
+    total = sum(received.values())
+    if len(received) < RANKS_MIN or total <= 0:
+        return None
+    return max(received.values()) / (total / len(received))
+
+
 def alltoall_model(observations) -> AlltoallModel | None:
     """The model of a window's observations; None without RANKS_MIN ranks that ran
     EXCHANGES_MIN AlltoAlls of known size each."""

@@ -103,6 +103,23 @@ def _stages(observations) -> list[Stage]:
     return out
 
 
+def step_bubble(observations, lo_ns: int, hi_ns: int) -> float | None:
+    """The ranks' mean share of [lo_ns, hi_ns) (one step of the loop: `fabricscope
+    compare` samples it per step) inside Send and Recv: the step's bubble; None
+    without STAGES_MIN ranks transferring in it."""
+    if hi_ns <= lo_ns:
+        return None
+    busy: dict[int, int] = {}
+    for o in observations:
+        if str(o.op).lower() in P2P_OPS and o.rank is not None:
+            inside = min(o.end_ns, hi_ns) - max(o.start_ns, lo_ns)
+            if inside > 0:
+                busy[o.rank] = busy.get(o.rank, 0) + inside
+    if len(busy) < STAGES_MIN:
+        return None
+    return statistics.fmean(min(1.0, b / (hi_ns - lo_ns)) for b in busy.values())
+
+
 def stage_model(observations) -> StageModel | None:
     """The model of a window's Send/Recv observations; None without STAGES_MIN stages
     of TRANSFERS_MIN transfers each."""

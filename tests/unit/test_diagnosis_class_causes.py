@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from fabricscope.alltoallmodel import alltoall_model
+from fabricscope.alltoallmodel import alltoall_model, step_imbalance
 from fabricscope.diagnosis.advice import advise
 from fabricscope.diagnosis.candidate import Candidate
 from fabricscope.diagnosis.causes import CLASS_CAUSES, Cause
@@ -135,6 +135,17 @@ def test_the_all_to_all_model_names_the_rank_that_receives_most_and_what_evennes
     # 24.3 of 40 ms inside AlltoAll (of a span one step's tail short), x (1 - 3/5)
     assert m.cost_share == pytest.approx(m.time_share[1] * (1 - 3 / 5), rel=0.01)
     assert "rank 0 receives" in m.reason
+
+
+def test_a_steps_all_to_all_imbalance_agrees_with_the_windows_model():
+    """step_imbalance over one step's calls is the window model's imbalance where every
+    step routes alike; the AllReduce and a lone rank count for nothing."""
+    obs = steps(moe(hot=4.0), 2, 40)
+    first = min(o.start_ns for o in obs)
+    one = step_imbalance(obs, first, first + 35 * MS)     # one step: its calls span 30 ms
+    assert one == pytest.approx(alltoall_model(obs).imbalance, rel=0.001)
+    assert step_imbalance([o for o in obs if o.rank == 0], first, first + 40 * MS) is None
+    assert step_imbalance(obs, first - 10 * MS, first) is None
 
 
 def test_even_routing_names_no_hot_destination():

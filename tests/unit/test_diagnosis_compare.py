@@ -174,7 +174,9 @@ def test_an_aa_comparison_of_a_drifting_healthy_run_is_no_change():
     # a training job serves no requests: it has no request latency to compare
     assert {r.metric: r.verdict for r in results} == {**{name: "no change" for name in LEVELS},
                                                       "request_latency": "insufficient",
-                                                      "exchange_time": "insufficient"}
+                                                      "exchange_time": "insufficient",
+                                                      "alltoall_imbalance": "insufficient",
+                                                      "bubble_share": "insufficient"}
     # the windows do differ (the drift): the p-value alone would have called it
     step = results[0]
     assert step.after_median > step.before_median and step.p_holm < ALPHA
@@ -345,3 +347,61 @@ def test_a_loop_without_gloo_steps_is_compared_by_the_steps_of_its_collectives()
     results = {r.metric: r.verdict for r in compare_samples(got)}
     assert results["step_time"] == "better" and results["exchange_time"] == "better"
     assert results["request_latency"] == "insufficient"
+
+
+def _moe_loop(steps: int, hot_bytes) -> list:
+    """A MoE loop on three ranks (two AlltoAlls a step, 50 ms apart): rank 0 receives
+    hot_bytes(i) per AlltoAll of step i, the others 32 KiB."""
+    columns = ["time", "bytes", "seconds", "peer"]
+    series, t = {r: [] for r in range(3)}, 1_000_000_000
+    for i in range(steps):
+        for r in range(3):
+            size = hot_bytes(i) if r == 0 else 32768
+            series[r].append([t, size, 0.003, None])
+            series[r].append([t + 20_000_000, size, 0.003, None])
+        t += 50_000_000
+    return [({"rank": str(r), "op": "AlltoAll"}, columns, rows) for r, rows in series.items()]
+
+
+def test_a_moe_jobs_all_to_all_imbalance_is_compared_per_step():
+    """Routing made even (rank 0's experts were hot: 4x the others' bytes, then the
+    same): the imbalance per step falls from 2x the mean to 1x."""
+    from fabricscope.diagnosis.compare import samples
+    from fabricscope.diagnosis.timespan import Span
+    store = FakeStore(_moe_loop(120, lambda i: 131072 if i < 60 else 32768))
+    got = samples(store, "j", Span(0, int(4e9)), Span(int(4e9), int(8e9)))
+    before, after = got["alltoall_imbalance"]
+    assert len(before) >= 20 and len(after) >= 20
+    assert before == pytest.approx([2.0] * len(before))
+    assert after == pytest.approx([1.0] * len(after))
+    assert got["bubble_share"] == ([], [])
+    results = {r.metric: r.verdict for r in compare_samples(got)}
+    assert results["alltoall_imbalance"] == "better"
+
+
+def _pipeline_loop(steps: int, wait_s) -> list:
+    """Two stages: per 100 ms step, rank 0 sends to rank 1 and rank 1 receives from it,
+    each for wait_s(i) seconds of the step."""
+    columns = ["time", "bytes", "seconds", "peer"]
+    sends, recvs, t = [], [], 1_000_000_000
+    for i in range(steps):
+        sends.append([t, 65536, wait_s(i), 1])
+        recvs.append([t, 65536, wait_s(i), 0])
+        t += 100_000_000
+    return [({"rank": "0", "op": "Send"}, columns, sends),
+            ({"rank": "1", "op": "Recv"}, columns, recvs)]
+
+
+def test_a_pipelines_bubble_is_compared_per_step():
+    """Stages rebalanced: the time each spends in Send/Recv falls from 40 to 10 ms of
+    its 100 ms step, so the bubble per step falls from 0.4 to 0.1."""
+    from fabricscope.diagnosis.compare import samples
+    from fabricscope.diagnosis.timespan import Span
+    store = FakeStore(_pipeline_loop(120, lambda i: 0.04 if i < 60 else 0.01))
+    got = samples(store, "j", Span(0, int(7e9)), Span(int(7e9), int(14e9)))
+    before, after = got["bubble_share"]
+    assert len(before) >= 20 and len(after) >= 20
+    assert before == pytest.approx([0.4] * len(before))
+    assert after == pytest.approx([0.1] * len(after))
+    assert got["alltoall_imbalance"] == ([], [])
+    assert {r.metric: r.verdict for r in compare_samples(got)}["bubble_share"] == "better"

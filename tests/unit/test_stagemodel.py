@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from fabricscope.jobclass import JobClass, Observation, classify
-from fabricscope.stagemodel import SLOW_STAGE_COST, stage_model
+from fabricscope.stagemodel import SLOW_STAGE_COST, stage_model, step_bubble
 
 MS = 1_000_000
 
@@ -123,3 +123,22 @@ def test_the_first_or_last_stage_can_be_the_slow_one(slow):
     compute = [2.0, 2.0, 2.0]
     compute[slow] = 4.0
     assert stage_model(gpipe(compute)).slow_stage == slow
+
+
+def test_a_steps_bubble_is_the_ranks_mean_share_of_it_in_transfers():
+    """step_bubble clips each transfer to the step: rank 0 sends for 30 of the step's
+    100 ms (10 of them before it began), rank 1 receives for 50; one rank alone is no
+    pipeline."""
+    obs = [Observation("Send", 1, -10 * MS, 30 * MS, rank=0, peer=1),
+           Observation("Recv", 1, 50 * MS, 100 * MS, rank=1, peer=0),
+           Observation("Recv", 1, 100 * MS, 150 * MS, rank=1, peer=0),
+           Observation("AllReduce", 1, 0, 100 * MS, rank=0)]
+    assert step_bubble(obs, 0, 100 * MS) == pytest.approx((0.3 + 0.5) / 2)
+    assert step_bubble(obs[:1], 0, 100 * MS) is None
+    assert step_bubble(obs, 100 * MS, 100 * MS) is None
+
+
+def test_a_simulated_pipelines_step_bubble_grows_with_a_slow_stage():
+    balanced, skewed = gpipe([2.0, 2.0], steps=1), gpipe([2.0, 4.0], steps=1)
+    end = max(o.end_ns for o in skewed)
+    assert step_bubble(skewed, 0, end) > step_bubble(balanced, 0, end)
