@@ -31,6 +31,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from fabricscope.commpeers import Membership, number_peers
 from fabricscope.diagnosis.store import Store, quote
 from fabricscope.jobclass import FAMILY_OF_OP, Classification, Observation, classify
 from fabricscope.measurements.jobclass import REWRITE_S
@@ -50,10 +51,12 @@ class CollectiveSource:
     measurement: str
     seconds: tuple[str, ...]      # duration columns, the first present taken; every row
                                   # has the last
+    comm_tag: str | None = None   # the tag naming the communicator, where one does
 
 
 SOURCES = (CollectiveSource("gloo_collective", ("seconds",)),
-           CollectiveSource("ncclprof_collective", ("kernel_seconds", "enqueue_seconds")))
+           CollectiveSource("ncclprof_collective", ("kernel_seconds", "enqueue_seconds"),
+                            comm_tag="comm"))
 
 
 class Drop(str, enum.Enum):
@@ -98,35 +101,49 @@ def observation_of(tags: dict, row: dict,
                        peer=int(peer) if _number(peer) and peer >= 0 else None)
 
 
+def _whole(value) -> int | None:
+    """A stored integer field, None where absent or not a whole number >= 0."""
+    return int(value) if _number(value) and value >= 0 and value == int(value) else None
+
+
 @dataclass
 class Read:
     observations: list[Observation]
     dropped: dict[Drop, int]
     new_dropped: dict[Drop, int]       # of which in rows no earlier read saw
+    #: Send/Recv peers whose training rank the window cannot tell (fabricscope.commpeers)
+    peers_unnumbered: int = 0
 
 
 def read_window(store: Store, job: str, t0_ns: int, t1_ns: int, seen_to_ns: int = 0) -> Read:
     """The job's usable collectives of [t0, t1), of every source, and the rows dropped;
     rows stamped before seen_to_ns were read before and count only in `dropped`."""
-    out = Read([], {}, {})
+    out, rows = Read([], {}, {}), []
     for source in SOURCES:
-        _read_source(store, source, job, t0_ns, t1_ns, seen_to_ns, out)
+        _read_source(store, source, job, t0_ns, t1_ns, seen_to_ns, out, rows)
+    out.observations, out.peers_unnumbered = number_peers(rows)
     out.observations.sort(key=lambda o: o.start_ns)
     return out
 
 
 def _read_source(store: Store, source: CollectiveSource, job: str, t0_ns: int, t1_ns: int,
-                 seen_to_ns: int, out: Read) -> None:
-    columns = ", ".join(f'"{c}"' for c in ("bytes", *source.seconds, "peer"))
+                 seen_to_ns: int, out: Read, rows: list) -> None:
+    """Appends the source's usable rows to `rows` as (Observation, Membership) and
+    counts the others in `out`."""
+    columns = ", ".join(f'"{c}"' for c in ("bytes", *source.seconds, "peer", "comm_rank",
+                                            "nranks"))
+    group = "rank, op" + (f", {source.comm_tag}" if source.comm_tag else "")
     q = (f"SELECT {columns} FROM {source.measurement} WHERE job = {quote(job)} AND "
-         f"time >= {int(t0_ns)} AND time < {int(t1_ns)} GROUP BY rank, op "
+         f"time >= {int(t0_ns)} AND time < {int(t1_ns)} GROUP BY {group} "
          f"ORDER BY time DESC LIMIT {ROWS_PER_SERIES}")
     for tags, columns, values in store.series(q):
+        comm = (tags or {}).get(source.comm_tag) if source.comm_tag else None
         for values_row in values:
             row = dict(zip(columns, values_row))
             got = observation_of(tags or {}, row, source.seconds)
             if isinstance(got, Observation):
-                out.observations.append(got)
+                rows.append((got, Membership(comm or None, _whole(row.get("comm_rank")),
+                                             _whole(row.get("nranks")))))
                 continue
             out.dropped[got] = out.dropped.get(got, 0) + 1
             t = row.get("time")
@@ -135,13 +152,14 @@ def _read_source(store: Store, source: CollectiveSource, job: str, t0_ns: int, t
 
 
 def job_class_record(job: str, now_ns: int, c: Classification, rows_dropped: int,
-                     window_s: float, since_ns: int) -> Record:
+                     window_s: float, since_ns: int, peers_unnumbered: int = 0) -> Record:
     """The job_class point of one classification."""
     d = c.to_dict()
     fields: dict = {"reason": c.reason, "components": ",".join(d["components"]),
                     "mix": json.dumps(d["mix"], sort_keys=True),
                     "observations": c.observations,
                     "rows_dropped": rows_dropped + sum(c.dropped.values()),
+                    "peers_unnumbered": int(peers_unnumbered),
                     "window_s": float(window_s), "since_ns": int(since_ns)}
     for family, share in c.mix.items():
         fields[f"{family.value}_count_share"] = float(share.count_share)
@@ -235,7 +253,7 @@ class JobClassAnalyzer:
         if self._written is not None:
             self._written.labels(decided).inc()
         return job_class_record(job, now_ns, c, sum(read.dropped.values()), self.window_s,
-                                held.since_ns)
+                                held.since_ns, read.peers_unnumbered)
 
     def latest(self, job: str) -> Classification | None:
         """The job's last classification (None before one, or once it is forgotten)."""

@@ -127,7 +127,10 @@ class Observation:
     start_ns: int
     end_ns: int
     rank: int | None = None
-    peer: int | None = None    # for Send/Recv, when known
+    peer: int | None = None    # for Send/Recv: the peer's training rank, when known
+    #: the peer's rank in the communicator, as the row gave it (fabricscope.commpeers);
+    #: None where that is `peer` itself
+    comm_peer: int | None = None
 
 
 @dataclass(frozen=True)
@@ -337,20 +340,20 @@ def _backward_pass(exchange: list[Observation]) -> bool:
     """Whether point-to-point transfers flow both ways on every link they use among at
     least three ranks: a pipeline in training sends each activation forward and its
     gradient back over the same link, while a served pipeline's requests go one way
-    round (stage to stage, the answer back to the first). A Send from a to b and a Recv
-    at b from a are the same direction. Two ranks cannot tell the two apart: their
-    one link carries the answer or the gradient back alike."""
-    links = set()
+    round (stage to stage, the answer back to the first). Each rank's own rows say it:
+    it both sends to and receives from each of its peers. That needs only the rank's
+    numbering of its peers, the same in all its rows of one communicator, so a
+    sub-group whose peers have no training rank (fabricscope.commpeers) is judged
+    too. Two ranks cannot tell the two apart: their one link carries the answer or
+    the gradient back alike."""
+    ways: dict[tuple[int, int], set[str]] = {}
     for o in exchange:
-        if o.rank is None or o.peer is None:
-            continue
+        peer = o.comm_peer if o.comm_peer is not None else o.peer
         op = o.op.lower()
-        if op == "send":
-            links.add((o.rank, o.peer))
-        elif op == "recv":
-            links.add((o.peer, o.rank))
-    return len({r for link in links for r in link}) >= 3 and \
-        all((b, a) in links for a, b in links)
+        if o.rank is None or peer is None or op not in ("send", "recv"):
+            continue
+        ways.setdefault((o.rank, peer), set()).add(op)
+    return len({rank for rank, _ in ways}) >= 3 and all(len(w) == 2 for w in ways.values())
 
 
 def _timing(exchange: list[Observation], bin_s: float, trains: bool = False) -> _Timing:

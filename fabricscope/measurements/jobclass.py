@@ -77,6 +77,10 @@ MEASUREMENTS = [
             "observations": Field(int, "", "collectives the class was decided from"),
             "rows_dropped": Field(int, "", "rows of the window that could not be used "
                                            "(unknown op, bad time, size or duration)"),
+            "peers_unnumbered": Field(int, "", "Send/Recv rows whose peer's training "
+                                      "rank the window could not tell (a gloo sub-group; "
+                                      "an NCCL comm whose peer has no row in it), taken "
+                                      "as unknown (fabricscope/commpeers.py)"),
             "window_s": Field(float, "s", "length of the window classified"),
             "since_ns": Field(int, "ns", "UNIX time this replica first decided this class "
                                          "for the job"),

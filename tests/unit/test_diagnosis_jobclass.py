@@ -35,14 +35,22 @@ class FakeStore:
         self.queries: list[str] = []
 
     def add(self, job: str, observations, t0: int = T0,
-            measurement: str = "gloo_collective", seconds: str = "seconds") -> None:
-        for o in observations:
+            measurement: str = "gloo_collective", seconds: str = "seconds",
+            memberships=None) -> None:
+        """memberships: a fabricscope.commpeers.Membership per observation, stored as
+        the rows' comm_rank and nranks fields and comm tag."""
+        for i, o in enumerate(observations):
             row = {"time": t0 + o.start_ns, "bytes": o.bytes,
                    seconds: (o.end_ns - o.start_ns) / SECOND}
+            tags = {"job": job, "rank": str(o.rank), "op": o.op, "_measurement": measurement}
             if o.peer is not None:
                 row["peer"] = o.peer
-            self.rows.append(({"job": job, "rank": str(o.rank), "op": o.op,
-                               "_measurement": measurement}, row))
+            if memberships is not None:
+                m = memberships[i]
+                row.update(comm_rank=m.comm_rank, nranks=m.nranks)
+                if m.comm is not None:
+                    tags["comm"] = m.comm
+            self.rows.append((tags, row))
 
     @staticmethod
     def _measurement(tags: dict) -> str:
@@ -55,18 +63,19 @@ class FakeStore:
         columns = ["time", *re.findall(r'"(\w+)"', q.split(" FROM ")[0])]
         lo, hi = map(int, re.search(r"time >= (\d+) AND time < (\d+)", q).groups())
         limit = int(re.search(r"LIMIT (\d+)", q).group(1))
+        by = [t.strip() for t in re.search(r"GROUP BY ([\w, ]+?) ORDER", q).group(1).split(",")]
         groups: dict = {}
         for tags, row in self.rows:
             t = row.get("time")
             if tags.get("job") == job and self._measurement(tags) == measurement and \
                     (not isinstance(t, int) or lo <= t < hi):
-                key = (tags.get("rank"), tags.get("op"))
+                key = tuple(tags.get(k) for k in by)
                 groups.setdefault(key, []).append(row)
         out = []
-        for (rank, op), rows in groups.items():
+        for key, rows in groups.items():
             rows.sort(key=lambda r: r["time"] if isinstance(r["time"], int) else 0,
                       reverse=True)
-            tags = {k: v for k, v in (("rank", rank), ("op", op)) if v is not None}
+            tags = {k: v for k, v in zip(by, key) if v is not None}
             out.append((tags, columns, [[r.get(c) for c in columns] for r in rows[:limit]]))
         return out
 
@@ -335,3 +344,26 @@ def test_every_view_reads_a_stored_point_as_the_classification_it_was_made_from(
     bad = dict(point, mix="{not json")
     with pytest.raises(UserError, match="has a field that is not JSON"):
         view.read(bad)
+
+
+@pytest.mark.parametrize("source", ["ncclprof_collective", "gloo_collective"])
+def test_a_pipeline_in_sub_groups_is_linked_by_training_ranks_or_not_at_all(source):
+    """Two pipelines of two stages (ranks 0-1 and 2-3), each in a communicator of its
+    own. NCCL's comm hash says which rows share one: their peers become training
+    ranks. gloo names no group: the peers are unknown, and counted."""
+    from tests.unit.test_commpeers import two_pipelines
+    rows = two_pipelines((lambda i: f"c{i}") if source == "ncclprof_collective" else None)
+    store = FakeStore()
+    store.add("j", [o for o, _ in rows], measurement=source,
+              seconds="enqueue_seconds" if source == "ncclprof_collective" else "seconds",
+              memberships=[m for _, m in rows])
+    analyzer = JobClassAnalyzer(store)
+    record = only(analyzer.records(["j"], T0 + 20 * SECOND))
+    c = analyzer.latest("j")
+    assert c.job_class.value == "pipeline", c.reason
+    if source == "ncclprof_collective":
+        assert record.fields["peers_unnumbered"] == 0
+        assert {s.rank: s.peers for s in c.stages.stages} == {0: (1,), 1: (0,), 2: (3,), 3: (2,)}
+    else:
+        assert record.fields["peers_unnumbered"] == len(rows)
+        assert all(s.peers == () for s in c.stages.stages)
