@@ -269,28 +269,40 @@ static __always_inline int received_after(__u64 sk, struct fs_sock *s, __u64 ack
 	return ack_ns > s->xfer_last + FS_TRANSFER_GAP_NS;
 }
 
+/* recover_received compares the socket's ACK numbers from `ack` on, with no byte
+ * counted since. */
+static __always_inline void tie_acks(struct fs_sock *s, __u32 ack)
+{
+	s->has_ack = 1;
+	s->last_ack = ack;
+	s->rcv_acked = 0;
+}
+
 /* Ties recover_received's scales while the socket has counted nothing, to the
  * acknowledgment number that acknowledged no data: an accepted socket's SYN-ACK (the
  * latest one of its flow, sent before it was established), a connecting one's
  * handshake ACK (tie_at_handshake, from TC egress). Either covers no byte, so hits
- * missed before the first counted one are recovered too. Its own last ACK (sent
- * since it was established; an older entry is a dead socket's at the same address)
- * stands in only where neither was seen, as for a socket older than the probe: it
- * may already cover bytes of missed hits, which are then lost. A socket first seen
- * with bytes counted gets none: its missed hits are not recovered. */
+ * missed before the first counted one are recovered too. An entry not yet marked
+ * established (its ESTABLISHED hit skipped, its first packet not out yet) is an
+ * accepted socket's: a connecting one's handshake ACK marks it at TC egress before
+ * any data can arrive. Its flow's latest SYN-ACK is then its own, as no other
+ * connection of the same flow can start while it lives. Its own last ACK (since it
+ * was established, of its flow: an entry of another flow is a dead socket's at the
+ * same address) stands in only where neither was seen, as for a socket older than
+ * the probe: it may already cover bytes of missed hits, which are then lost. A
+ * socket first seen with bytes counted gets none: its missed hits are not
+ * recovered. */
 static __always_inline void ack_baseline(__u64 sk, struct fs_flow *flow, struct fs_sock *s)
 {
 	__u32 ack;
 	__u64 ts;
 
-	int synack = s->est_ns && !s->active && fs_last_ack(sk, flow, &ack, &ts, 1) &&
-		     ts <= s->est_ns;
+	int synack = !s->active && fs_last_ack(sk, flow, &ack, &ts, 1) &&
+		     (!s->est_ns || ts <= s->est_ns);
 
 	if (!synack && !(fs_last_ack(sk, flow, &ack, &ts, 0) && ts >= s->est_ns))
 		return;
-	s->has_ack = 1;
-	s->last_ack = ack;
-	s->rcv_acked = 0;
+	tie_acks(s, ack);
 }
 
 /* Bytes counted since recover_received last compared, past which add_transfer
@@ -660,9 +672,7 @@ static __always_inline void tie_at_handshake(__u64 sk, __u32 ack)
 
 	if (!s || s->has_ack || s->received)
 		return;
-	s->has_ack = 1;
-	s->last_ack = ack;
-	s->rcv_acked = 0;
+	tie_acks(s, ack);
 }
 
 /* Called by TC egress when a new socket's packet finds a freed socket's entry at

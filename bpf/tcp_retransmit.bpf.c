@@ -505,7 +505,8 @@ static __always_inline int fs_last_ack(__u64 sk, struct fs_flow *flow, __u32 *ac
 #endif
 	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
 
-	if (!tx || !tx->has_ack)
+	/* of another flow: a dead socket's at this address, whose teardown no hook saw */
+	if (!tx || !tx->has_ack || fs_other_flow(&tx->flow, flow))
 		return 0;
 	*ack = tx->ack_seq;
 	*ts = tx->ack_ns;

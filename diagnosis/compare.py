@@ -296,15 +296,18 @@ class JobWindow:
 
     def __init__(self, store: Store, job: str, span: Span):
         self.store, self.job, self.span = store, job, span
-        self._classification = self._nodes = None
-        self.observations: list = []         # read with the classification
+        self._observations = self._classification = self._nodes = None
         self._stepped: tuple[str, str] | None | bool = False    # False: not asked yet
+
+    def observations(self) -> list:
+        if self._observations is None:
+            read = read_window(self.store, self.job, self.span.start_ns, self.span.end_ns)
+            self._observations = read.observations
+        return self._observations
 
     def classification(self):
         if self._classification is None:
-            read = read_window(self.store, self.job, self.span.start_ns, self.span.end_ns)
-            self.observations = read.observations
-            self._classification = classify(read.observations)
+            self._classification = classify(self.observations())
         return self._classification
 
     def stepped(self) -> tuple[str, str] | None:
@@ -401,7 +404,7 @@ def per_loop_step(store: Store, job: str, span: Span, measure,
     window = window or JobWindow(store, job, span)
     out = []
     for step in loop_steps(store, job, span, window):
-        value = measure(window.observations, step.start_ns,
+        value = measure(window.observations(), step.start_ns,
                         step.start_ns + int(step.seconds * 1e9))
         if value is not None:
             out.append(value)

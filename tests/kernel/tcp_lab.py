@@ -100,8 +100,12 @@ class Collector:
     def settle(self, timeout_s: float = 30.0) -> None:
         """Poll until no probe holds records waiting for their owner's tags (they wait
         for the next /proc scan, at most Owners.rescan_s)."""
-        self.until(lambda c: all(p.stats().get("owner_waiting", 0) == 0 for p in c.probes),
-                   timeout_s, "records waiting for owners")
+        self.until(lambda c: c._no_owner_waiting(c.probes), timeout_s,
+                   "records waiting for owners")
+
+    @staticmethod
+    def _no_owner_waiting(probes) -> bool:
+        return all(p.stats().get("owner_waiting", 0) == 0 for p in probes)
 
     def until_closed(self, closed, what: str, sweeps: int = 2) -> None:
         """Poll until closed(self), or until every probe swept `sweeps` times more and
@@ -113,8 +117,8 @@ class Collector:
         start = [p.stats()["sweeps"] for p in self.probes]
 
         def settled(c) -> bool:
-            return all(p.stats()["sweeps"] - s >= sweeps and p.stats().get("owner_waiting", 0) == 0
-                       for p, s in zip(c.probes, start))
+            return c._no_owner_waiting(c.probes) and \
+                all(p.stats()["sweeps"] - s >= sweeps for p, s in zip(c.probes, start))
         self.until(lambda c: closed(c) or settled(c), 300, what)
         assert closed(self), f"{what}: not closed after {sweeps} sweeps of every probe"
 

@@ -370,13 +370,7 @@ def test_a_moe_jobs_all_to_all_imbalance_is_compared_per_step():
     from fabricscope.diagnosis.timespan import Span
     store = FakeStore(_moe_loop(120, lambda i: 131072 if i < 60 else 32768))
     got = samples(store, "j", Span(0, int(4e9)), Span(int(4e9), int(8e9)))
-    before, after = got["alltoall_imbalance"]
-    assert len(before) >= 20 and len(after) >= 20
-    assert before == pytest.approx([2.0] * len(before))
-    assert after == pytest.approx([1.0] * len(after))
-    assert got["bubble_share"] == ([], [])
-    results = {r.metric: r.verdict for r in compare_samples(got)}
-    assert results["alltoall_imbalance"] == "better"
+    _assert_better_per_step(got, "alltoall_imbalance", 2.0, 1.0, unmeasured="bubble_share")
 
 
 def _pipeline_loop(steps: int, wait_s) -> list:
@@ -399,9 +393,16 @@ def test_a_pipelines_bubble_is_compared_per_step():
     from fabricscope.diagnosis.timespan import Span
     store = FakeStore(_pipeline_loop(120, lambda i: 0.04 if i < 60 else 0.01))
     got = samples(store, "j", Span(0, int(7e9)), Span(int(7e9), int(14e9)))
-    before, after = got["bubble_share"]
+    _assert_better_per_step(got, "bubble_share", 0.4, 0.1, unmeasured="alltoall_imbalance")
+
+
+def _assert_better_per_step(got: dict, metric: str, was: float, now: float,
+                            unmeasured: str) -> None:
+    """metric took `was` in each of at least 20 steps before and `now` in as many
+    after, compares as better, and the other class's metric had no step to measure."""
+    before, after = got[metric]
     assert len(before) >= 20 and len(after) >= 20
-    assert before == pytest.approx([0.4] * len(before))
-    assert after == pytest.approx([0.1] * len(after))
-    assert got["alltoall_imbalance"] == ([], [])
-    assert {r.metric: r.verdict for r in compare_samples(got)}["bubble_share"] == "better"
+    assert before == pytest.approx([was] * len(before))
+    assert after == pytest.approx([now] * len(after))
+    assert got[unmeasured] == ([], [])
+    assert {r.metric: r.verdict for r in compare_samples(got)}[metric] == "better"
