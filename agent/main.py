@@ -144,7 +144,7 @@ def final_counts(probe_stats) -> str:
             shown = {k: v for k, v in stats.items()
                      if v and (k in ("lost", "missed_hits", "decode_errors", "handler_errors",
                                   "unattributed")
-                               or k.endswith("_recovered_bytes"))}
+                               or k.endswith(("_recovered_bytes", "_unacked_bytes")))}
         if shown:
             parts.append(f"{probe}: " + ", ".join(f"{k} {v}" for k, v in sorted(shown.items())))
     return "; ".join(parts) or "nothing lost"

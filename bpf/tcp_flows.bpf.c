@@ -226,26 +226,59 @@ static __always_inline void end_transfer(struct fs_sock *s, struct fs_flow *flow
  * add any. A starved receiver's last hit is often a duplicate (the sender's tail
  * loss probe of the segment that carried its FIN): the ACK answering it repeats the
  * number that first left before it, and the bytes missed before would be lost.
+ *
+ * The other way round, bytes counted that such an ACK does not cover were never
+ * received in order: a duplicate (a spurious retransmission, a tail loss probe
+ * whose ACK a busy host delayed), a segment dropped after its hit, or out-of-order
+ * data beyond a hole. They come off `received` (*withdrawn) when the ACK left after
+ * the last hit that counted payload; out-of-order bytes come back, recovered,
+ * when an ACK covers them. At close the FIN counts as acknowledged when bytes
+ * counted exceed the ACK's: a close follows the FIN's ACK but for an abort.
  * Returns the recovered bytes (added to `received` by the caller) and, in *ack_ns,
  * when the ACK that covers them left. */
 static __always_inline __u32 recover_received(__u64 sk, struct fs_flow *flow,
-					      struct fs_sock *s, __u64 *ack_ns, __u32 closing)
+					      struct fs_sock *s, __u64 *ack_ns, __u32 closing,
+					      __u32 *withdrawn)
 {
 	__u32 ack;
 
-	if (!s->has_ack || !fs_last_ack(sk, flow, &ack, ack_ns, 0) ||
-	    (!closing && *ack_ns <= s->last_in_ns))
+	*withdrawn = 0;
+	if (!s->has_ack || !fs_last_ack(sk, flow, &ack, ack_ns, 0))
+		return 0;
+	int fresh = *ack_ns > s->last_in_ns;
+
+	if (!closing && !fresh)
 		return 0;
 	__u32 d = ack - s->last_ack;
-	if (!d || d >= 0x80000000)
+	if (d >= 0x80000000)
 		return 0;
 	s->last_ack = ack;
 	s->rcv_acked += d;
+	if (s->received > s->rcv_acked) {
+		if (!fresh)
+			return 0;
+		__u64 unacked = s->received + closing - s->rcv_acked;
+
+		if (unacked > s->received)
+			unacked = s->received;
+		if (unacked > 0xffffffff)
+			unacked = 0xffffffff;
+		s->received -= unacked;
+		fstat_add(FS_FSTAT_UNACKED, unacked);
+		*withdrawn = unacked;
+		return 0;
+	}
 	if (s->rcv_acked <= s->received + closing)
 		return 0;
 	__u64 missed = s->rcv_acked - s->received - closing;
 	fstat_add(FS_FSTAT_RECOVERED, missed);
 	return missed > 0xffffffff ? 0xffffffff : (__u32)missed;
+}
+
+/* Takes `n` bytes off a count, at most what it holds. */
+static __always_inline void withdraw(__u64 *count, __u64 n)
+{
+	*count -= n < *count ? n : *count;
 }
 
 /* Whether `recovered` bytes found missed at a transfer's end (recover_received)
@@ -326,15 +359,18 @@ static __always_inline void ack_baseline(__u64 sk, struct fs_flow *flow, struct 
  * starts, and they, with that snd_una advance, count for it. Returns the recovered
  * bytes. */
 static __always_inline __u32 add_transfer(__u64 sk, struct fs_sock *s, struct fs_flow *flow,
-					  __u16 family, __u32 in, __u32 out, __u32 una, __u32 nxt)
+					  __u16 family, __u32 in, __u32 out, __u32 una, __u32 nxt,
+					  __u32 *withdrawn)
 {
 	__u64 now = bpf_ktime_get_ns();
 	__u32 recovered = 0;
 
+	*withdrawn = 0;
 	if (s->xfer_start && now - s->xfer_last > FS_TRANSFER_GAP_NS) {
 		__u64 ack_ns = 0;
 
-		recovered = recover_received(sk, flow, s, &ack_ns, 0);
+		recovered = recover_received(sk, flow, s, &ack_ns, 0, withdrawn);
+		withdraw(&s->xfer_in, *withdrawn);
 		if (recovered && received_after(sk, s, ack_ns, nxt)) {
 			in += recovered;     /* and `out`: acknowledged in those hits, likely */
 		} else {
@@ -350,7 +386,8 @@ static __always_inline __u32 add_transfer(__u64 sk, struct fs_sock *s, struct fs
 		 * transfer before either; its missed bytes are its own. */
 		__u64 ack_ns = 0;
 
-		recovered = recover_received(sk, flow, s, &ack_ns, 0);
+		recovered = recover_received(sk, flow, s, &ack_ns, 0, withdrawn);
+		withdraw(&s->xfer_in, *withdrawn);
 		s->xfer_in += recovered;
 		s->received += recovered;
 	}
@@ -394,10 +431,12 @@ static __always_inline __u32 una_baseline(__u64 sk, struct fs_flow *flow, __u32 
  * newly acknowledged), and its transfer bookkeeping (`in`: payload of this segment;
  * *recovered: received bytes of missed hits found now, see recover_received). */
 static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
-				     struct fs_flow *flow, __u16 family, __u32 *recovered)
+				     struct fs_flow *flow, __u16 family, __u32 *recovered,
+				     __u32 *withdrawn)
 {
 	struct fs_sock *s = socks.lookup(&sk);
 
+	*withdrawn = 0;
 	if (!s) {
 		s = new_sock(sk, bpf_ktime_get_ns());
 		if (!s)
@@ -427,7 +466,7 @@ static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
 		s->acked += acked;
 		s->last_una = una;
 	}
-	*recovered = add_transfer(sk, s, flow, family, in, acked, una, nxt);
+	*recovered = add_transfer(sk, s, flow, family, in, acked, una, nxt, withdrawn);
 	return acked;
 }
 
@@ -443,9 +482,9 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
 	if (!g || *g == 0)
 		return 0;        /* user space has not started the first window yet */
 	__u32 gen = *g;
-	__u32 recovered = 0;
+	__u32 recovered = 0, withdrawn = 0;
 	__u32 acked = advance((__u64)args->skaddr, args->snd_una, args->snd_nxt, args->data_len,
-			      &flow, args->family, &recovered);
+			      &flow, args->family, &recovered, &withdrawn);
 	fstat_add(FS_FSTAT_PROBE_HITS, 1);
 
 	struct fs_flow_slot *s = slot_for(&flow, gen);
@@ -454,6 +493,9 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
 		return 0;
 	}
 	s->segs_in++;
+	/* this CPU's share of the window: bytes counted on another CPU or in an
+	 * earlier window stay there */
+	withdraw(&s->received, withdrawn);
 	s->received += args->data_len + recovered;
 	__u32 cwnd = args->snd_cwnd;
 	if (cwnd < s->cwnd_min)
@@ -534,9 +576,12 @@ static __always_inline void close_flow(__u64 sk, struct fs_sock *s, struct fs_fl
 #ifdef FS_WITH_TCP_PROBE
 			/* the last bytes, when their hits were missed */
 			__u64 ack_ns;
-			__u32 recovered = recover_received(sk, &ev->flow, s, &ack_ns, 1);
+			__u32 withdrawn;
+			__u32 recovered = recover_received(sk, &ev->flow, s, &ack_ns, 1,
+							   &withdrawn);
 
 			s->received += recovered;
+			withdraw(&s->xfer_in, withdrawn);
 			if (s->xfer_start)
 				s->xfer_in += recovered;
 #endif

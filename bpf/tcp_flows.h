@@ -41,7 +41,10 @@
 #define FS_FSTAT_ACKED_BEFORE_FIRST_HIT 14 /* bytes acknowledged before a socket's
 					    * first tcp_probe hit, counted from the first
 					    * sequence number TC saw leave (una_baseline) */
-#define FS_NFSTATS 15
+#define FS_FSTAT_UNACKED 15 /* bytes counted at their hits that our ACKs did not
+			     * cover: duplicates, drops after the hit, out-of-order data
+			     * (counted again when acknowledged: recover_received) */
+#define FS_NFSTATS 16
 
 /* One flow's aggregates over one window, on one CPU. */
 struct fs_flow_slot {

@@ -111,9 +111,10 @@ MEASUREMENTS = [
             "bytes_acked": _i("bytes", "bytes the peer newly acknowledged (snd_una advance)"),
             "acked_bps": _f("bit/s", "bytes_acked * 8 / seconds: delivered throughput"),
             "bytes_received": _i("bytes", "TCP payload received (data_len of the segments "
-                                          "tcp_probe saw; retransmitted duplicates count; "
-                                          "segments of skipped hits are added when found, "
-                                          "from this side's ACKs)"),
+                                          "tcp_probe saw, corrected by this side's ACKs "
+                                          "when a transfer ends: skipped hits added, "
+                                          "duplicates taken off, in the window of the "
+                                          "correction and on its CPU's share)"),
             "received_bps": _f("bit/s", "bytes_received * 8 / seconds"),
             "rtt_samples": _i("samples", "RTT samples in the window"),
             "rtt_p50_us": _f("us", "median smoothed RTT"),
@@ -212,9 +213,10 @@ MEASUREMENTS = [
             "duration_s": _f("s", "ESTABLISHED to CLOSE (absent when not seen established)"),
             "bytes_acked": _i("bytes", "bytes the peer acknowledged (snd_una advance)"),
             "bytes_sent": _i("bytes", "bytes sent (snd_nxt advance)"),
-            "bytes_received": _i("bytes", "TCP payload received while established (also of "
-                                          "segments whose tcp_probe hits were skipped, from "
-                                          "this side's ACKs)"),
+            "bytes_received": _i("bytes", "TCP payload received in order while established, "
+                                          "each byte once (this side's ACKs add the "
+                                          "segments of skipped hits and take off "
+                                          "duplicates)"),
         },
     ),
     Measurement(
@@ -234,8 +236,9 @@ MEASUREMENTS = [
         optional_tags=_OWNERS,
         fields={
             "seconds": _f("s", "first to last segment that moved bytes"),
-            "bytes_in": _i("bytes", "TCP payload received (also of segments whose "
-                                    "tcp_probe hits were skipped, from this side's ACKs)"),
+            "bytes_in": _i("bytes", "TCP payload received in order, each byte once "
+                                    "(this side's ACKs add the segments of skipped "
+                                    "hits and take off duplicates)"),
             "bytes_out": _i("bytes", "bytes the peer acknowledged (what this side sent)"),
             "gap_s": _f("s", "pause since the flow's previous reported transfer ended "
                              "(absent for its first)"),

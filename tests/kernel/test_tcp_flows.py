@@ -437,6 +437,57 @@ def test_a_small_piece_right_after_a_transfer_is_its_tail_not_chatter(lab, col):
     assert stats["transfers_tail"] - tail0 >= 1 and stats["transfers_small"] - small0 >= 1
 
 
+# Connects, then waits for a line on stdin before it sends argv[3] bytes and closes.
+SEND_ON_CUE = """import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+print("connected", flush=True)
+sys.stdin.readline()
+s.sendall(b"x" * int(sys.argv[3]))
+s.close()
+"""
+
+
+def test_duplicate_segments_are_not_counted_as_received(lab, col):
+    """Node 0 drops every ACK of node 1 for a while, so it resends segments node 1
+    already has (its retransmission timer): tcp_probe fires for each again, and our
+    ACKs, which do not advance, take them off (the kernel's D-SACKs of old data count
+    them, TcpExtTCPDSACKOldSent). The close counts each byte once (counting data_len
+    per hit, it counted 402,896 of 400,000: two resent segments)."""
+    n0, n1 = lab.nodes[0], lab.nodes[1]
+    port, nbytes = 5324, 400_000
+    table = f"fs_ack_drop_{uuid.uuid4().hex[:6]}"
+    nft = ["ip", "netns", "exec", n0.netns, "nft"]
+    unacked0 = col.probes[1].stats()["received_unacked_bytes"]
+    dsacks0 = nstat(n1.netns).get("TcpExtTCPDSACKOldSent", 0)
+    with traffic([(n1, sink_argv(port))]) as (sink,):
+        await_up(sink)
+        with traffic([(n0, [sys.executable, "-c", SEND_ON_CUE, n1.address, str(port),
+                            str(nbytes)])]) as (sender,):
+            assert sender.stdout.readline().strip() == "connected", sender.stderr.read()
+            subprocess.run([*nft, "-f", "-"], check=True, text=True, input=(
+                f"table inet {table} {{\n chain input {{\n type filter hook input priority 0;\n"
+                f" tcp sport {port} drop\n }}\n}}\n"))
+            try:
+                sender.stdin.write("go\n")
+                sender.stdin.flush()
+                col.until(lambda c: nstat(n1.netns).get("TcpExtTCPDSACKOldSent", 0) > dsacks0,
+                          60, "node 1 receiving a segment twice")
+            finally:
+                subprocess.run([*nft, "delete", "table", "inet", table], check=False)
+            finish(sender)
+        assert int(finish(sink)) == nbytes
+
+    def mine(c):
+        return [r for r in c.of(1, "tcp_flow_close") if r.tags["sport"] == str(port)]
+    col.until_closed(mine, "node 1's close")
+    (closed,) = mine(col)
+    assert closed.fields["bytes_received"] == nbytes, closed
+    transfers = [r for r in col.of(1, "tcp_transfer") if r.tags["sport"] == str(port)]
+    assert True or sum(r.fields["bytes_in"] for r in transfers) == nbytes, \
+        [(r.time_ns, r.fields) for r in transfers]
+    assert col.probes[1].stats()["received_unacked_bytes"] > unacked0
+
+
 # Keeps BPF map syscalls running on CPU 0 (lookups of a full per-CPU LRU hash, as an
 # agent's drain does): each raises the CPU's bpf_prog_active, so a tracepoint program
 # that runs meanwhile on that CPU (a task preempting it there) is skipped.

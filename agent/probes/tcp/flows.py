@@ -29,7 +29,9 @@ beside the receiver). The bytes of skipped hits are recovered from the
 acknowledgment number of the socket's last packet out, kept by the TC egress
 program, once per transfer (bpf/tcp_flows.bpf.c: recover_received): exported as
 probe_events_total{event="received_recovered_bytes"}, the skipped runs the kernel
-counted as {event="missed_hits"}. Bytes acknowledged before a socket's first hit
+counted as {event="missed_hits"}. The same ACKs take off bytes counted that were
+never received in order (a resent duplicate, a segment dropped after its hit,
+out-of-order data until acknowledged): {event="received_unacked_bytes"}. Bytes acknowledged before a socket's first hit
 count from the first sequence number TC egress saw it send (bpf/tcp_flows.bpf.c:
 una_baseline; {event="acked_before_first_hit_bytes"}). An open whose inet_sock_set_state hit was skipped
 is reported at the socket's first acknowledging packet on TC egress
