@@ -202,9 +202,10 @@ def test_one_dump_reads_every_socket_of_2000_loopback_connections():
     assert sampler.counts["rx_info_undecodable"] == 0
 
 
-def test_the_sampler_is_off_by_default_and_on_with_tcp_rx_info_true():
+def test_the_sampler_is_on_by_default_and_off_with_tcp_rx_info_false():
     from fabricscope.agent.config import AgentConfig
     from fabricscope.agent.probes.tcp.hooks import FlowSettings
 
-    assert FlowSettings.from_config(AgentConfig()).rx_info is False
-    assert FlowSettings.from_config(AgentConfig(tcp_rx_info=True)).rx_info is True
+    assert FlowSettings.from_config(AgentConfig()).rx_info is True
+    assert FlowSettings().rx_info is True
+    assert FlowSettings.from_config(AgentConfig(tcp_rx_info=False)).rx_info is False

@@ -40,7 +40,7 @@ class FlowSettings:
     transfer_gap_us: int = 2000
     transfer_min_bytes: int = 65536
     transfer_tail_us: int = 20000
-    rx_info: bool = False                # agent config tcp_rx_info
+    rx_info: bool = True                 # agent config tcp_rx_info
 
     @classmethod
     def from_config(cls, cfg) -> "FlowSettings":
