@@ -5,9 +5,12 @@ AlltoAll windows alone.
     model.hot_rank, model.imbalance, model.cost_share, model.reason
 
 An AlltoAll's size S is what the rank receives (gloo's out buffer: the sum of its
-receive splits for AlltoAllv; agent/probes/gloo/layout.py), so the ranks' sums over
-a window are the columns of the job's all-to-all byte matrix: the tokens routed to
-each rank's experts, and their gradients on the way back.
+receive splits for AlltoAllv; agent/probes/gloo/layout.py): the tokens routed to each
+rank's experts, and their gradients on the way back. Every rank takes part in every
+exchange, so each rank's mean per exchange is its column of the job's all-to-all
+byte matrix, whatever share of the job's exchanges a window holds of each rank (a
+window that ends while one rank's records are still on their way holds fewer of
+that rank's exchanges, and sums would name another rank hot).
 
 An exchange ends when its most loaded receiver has its bytes, and that rank's
 experts then compute the most tokens while the others wait for it in the next
@@ -15,7 +18,7 @@ exchange: both scale with the tokens it receives. A split even across the ranks
 would receive the mean where the hot rank receives the max, so the time inside the
 all-to-alls shrinks by 1 - mean/max:
 
-* imbalance = max / mean of the ranks' received bytes (1: even routing);
+* imbalance = max / mean of the ranks' bytes received per exchange (1: even routing);
 * time share = the ranks' mean share of their span inside AlltoAll;
 * cost share = time share x (1 - mean / max): the step time an even routing would
   save. A hot destination is named when it costs SKEW_COST of the step (the
@@ -37,11 +40,11 @@ EXCHANGES_MIN = 4       # per rank: fewer is no evidence of where the bytes go
 
 @dataclass(frozen=True)
 class AlltoallModel:
-    received: dict[int, int]        # rank -> AlltoAll bytes it received in the window
+    received: dict[int, float]      # rank -> AlltoAll bytes it received per exchange
     time_share: dict[int, float]    # rank -> share of its span inside AlltoAll
     hot_rank: int                   # receives the most
-    hot_share: float                # its share of all the bytes received
-    imbalance: float                # max / mean of the ranks' bytes received
+    hot_share: float                # its share of the bytes received per exchange
+    imbalance: float                # max / mean of the ranks' bytes per exchange
     cost_share: float               # of the step: what an even routing would save
     named: bool                     # cost_share reaches SKEW_COST
     reason: str
@@ -98,7 +101,7 @@ def alltoall_model(observations) -> AlltoallModel | None:
     ranks = {r: obs for r, obs in by_rank.items() if len(obs) >= EXCHANGES_MIN}
     if len(ranks) < RANKS_MIN:
         return None
-    received = {r: sum(o.bytes for o in obs) for r, obs in sorted(ranks.items())}
+    received = {r: statistics.fmean(o.bytes for o in obs) for r, obs in sorted(ranks.items())}
     shares = time_shares(kept, _exchanged)
     share = {r: shares[r] or 0.0 for r in sorted(ranks)}
     total = sum(received.values())

@@ -154,6 +154,17 @@ def test_even_routing_names_no_hot_destination():
     assert not m.named
 
 
+def test_a_window_with_fewer_of_one_ranks_exchanges_names_no_hot_destination():
+    """Even routing, and the window holds only the first half of rank 2's exchanges (its
+    records still on their way): the others' sums are twice its, their bytes per
+    exchange are not (CI named rank 0 hot so at a MoE job's first analysis)."""
+    obs = steps(moe(hot=1.0), 20, 40)
+    half = sorted(o.start_ns for o in obs)[len(obs) // 2]
+    m = alltoall_model([o for o in obs if o.rank != 2 or o.start_ns < half])
+    # a cut inside a step leaves one rank a call more of one kind: 1.0001
+    assert m.imbalance == pytest.approx(1.0, abs=0.01) and not m.named
+
+
 def test_requests_are_cut_at_the_idle_gaps_and_timed_over_every_rank():
     obs = served(10)
     exchange = sorted(obs, key=lambda o: o.start_ns)
