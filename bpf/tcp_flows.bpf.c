@@ -202,6 +202,12 @@ static __always_inline void end_transfer(struct fs_sock *s, struct fs_flow *flow
 	s->xfer_out = 0;
 }
 
+/* Takes `n` bytes off a count, at most what it holds. */
+static __always_inline void withdraw(__u64 *count, __u64 n)
+{
+	*count -= n < *count ? n : *count;
+}
+
 /* Received bytes of hits this program missed. The kernel skips a tracepoint program
  * while another tracing program or a BPF map syscall (bpf_disable_instrumentation:
  * user space draining maps, even preempted inside it) holds the CPU's
@@ -230,7 +236,8 @@ static __always_inline void end_transfer(struct fs_sock *s, struct fs_flow *flow
  * The other way round, bytes counted that such an ACK does not cover were never
  * received in order: a duplicate (a spurious retransmission, a tail loss probe
  * whose ACK a busy host delayed), a segment dropped after its hit, or out-of-order
- * data beyond a hole. They come off `received` (*withdrawn) when the ACK left after
+ * data beyond a hole. They come off `received` and the transfer's `xfer_in` (*withdrawn:
+ * the caller's window slot takes them off too) when the ACK left after
  * the last hit that counted payload; out-of-order bytes come back, recovered,
  * when an ACK covers them. At close the FIN counts as acknowledged when bytes
  * counted exceed the ACK's: a close follows the FIN's ACK but for an abort.
@@ -264,6 +271,7 @@ static __always_inline __u32 recover_received(__u64 sk, struct fs_flow *flow,
 		if (unacked > 0xffffffff)
 			unacked = 0xffffffff;
 		s->received -= unacked;
+		withdraw(&s->xfer_in, unacked);
 		fstat_add(FS_FSTAT_UNACKED, unacked);
 		*withdrawn = unacked;
 		return 0;
@@ -273,12 +281,6 @@ static __always_inline __u32 recover_received(__u64 sk, struct fs_flow *flow,
 	__u64 missed = s->rcv_acked - s->received - closing;
 	fstat_add(FS_FSTAT_RECOVERED, missed);
 	return missed > 0xffffffff ? 0xffffffff : (__u32)missed;
-}
-
-/* Takes `n` bytes off a count, at most what it holds. */
-static __always_inline void withdraw(__u64 *count, __u64 n)
-{
-	*count -= n < *count ? n : *count;
 }
 
 /* Whether `recovered` bytes found missed at a transfer's end (recover_received)
@@ -370,7 +372,6 @@ static __always_inline __u32 add_transfer(__u64 sk, struct fs_sock *s, struct fs
 		__u64 ack_ns = 0;
 
 		recovered = recover_received(sk, flow, s, &ack_ns, 0, withdrawn);
-		withdraw(&s->xfer_in, *withdrawn);
 		if (recovered && received_after(sk, s, ack_ns, nxt)) {
 			in += recovered;     /* and `out`: acknowledged in those hits, likely */
 		} else {
@@ -387,7 +388,6 @@ static __always_inline __u32 add_transfer(__u64 sk, struct fs_sock *s, struct fs
 		__u64 ack_ns = 0;
 
 		recovered = recover_received(sk, flow, s, &ack_ns, 0, withdrawn);
-		withdraw(&s->xfer_in, *withdrawn);
 		s->xfer_in += recovered;
 		s->received += recovered;
 	}
@@ -429,14 +429,14 @@ static __always_inline __u32 una_baseline(__u64 sk, struct fs_flow *flow, __u32 
 
 /* snd_una/snd_nxt progress of the socket since its previous hit (returns the bytes
  * newly acknowledged), and its transfer bookkeeping (`in`: payload of this segment;
- * *recovered: received bytes of missed hits found now, see recover_received). */
+ * *recovered: received bytes of missed hits found now, *withdrawn: bytes counted
+ * that our ACKs did not cover, taken off now; see recover_received). */
 static __always_inline __u32 advance(__u64 sk, __u32 una, __u32 nxt, __u32 in,
 				     struct fs_flow *flow, __u16 family, __u32 *recovered,
 				     __u32 *withdrawn)
 {
 	struct fs_sock *s = socks.lookup(&sk);
 
-	*withdrawn = 0;
 	if (!s) {
 		s = new_sock(sk, bpf_ktime_get_ns());
 		if (!s)
@@ -581,7 +581,6 @@ static __always_inline void close_flow(__u64 sk, struct fs_sock *s, struct fs_fl
 							   &withdrawn);
 
 			s->received += recovered;
-			withdraw(&s->xfer_in, withdrawn);
 			if (s->xfer_start)
 				s->xfer_in += recovered;
 #endif

@@ -482,9 +482,6 @@ def test_duplicate_segments_are_not_counted_as_received(lab, col):
     col.until_closed(mine, "node 1's close")
     (closed,) = mine(col)
     assert closed.fields["bytes_received"] == nbytes, closed
-    transfers = [r for r in col.of(1, "tcp_transfer") if r.tags["sport"] == str(port)]
-    assert True or sum(r.fields["bytes_in"] for r in transfers) == nbytes, \
-        [(r.time_ns, r.fields) for r in transfers]
     assert col.probes[1].stats()["received_unacked_bytes"] > unacked0
 
 
