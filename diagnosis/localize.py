@@ -30,11 +30,12 @@ ties go to the place where such a fault can physically sit (`_plausible_side`: a
 queue at a switch egress toward the receiver, a drop on the cable the frames
 leave through; a ToR's uplink queues its rack's outgoing traffic), then to a
 node's port for a drop at random and to a ToR's uplink for a queue. Several
-faults are found greedily: the best place takes its cells, the rest are
-explained again. This is how a bad row or column of the
-matrix points to a node and a block crossing two ToRs to an uplink; with two
-ToRs, tor0's uplink and tor1's downlink lie in series on every cross path, and
-the sending ToR is named (documented in docs/DIAGNOSIS.md).
+faults are found greedily: the best place takes its cells and the recent loss
+it explains (a frame died at one place), the rest are explained again. This is
+how a bad row or column of the matrix points to a node and a block crossing
+two ToRs to an uplink; with two ToRs, tor0's uplink and tor1's downlink lie in
+series on every cross path, and the sending ToR is named (documented in
+docs/DIAGNOSIS.md).
 """
 
 from __future__ import annotations
@@ -246,6 +247,9 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
                     frozenset(implicated_of[id(b)] for b in mine if b.lossy) | recent_hops)
         found.append(Located(place, mine, against, ties, hops))
         remaining = [b for b in remaining if b not in mine]
+        # the recent loss the place explains is its evidence, not another place's: a
+        # frame died at one place
+        recent_paths = [(b, p) for b, p in recent_paths if not p & elements(place)]
     return found, remaining
 
 

@@ -231,6 +231,22 @@ def test_two_faults_are_found_one_after_the_other():
     assert sum(len(f.cells) for f in found) == 4 and unexplained == []
 
 
+def test_loss_a_named_place_explains_is_no_evidence_for_another():
+    """node1's port drops both ways (1 -> 0, 2 -> 1) and a read from storage into node1
+    found holes (`recent`: the way in crosses tor0's downlink and node1's port). A
+    second fault drops 0 -> 3, and a read into node3 found holes too. node1's port
+    takes its hops and its read's loss: a frame died at one place, so that read is no
+    evidence for tor0's uplink, which 0 -> 3 also crosses; the second place is one
+    that node3's read puts behind node3."""
+    bad, clean = split(ring(4), lossy={(1, 0), (2, 1), (0, 3)})
+    recent = [BadCell(cell(1, STORAGE), True, False, timed=False, inbound=True),
+              BadCell(cell(3, STORAGE), True, False, timed=False, inbound=True)]
+    found, unexplained = locate(bad, clean, TWO_TORS, recent=recent)
+    assert found[0].place == Place("node", "node1") and unexplained == []
+    assert found[1].place in (Place("node", "node3"), Place("tor", "tor1"))
+    assert {(b.src, b.dst) for b in found[1].cells} == {("node0", "node3")}
+
+
 def test_plausible_side_of_each_kind_of_fault():
     lossy = BadCell(cell(0, 3), lossy=True, delayed=False)
     queued = BadCell(cell(0, 3), lossy=False, delayed=True)
