@@ -128,6 +128,7 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
         if ctx.pods is not None:
             ctx.pods.cache.stop()
         readiness.mark_not_ready("stopped")
+    log.info("agent %s counters: %s", cfg.node, all_counts(metrics.probe_stats))
     log.info("agent %s stopped; %s", cfg.node, final_counts(metrics.probe_stats))
     return 0
 
@@ -148,6 +149,17 @@ def final_counts(probe_stats) -> str:
         if shown:
             parts.append(f"{probe}: " + ", ".join(f"{k} {v}" for k, v in sorted(shown.items())))
     return "; ".join(parts) or "nothing lost"
+
+
+def all_counts(probe_stats) -> str:
+    """Every probe's non-zero counters at stop, the line before final_counts': what a
+    run saw, filtered and attributed, for a reader without the /metrics of a stopped agent."""
+    parts = []
+    for probe in probe_stats.names():
+        shown = {k: v for k, v in probe_stats.get(probe).items() if v}
+        if shown:
+            parts.append(f"{probe}: " + ", ".join(f"{k} {v}" for k, v in sorted(shown.items())))
+    return "; ".join(parts) or "none"
 
 
 def run_agent(cfg) -> int:

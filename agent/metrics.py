@@ -36,6 +36,14 @@ class _ProbeStats:
             if now is not None:
                 self._taken[probe] = now
 
+    def keep_last(self, probe: str, stats: dict[str, int], now: float | None = None) -> None:
+        """update(), keeping the counters the new snapshot lacks at their last values:
+        a probe that has freed its BPF maps (detach) reads only its own counters, and the
+        kernel's (lost, filtered, ...) stand as they were read before it."""
+        with self._lock:
+            kept = self._snap.get(probe, {})
+        self.update(probe, {**kept, **stats}, now)
+
     def names(self) -> list[str]:
         with self._lock:
             return sorted(self._snap)

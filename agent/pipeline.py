@@ -90,7 +90,9 @@ def poll_once(probes, node: str, metrics, join=None, final: bool = False) -> lis
             records = []
         metrics.records.labels(probe.name).inc(len(records))
         now = time.monotonic()
-        if final or metrics.probe_stats.due(probe.name, now):
+        if final:
+            metrics.probe_stats.keep_last(probe.name, probe.stats(), now)
+        elif metrics.probe_stats.due(probe.name, now):
             metrics.probe_stats.update(probe.name, probe.stats(), now)
         out += tag_node(records, node)
     if join is not None:
@@ -98,6 +100,13 @@ def poll_once(probes, node: str, metrics, join=None, final: bool = False) -> lis
         metrics.probe_stats.update("join", join.stats())
     metrics.poll_seconds.observe(time.perf_counter() - start)
     return out
+
+
+def read_stats(probes, metrics) -> None:
+    """Every probe's counters now (a snapshot each, whatever is due)."""
+    now = time.monotonic()
+    for probe in probes:
+        metrics.probe_stats.update(probe.name, probe.stats(), now)
 
 
 async def poll_stage(probes, node: str, interval_s: float, out: asyncio.Queue, metrics,
@@ -118,6 +127,8 @@ async def poll_stage(probes, node: str, interval_s: float, out: asyncio.Queue, m
     if after_poll is not None:
         # Detaching drains what the kernel still holds (e.g. the NIC probe's open
         # window); the Probe contract hands those records out in one more poll().
+        # The kernel's counters are read first, while the maps that hold them exist.
+        await asyncio.to_thread(read_stats, probes, metrics)
         await asyncio.to_thread(after_poll)
         records = await asyncio.to_thread(poll_once, probes, node, metrics, join, True)
         if records:

@@ -191,14 +191,21 @@ class UprobeProbe(Probe):
         self._counters: dict[str, int] = {"records": 0}
 
     def detach(self) -> None:
+        """Close the uprobes, then drain what the ring still holds (the Probe contract:
+        the poll after detach hands those records out) before the maps are freed."""
         self._uprobes.close()
         if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = None
+            try:
+                self._bpf.ring_buffer_consume()
+            finally:
+                self._bpf.cleanup()
+                self._bpf = None
 
     def poll(self) -> list[Record]:
-        if self._bpf is None:
-            return []
+        if self._bpf is None:     # detached: what its drain left
+            out, self._pending = self._pending, []
+            self._counters["records"] += len(out)
+            return out
         self._before_drain()
         # Drain first: events of a process that just exited still find its state.
         self._bpf.ring_buffer_consume()

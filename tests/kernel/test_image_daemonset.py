@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 
@@ -106,7 +107,11 @@ def test_the_daemonsets_agent_attaches_every_default_probe_and_its_records_reach
         finally:
             stop_container(agent.popen)
         assert agent.popen.returncode == 0, agent.log_tail(20)
-        assert "nothing lost" in agent.log_tail(5), agent.log_tail(20)
+        # the stop line names what was lost; the programs' skipped hits (missed_hits,
+        # rebuilt from later hits: docs/architecture.md) are the kernel's, not a loss
+        stopped = [line for line in agent.log_tail(5).splitlines() if " stopped; " in line]
+        assert stopped and not re.search(r"\b(lost|decode_errors|handler_errors|unattributed) \d",
+                                         stopped[-1]), agent.log_tail(20)
 
 
 def stop_container(popen: subprocess.Popen) -> None:

@@ -86,9 +86,10 @@ def test_every_agent_stops_cleanly_having_seen_its_rank_of_every_run(runs):
     others' are foreign to it) and drains them at stop. A rank missing from a run's
     records is lost telemetry, whatever a test of the classes would make of it."""
     assert all(": exit 0: " in stop and "stopped;" in stop for stop in runs.stops), runs.stops
-    for name, *_ in RUNS:
-        ranks = {o.rank for o in runs.observations(name)}
-        assert ranks == set(range(NODES)), (name, ranks, runs.stops)
+    seen = {name: {o.rank for o in runs.observations(name)} for name, *_ in RUNS}
+    # on failure: every run's ranks, and what each agent counted (filtered, foreign, ...)
+    counters = [line for line in runs.agent_log.splitlines() if " counters: " in line]
+    assert all(ranks == set(range(NODES)) for ranks in seen.values()), (seen, counters)
 
 
 @pytest.mark.parametrize("name, expected", [

@@ -1,8 +1,8 @@
-"""agent/main.py: final_counts, the log line at stop."""
+"""agent/main.py: all_counts and final_counts, the log lines at stop."""
 
 from __future__ import annotations
 
-from fabricscope.agent.main import final_counts
+from fabricscope.agent.main import all_counts, final_counts
 from fabricscope.agent.metrics import AgentMetrics
 
 
@@ -22,3 +22,11 @@ def test_a_clean_run_says_so():
     stats = AgentMetrics().probe_stats
     stats.update("tcp_flows", {"lost": 0, "missed_hits": 0})
     assert final_counts(stats) == "nothing lost"
+
+
+def test_the_counters_line_names_every_non_zero_counter_of_every_probe():
+    stats = AgentMetrics().probe_stats
+    stats.update("gloo", {"emitted": 10, "filtered": 4, "foreign_processes": 2, "lost": 0})
+    stats.update("tcp_flows", {"lost": 0})
+    assert all_counts(stats) == "gloo: emitted 10, filtered 4, foreign_processes 2"
+    assert all_counts(AgentMetrics().probe_stats) == "none"

@@ -151,3 +151,26 @@ def test_a_failing_probe_does_not_stop_the_others():
     asyncio.run(main())
     assert [r.fields["v"] for b in sink.batches for r in b] == [0, 1]
     assert sample(metrics, "fabricscope_agent_poll_errors_total", probe="broken") >= 2
+
+
+def test_the_kernels_counters_outlive_the_detach_that_frees_their_maps():
+    """A probe reads `lost` and `filtered` from BPF maps that its detach frees; the
+    final snapshot, taken after the detach, keeps them at the values read before."""
+    metrics = AgentMetrics()
+
+    class Detaching(FakeProbe):
+        attached = True
+
+        def stats(self):
+            user = {"records": 7}
+            return {**user, "lost": 3, "filtered": 9} if self.attached else user
+
+    async def main():
+        stop = asyncio.Event()
+        probe = Detaching("gloo", [recs(2)], stop.set)
+        await run_pipeline([probe], [ListOutput()], node="n", poll_interval_s=0.001,
+                           batch_max_records=10, flush_interval_s=5, metrics=metrics,
+                           stop=stop, after_poll=lambda: setattr(probe, "attached", False))
+    asyncio.run(main())
+    assert metrics.probe_stats.get("gloo") == {"records": 7, "lost": 3, "filtered": 9}
+    assert sample(metrics, "fabricscope_agent_events_lost_total", probe="gloo") == 3

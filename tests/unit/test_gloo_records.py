@@ -334,3 +334,46 @@ def test_a_pipelines_sends_and_recvs_are_records_with_their_peer_and_no_steps():
     assert send.fields["peer"] == 2 and send.fields["ring_bytes"] == 65_536
     assert not state.tracker.init_done and state.tracker.init is None
     assert len(state.windows) == 12
+
+
+class _PidMap(dict):
+    """A BPF hash keyed by ctypes integers, as BCC's table takes them: kept by value."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key.value, value)
+
+    def __delitem__(self, key):
+        super().__delitem__(key.value)
+
+
+def test_a_late_event_of_a_reaped_foreign_process_does_not_deny_its_pid_again(tmp_path: Path):
+    """A foreign process is denied in the kernel while it lives and undenied when it is
+    reaped; its events still in the ring then must not deny its pid again, or the entry
+    outlives it and silences the local rank that takes the pid next."""
+    import ctypes
+
+    from fabricscope.agent.probes.gloo import layout
+    from fabricscope.agent.probes.gloo.probe import GlooProbe
+    base = tmp_path / "11"
+    (base / "ns").mkdir(parents=True)
+    (tmp_path / "own").touch()
+    (tmp_path / "other").touch()
+    os.symlink(tmp_path / "other", base / "ns" / "net")
+    probe = GlooProbe.__new__(GlooProbe)        # no BPF: only the event's attribution
+    probe._procs = ProcessTable(tmp_path, own_netns=os.stat(tmp_path / "own").st_ino)
+    probe._denied, probe._states, probe._counters = set(), {}, {"foreign_processes": 0}
+    deny = _PidMap()
+    probe._bpf = {b"deny": deny}
+    probe._forget_cpu = lambda: None
+    event = layout.GlooEvent(pid=11)
+
+    def deliver():
+        probe._on_event(None, ctypes.addressof(event), ctypes.sizeof(event))
+
+    deliver()
+    assert list(deny) == [11] and probe._counters["foreign_processes"] == 1
+    (base / "ns" / "net").unlink()              # it exits; the rescan reaps it
+    probe._reap()
+    assert not deny
+    deliver()                                   # a late event, drained after the reap
+    assert not deny and probe._counters["foreign_processes"] == 1

@@ -207,6 +207,8 @@ def test_probe_skeleton_drains_rescans_at_the_cadence_and_detaches_once(tmp_path
     assert probe.poll() == ["event 0"] and probe.calls == ["rescan", "after"]
     assert probe.poll() == ["event 0"] and probe.calls == ["rescan", "after", "after"]
     assert probe._counters["records"] == 2
+    probe.detach()                                     # drains the ring once more
     probe.detach()
-    probe.detach()
-    assert bpf.cleaned == 1 and probe.poll() == []
+    assert bpf.cleaned == 1 and probe._bpf is None
+    assert probe.poll() == ["event 0"] and probe.poll() == []   # handed out after detach
+    assert probe._counters["records"] == 3

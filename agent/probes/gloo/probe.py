@@ -311,7 +311,9 @@ class GlooProbe(UprobeProbe):
             self._counters["unattributed"] += 1
             return 0
         if not info.local:
-            if pid not in self._denied:
+            # a late event of a process already reaped must not deny its pid again:
+            # the entry would outlive it and silence whichever process takes the pid next
+            if pid not in self._denied and not self._procs.forgotten(pid):
                 self._deny(pid)
             return 0
         try:

@@ -162,6 +162,10 @@ class ProcessTable:
         self._starts.pop(pid, None)
         self._gone.pop(pid, None)
 
+    def forgotten(self, pid: int) -> bool:
+        """The process was seen gone (`forget`): what answers for it now are late events."""
+        return pid in self._gone
+
     def pids(self) -> list[int]:
         """The processes not yet forgotten."""
         return [p for p in self._known if p not in self._gone]
