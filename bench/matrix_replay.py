@@ -73,6 +73,7 @@ def replay_dump(path: str, influx: InfluxServer) -> dict:
     found = recompute(store, Span(min(times), max(times) + SECOND), job, tors.get)
     return {"scenario": dump["outcome"]["scenario"], "params": dump["outcome"]["params"],
             "live": [_brief(f, onset) for f in live], "replay": [_brief(f, onset) for f in found],
+            "sentences": [(str(f.cause), f.summary) for f in found],
             "judged": _judged(dump, found, onset, store, max(times))}
 
 

@@ -30,6 +30,10 @@ class Candidate:
     #: (diagnosis/localize.Located.hops), by which the engine tells when one finding's
     #: place explains all of another's hops
     hops: Hops = Hops()
+    #: its cause is the one the open finding at its place was named with, held against
+    #: this evaluation's reading (PlaceMemory.same_cause): it says the fault goes on,
+    #: and its account, written for the other cause, is not the finding's
+    held: bool = False
 
     @property
     def key(self) -> tuple:

@@ -206,8 +206,12 @@ def _apply(f: Finding, c: Candidate, ruled_out: list[dict]) -> None:
     """Update a finding with this evaluation's candidate. Its account (summary,
     evidence, impact, advice) is that of its strongest evaluation so far, so the tail
     of a fault (its last retransmits on one hop) does not overwrite what it did at
-    its worst; its severity only rises."""
+    its worst; its severity only rises. A candidate whose cause was held
+    (Candidate.held) only says the fault goes on: its sentence and its figures were
+    written for the other cause."""
     f.last_seen_ns = max(f.last_seen_ns, c.bad_until_ns)   # start stays: it is the point's time
+    if c.held:
+        return
     if severity_rank(c.severity) < severity_rank(f.severity) or \
             (f.evidence and c.step_seconds_added < f.step_seconds_added
              and c.severity == f.severity):

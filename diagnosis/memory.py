@@ -97,7 +97,5 @@ class PlaceMemory:
         seen = self.other_cause_evals[place] = self.other_cause_evals.get(place, 0) + 1
         if seen < CAUSE_REVISE_EVALS:
             f = named[0]
-            c.cause = f.cause
-            c.summary = f.summary if c.step_seconds_added <= f.step_seconds_added \
-                else c.summary
+            c.cause, c.summary, c.held = f.cause, f.summary, True
         return c

@@ -45,9 +45,17 @@ def test_the_corpus_covers_every_cause_the_space_draws():
     assert set(EXPECTED) == set(DUMPS)
 
 
+#: how each network cause's sentence opens (diagnosis/detect_network.py _summary)
+OPENING = {"lossy_link": "Lossy link at ", "buffer_saturation": "Buffer saturation at ",
+           "straggler_network": "Slow link at "}
+
+
 @pytest.mark.parametrize("name", DUMPS)
 def test_a_recorded_run_gives_its_findings(influx, name):
     out = replay_dump(str(CORPUS / name), influx)
     judged = out["judged"]
     assert judged.ok, (out["params"], out["replay"], judged.false_alarms)
     assert warnings_of(out) == [tuple(w) for w in EXPECTED[name]["warnings"]], out["params"]
+    # a finding's sentence is its cause's, however often the evidence read otherwise
+    assert all(summary.startswith(OPENING[cause]) for cause, summary in out["sentences"]
+               if cause in OPENING), out["sentences"]

@@ -490,16 +490,26 @@ def test_a_place_named_a_lossy_link_whose_queue_then_stands_is_a_buffer():
 
 
 def test_a_place_keeps_its_cause_when_its_queue_dips():
-    def hop(s, src, dst):           # the queue drains for 10 s while the drops go on
+    """The queue drains for 14 s while the drops go on: the windows past what the
+    recent queue covers (memory.LOSS_MEMORY_S) read a lossy link, fewer times in a row
+    than revise a cause (CAUSE_REVISE_EVALS). Its steps cost the most then (the windows
+    read them a few seconds late), and still the finding's account stays its cause's."""
+    def hop(s, src, dst):
         h = uplink_queue(s, src, dst)
-        return HopPlan(loss=h.loss) if 40 <= s < 50 else h
-    engine, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop),
+        return HopPlan(loss=h.loss) if 40 <= s < 54 else h
+
+    def step(i, t):
+        return StepPlan(seconds=2.0, sync=1.3) if 45 <= t < 50 else slowed_sync()(i, t)
+    engine, findings = run(SynthJob(nodes=4, seconds=64, step=step, hop=hop),
                            tor_of=TWO_TORS)
     # the drops alone would be a lossy link (at tor0, or at node0, the sender of the
     # lossy hop): the open finding's place wins the tie and keeps its cause
     assert [(f.cause, f.where, f.open) for f in serious(findings)] == [
         ("buffer_saturation", "tor0 uplink", True)]
     assert serious(findings)[0].start_ns == at(FAULT)
+    # and its sentence: the dip's windows, read as a lossy link, only say it goes on
+    assert serious(findings)[0].summary.startswith("Buffer saturation at tor0's uplink: "), \
+        serious(findings)[0].summary
 
 
 def test_a_new_network_finding_needs_two_agreeing_evaluations():
