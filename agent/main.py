@@ -136,30 +136,28 @@ async def _serve(cfg, classes, ctx, metrics: AgentMetrics, readiness: Readiness)
 def final_counts(probe_stats) -> str:
     """The counters worth a line in the log at stop (all are exported as metrics too):
     what each probe lost or skipped, and what the training join did with transfers."""
-    parts = []
-    for probe in probe_stats.names():
-        stats = probe_stats.get(probe)
+    def worth(probe: str, key: str) -> bool:
         if probe == "join":
-            shown = {k: v for k, v in stats.items() if k.startswith("transfers_") and v}
-        else:
-            shown = {k: v for k, v in stats.items()
-                     if v and (k in ("lost", "missed_hits", "decode_errors", "handler_errors",
-                                  "unattributed")
-                               or k.endswith(("_recovered_bytes", "_unacked_bytes")))}
-        if shown:
-            parts.append(f"{probe}: " + ", ".join(f"{k} {v}" for k, v in sorted(shown.items())))
-    return "; ".join(parts) or "nothing lost"
+            return key.startswith("transfers_")
+        return key in ("lost", "missed_hits", "decode_errors", "handler_errors",
+                       "unattributed") or key.endswith(("_recovered_bytes", "_unacked_bytes"))
+    return _counter_line(probe_stats, worth) or "nothing lost"
 
 
 def all_counts(probe_stats) -> str:
     """Every probe's non-zero counters at stop, the line before final_counts': what a
     run saw, filtered and attributed, for a reader without the /metrics of a stopped agent."""
+    return _counter_line(probe_stats, lambda probe, key: True) or "none"
+
+
+def _counter_line(probe_stats, worth) -> str:
+    """'probe: key n, ...; ...' of the non-zero counters worth(probe, key) keeps."""
     parts = []
     for probe in probe_stats.names():
-        shown = {k: v for k, v in probe_stats.get(probe).items() if v}
+        shown = {k: v for k, v in probe_stats.get(probe).items() if v and worth(probe, k)}
         if shown:
             parts.append(f"{probe}: " + ", ".join(f"{k} {v}" for k, v in sorted(shown.items())))
-    return "; ".join(parts) or "none"
+    return "; ".join(parts)
 
 
 def run_agent(cfg) -> int:
