@@ -3,29 +3,43 @@ what the collectors' engines wrote.
 
     python -m fabricscope.bench.class_matrix --set dev --runs 6
     python -m fabricscope.bench.class_matrix --set eval --runs 12 --json bench/results/class-eval.json
+    python -m fabricscope.bench.class_matrix --family uplink --set eval --runs 9 \
+        --json bench/results/class-uplink-eval.json
 
 A run is one job on a bench (bench/scenarios.py running_bench: a leaf-spine lab,
-InfluxDB, two collector replicas, an agent per node), drawn from its seed alone:
+InfluxDB, two collector replicas, an agent per node), drawn from its seed alone.
+Two families of runs, each its own scenario space:
 
-    moe        MoE training (lab/workloads/moe.py), routing skew 0.8-2.0 with the hot
-               experts on a drawn rank; healthy: uniform routing
-    pipeline   one stage per rank (lab/workloads/pipeline.py), a drawn stage holding
-               4-8x the layers of the others; healthy: balanced stages
+    split      an uneven split of the work, on 3-5 nodes on 1-2 ToRs:
+      moe        MoE training (lab/workloads/moe.py), routing skew 0.8-2.0 with the
+                 hot experts on a drawn rank; healthy: uniform routing
+      pipeline   one stage per rank (lab/workloads/pipeline.py), a drawn stage holding
+                 4-8x the layers of the others; healthy: balanced stages
+    uplink     MoE training with uniform routing (UPLINK_TOKENS tokens per rank and
+               step) on 4-6 nodes on 2-3 ToRs; after
+               ONSET_S of healthy steps the uplink of a drawn ToR with two nodes or
+               more is shaped by a shallow TBF (50-200 Mbit/s, burst 8-32 kB, the
+               lab's 2 ms queue: a fraction of the n (N - n) / (N - 1) nodes' worth of
+               each exchange that crosses it); healthy: no shaper
 
-on a lab of 3-5 nodes on 1-2 ToRs; every third run is healthy. The skew is there
-from the job's first step, so time to finding is counted from the job's first
-collective. A skewed run is right when a warning names its cause at its rank and no
-other warning is raised; a healthy run when it raises no warning. Sharded latency
-and served-model tails need delay without loss, which this lab cannot add (no
-netem): their causes are held by unit tests (tests/unit/test_diagnosis_class_causes.py).
+Every third run is healthy. The skew is there from the job's first step, so its
+time to finding is counted from the job's first collective; the shaper's from its
+onset, and its cost is the median step after it over the median step before. A
+faulty run is right when a warning names its cause at its rank (split) or its ToR
+(uplink) and no other warning is raised; a shaper that cost less than MILD of the
+step need not be named (the bar of every cause); a healthy run is right when it
+raises no warning. Sharded latency and served-model tails need delay without loss,
+which this lab cannot add (no netem): their causes are held by unit tests
+(tests/unit/test_diagnosis_class_causes.py).
 
-Two seed ranges keep the development set apart from the evaluation set, as the
-network matrix's (bench/scenario_space.py).
+Two seed ranges per family keep the development set apart from the evaluation set,
+as the network matrix's (bench/scenario_space.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import random
 import statistics
@@ -33,17 +47,32 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from fabricscope.bench.scenario_space import LabShape, SetName
+from fabricscope.bench.scenario_space import Element, Fault, FaultKind, LabShape, SetName
 from fabricscope.diagnosis.evidence import SECOND
 from fabricscope.diagnosis.finding import severity_rank
 from fabricscope.errors import UserError
 
-#: the first seed of each set; run i is drawn from CLASS_BASE + i
+
+class Family(str, enum.Enum):
+    SPLIT = "split"          # an uneven split of the work: hot experts, a slow stage
+    UPLINK = "uplink"        # MoE across racks, one ToR's uplink narrowed
+
+
+#: the first seed of each family's sets; run i is drawn from its base + i
 CLASS_BASE = {SetName.DEV: 20_000, SetName.EVAL: 95_000}
+UPLINK_BASE = {SetName.DEV: 21_000, SetName.EVAL: 96_000}
 HEALTHY_EVERY = 3
+UPLINK_MBIT = (50, 200)
+UPLINK_BURST_KB = (8, 32)
+#: tokens per rank per step of the uplink family's MoE job: each exchange then carries
+#: about 0.37 MB per rank (at the default 32, 46 kB: a shaper of a few hundred Mbit/s
+#: cost its steps 4 %, measured, and no fault that costs nothing is worth a finding)
+UPLINK_TOKENS = 256
 SKEW = (0.8, 2.0)
 STAGE_SKEW = (4.0, 8.0)
 RUN_S = 35.0            # two analyses (every 10 s over 30 s) after the job is found
+ONSET_S = 12.0          # uplink family: healthy steps first (the engine's baseline)
+MILD = 0.10             # a fault that costs less of the step need not be named
 SETTLE_S = 4.0
 MODEL_MB = 2
 
@@ -56,15 +85,28 @@ class ClassRun:
     healthy: bool
     knobs: dict = field(default_factory=dict, compare=False)
     rank: int | None = None     # the skewed rank (hot experts, slow stage)
+    fault: Fault | None = None  # the shaped uplink (family uplink)
+    onset_s: float = 0.0        # healthy steps before the fault (and as long for a healthy run)
+    batch: int = 32             # samples (MoE: tokens) per rank per step
 
     @property
     def cause(self) -> str | None:
         if self.healthy:
             return None
+        if self.fault is not None:
+            return "bisection_limit"
         return "alltoall_skew" if self.kind == "moe" else "stage_imbalance"
 
+    def expected(self) -> dict | None:
+        """The warning that names the fault: its cause and its rank or ToR."""
+        if self.healthy:
+            return None
+        if self.fault is not None:
+            return {"cause": self.cause, "tor": self.fault.target}
+        return {"cause": self.cause, "rank": str(self.rank)}
+
     def describe(self) -> str:
-        what = "healthy" if self.healthy else (
+        what = "healthy" if self.healthy else self.fault.describe() if self.fault else (
             f"skew {self.knobs['skew']:g} hot on rank {self.rank}" if self.kind == "moe"
             else f"stage {self.rank} holds {self.knobs['stage_skew']:g}x the layers")
         return (f"seed {self.seed}: {self.kind}, {self.lab.nodes} nodes on {self.lab.tors} "
@@ -89,6 +131,29 @@ def draw(seed: int) -> ClassRun:
                     rank)
 
 
+def draw_uplink(seed: int) -> ClassRun:
+    """A MoE job across racks, the uplink of a ToR with two of its nodes or more shaped
+    (a ToR with one node is its port, to the job's hops: the network matrix's)."""
+    from fabricscope.lab.naming import tor_blocks
+    rng = random.Random(seed)
+    nodes = rng.randint(4, 6)
+    tors = rng.randint(2, 3) if nodes == 6 else 2
+    lab = LabShape(nodes, tors, MODEL_MB)
+    racks = [f"tor{k}" for k, block in enumerate(tor_blocks(nodes, tors)) if len(block) >= 2]
+    fault = Fault(FaultKind.SHAPE, Element.UPLINK, rng.choice(racks), rng.randint(*UPLINK_MBIT),
+                  rng.randint(*UPLINK_BURST_KB))
+    healthy = seed % HEALTHY_EVERY == 0
+    return ClassRun(seed, "moe", lab, healthy, {"layers": 2, "skew": 0.0, "hot_rank": 0},
+                    fault=None if healthy else fault, onset_s=ONSET_S, batch=UPLINK_TOKENS)
+
+
+DRAW = {Family.SPLIT: (CLASS_BASE, draw), Family.UPLINK: (UPLINK_BASE, draw_uplink)}
+
+
+def _names(f: dict, expected: dict | None) -> bool:
+    return bool(expected) and all(f.get(k) == v for k, v in expected.items())
+
+
 @dataclass
 class ClassOutcome:
     seed: int
@@ -101,24 +166,33 @@ class ClassOutcome:
     false_alarms: int = 0
     latency_s: float | None = None
     error: str = ""
+    cost: float | None = None   # uplink: the fault's share of the step (median after / before - 1)
+    mild: bool = False          # cost under MILD: naming it is not required
 
 
 def run_class(bench, r: ClassRun, log=lambda msg: None) -> ClassOutcome:
-    """Run `r` as a job of its own in the bench's lab for RUN_S and judge the findings."""
-    from fabricscope.bench.scenarios import findings_of
+    """Run `r` as a job of its own in the bench's lab for r.onset_s + RUN_S, its fault
+    (if any) from r.onset_s on, and judge the findings."""
+    from fabricscope.bench.scenarios import apply, clear_all, findings_of
     from fabricscope.lab.training import start_training
     lab = bench.lab
     port = bench.ports.pop(0)
     job = f"{lab.nodes[0].address}:{port}"
-    out = ClassOutcome(r.seed, r.kind, r.describe(), asdict(r.lab),
-                       None if r.healthy else {"cause": r.cause, "rank": str(r.rank)})
-    start_ns, first_ns = time.time_ns(), 0
+    out = ClassOutcome(r.seed, r.kind, r.describe(), asdict(r.lab), r.expected())
+    start_ns, first_ns, onset_ns = time.time_ns(), 0, 0
+    before, after = [], []          # rank 0's step seconds, before and after the onset
     try:
         with start_training(lab, 1_000_000, model_mb=r.lab.model_mb, master_port=port,
-                            timeout_s=600, kind=r.kind, knobs=r.knobs) as run:
-            for _row in run.steps():
-                first_ns = first_ns or time.time_ns()
-                if time.time_ns() - first_ns >= RUN_S * SECOND:
+                            batch=r.batch, timeout_s=600, kind=r.kind, knobs=r.knobs) as run:
+            for row in run.steps():
+                now = time.time_ns()
+                first_ns = first_ns or now
+                if r.fault is not None and not onset_ns and \
+                        now - first_ns >= r.onset_s * SECOND:
+                    apply(lab, r.fault)
+                    onset_ns = time.time_ns()
+                (after if onset_ns else before).append(row["seconds"])
+                if now - first_ns >= (r.onset_s + RUN_S) * SECOND:
                     run.terminate()
                     break
             else:
@@ -126,25 +200,34 @@ def run_class(bench, r: ClassRun, log=lambda msg: None) -> ClassOutcome:
                     raise RuntimeError(run.error)
     except Exception as exc:        # judged as a run with an error, the set goes on
         out.error = str(exc)[:300]
+    finally:
+        if r.fault is not None:
+            clear_all(lab)           # the bench's lab serves the next run of its shape
     time.sleep(SETTLE_S)
+    if before[2:] and after[1:]:        # past the warm-up and the step the onset cut
+        out.cost = round(statistics.median(after[1:]) / statistics.median(before[2:]) - 1, 3)
+        out.mild = out.cost < MILD
+    since_ns = onset_ns or first_ns
     findings = [f for f in findings_of(bench.store, job, start_ns)
                 if severity_rank(f.severity) >= 1 and not f.superseded_by]
-    out.found = [{"cause": str(f.cause), "rank": f.place.get("rank"), "severity": f.severity,
-                  "first_seen_s": round((f.first_seen_ns - first_ns) / SECOND, 1)
-                  if first_ns else None} for f in findings]
-    right = [f for f in out.found if out.expected and f["cause"] == out.expected["cause"]
-             and f["rank"] == out.expected["rank"]]
+    out.found = [{"cause": str(f.cause), "rank": f.place.get("rank"), "tor": f.place.get("tor"),
+                  "severity": f.severity,
+                  "first_seen_s": round((f.first_seen_ns - since_ns) / SECOND, 1)
+                  if since_ns else None} for f in findings]
+    right = [f for f in out.found if _names(f, out.expected)]
     out.false_alarms = len(out.found) - len(right)
-    out.ok = not out.error and not out.false_alarms and (bool(right) or r.healthy)
+    out.ok = not out.error and not out.false_alarms and (bool(right) or r.healthy or out.mild)
     if right and right[0]["first_seen_s"] is not None:
         out.latency_s = min(f["first_seen_s"] for f in right)
-    log(f"  {'right' if out.ok else 'WRONG'}: {out.found}")
+    log(f"  {'right' if out.ok else 'WRONG'}: cost {out.cost}, found {out.found}")
     return out
 
 
-def run_set(set_name: SetName, runs: int, first: int = 0, log=print) -> list[ClassOutcome]:
+def run_set(set_name: SetName, runs: int, first: int = 0, log=print,
+            family: Family = Family.SPLIT) -> list[ClassOutcome]:
     from fabricscope.bench.scenarios import running_bench
-    drawn = [draw(CLASS_BASE[set_name] + i) for i in range(first, first + runs)]
+    base, draw_one = DRAW[family]
+    drawn = [draw_one(base[set_name] + i) for i in range(first, first + runs)]
     by_shape: dict = {}
     for r in drawn:
         by_shape.setdefault((r.lab.nodes, r.lab.tors), []).append(r)
@@ -158,7 +241,7 @@ def run_set(set_name: SetName, runs: int, first: int = 0, log=print) -> list[Cla
 
 
 def summarize(outcomes: list[ClassOutcome]) -> dict:
-    skewed = [o for o in outcomes if o.expected]
+    skewed = [o for o in outcomes if o.expected and not o.mild]
     healthy = [o for o in outcomes if not o.expected]
     warnings = sum(len(o.found) for o in outcomes)
     right_warnings = sum(len(o.found) - o.false_alarms for o in outcomes)
@@ -167,9 +250,9 @@ def summarize(outcomes: list[ClassOutcome]) -> dict:
     def share(n: int, d: int):
         return round(n / d, 4) if d else None
     return {"runs": len(outcomes), "skewed": len(skewed), "healthy": len(healthy),
+            "mild": sum(o.mild for o in outcomes),
             "right": share(sum(o.ok for o in outcomes), len(outcomes)),
-            "named": share(sum(any(f["cause"] == o.expected["cause"] and f["rank"] ==
-                                   o.expected["rank"] for f in o.found) for o in skewed),
+            "named": share(sum(any(_names(f, o.expected) for f in o.found) for o in skewed),
                            len(skewed)),
             "precision": share(right_warnings, warnings),
             "healthy_warnings": sum(len(o.found) for o in healthy),
@@ -179,12 +262,14 @@ def summarize(outcomes: list[ClassOutcome]) -> dict:
 
 
 def text(summary: dict, outcomes: list[ClassOutcome]) -> str:
-    rows = [f"{o.seed:>6} {'right' if o.ok else 'WRONG':<6} {o.params}; found "
-            f"{[(f['cause'], f['rank'], f['first_seen_s']) for f in o.found]}"
+    rows = [f"{o.seed:>6} {'right' if o.ok else 'WRONG':<6} {o.params}"
+            + (f"; cost {o.cost:+.0%}" if o.cost is not None else "") + "; found "
+            f"{[(f['cause'], f['tor'] or f['rank'], f['first_seen_s']) for f in o.found]}"
             + (f"; error {o.error}" if o.error else "") for o in outcomes]
     s = summary
-    rows.append(f"\n{s['runs']} runs ({s['skewed']} skewed, {s['healthy']} healthy): right "
-                f"{s['right']}, skew named at its rank {s['named']}, warnings precision "
+    rows.append(f"\n{s['runs']} runs ({s['skewed']} faulty, {s['healthy']} healthy, "
+                f"{s['mild']} with a fault under {MILD:.0%} of the step): right "
+                f"{s['right']}, named at its place {s['named']}, warnings precision "
                 f"{s['precision']}, {s['healthy_warnings']} warnings on healthy runs; job "
                 f"start -> first_seen median {s['latency_median_s']} s, max "
                 f"{s['latency_max_s']} s; {s['errors']} runs with errors")
@@ -194,6 +279,7 @@ def text(summary: dict, outcomes: list[ClassOutcome]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fabricscope.bench.class_matrix",
                                 description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", choices=[f.value for f in Family], default="split")
     p.add_argument("--set", choices=[s.value for s in SetName], default="dev")
     p.add_argument("--runs", type=int, default=6)
     p.add_argument("--first", type=int, default=0)
@@ -203,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--runs must be at least 1 and --first at least 0")
     try:
         outcomes = run_set(SetName(args.set), args.runs, args.first,
-                           log=lambda m: print(m, file=sys.stderr, flush=True))
+                           log=lambda m: print(m, file=sys.stderr, flush=True),
+                           family=Family(args.family))
     except UserError as exc:
         print(exc.one_line(), file=sys.stderr)
         return exc.exit_code

@@ -229,9 +229,35 @@ def _tail(c: Candidate, backend: str) -> list[Advice]:
                    "ones that arrive behind it")]
 
 
+def _bisection(c: Candidate, backend: str) -> list[Advice]:
+    f = c.facts
+    tor, n, total = c.place.get("tor") or "the ToR", f.get("rack_nodes", 0), f.get("nodes", 0)
+    demand = f.get("demand_nodes", 0.0)
+    why = (f"{f.get('cross_share', 0):.0%} of the job's bytes cross {tor}'s uplink: "
+           f"{demand:.2g} nodes' worth of every exchange at once")
+    return [Advice("expert-parallel group placement", "keep each expert-parallel group "
+                   "inside one rack (expert parallel size at most the nodes per rack: "
+                   "Megatron --expert-model-parallel-size, DeepSpeed ep_size) and replicate "
+                   "the experts across racks by data parallelism", why),
+            Advice("hierarchical all-to-all", "exchange inside the node and the rack first, "
+                   "then one aggregated transfer per pair of racks (NCCL's PXN: keep "
+                   "NCCL_PXN_DISABLE=0 and NCCL_P2P_PXN_LEVEL=2)" if backend == "nccl" else
+                   "exchange inside the node and the rack first, then one aggregated "
+                   "transfer per pair of racks",
+                   "the bytes across racks then scale with the racks, not with every pair "
+                   "of ranks"),
+            Advice("MoE capacity factor", "cap the tokens per expert (capacity_factor "
+                   "1.0-1.25)", "fewer tokens routed across the racks per exchange"),
+            Advice("job placement", f"schedule the job on fewer racks (Kueue "
+                   f"topology-aware scheduling, kueue.x-k8s.io/podset-required-topology), or "
+                   f"give {tor} uplinks of {demand:.2g}x a node's link",
+                   f"{n} of the job's {total} nodes sit behind {tor}")]
+
+
 _RULES = {Cause.LOSSY_LINK: _lossy, Cause.BUFFER_SATURATION: _saturation,
           Cause.STRAGGLER_NETWORK: _slow_link, Cause.STRAGGLER_COMPUTE: _straggler,
           Cause.INPUT_STALL: _input, Cause.NETWORK_BOUND: _bound,
           Cause.JITTER_ACCUMULATION: _jitter, Cause.TELEMETRY_GAP: _gap,
           Cause.STAGE_IMBALANCE: _stage, Cause.ALLTOALL_SKEW: _skew,
-          Cause.LATENCY_BOUND: _latency, Cause.TAIL_LATENCY: _tail}
+          Cause.LATENCY_BOUND: _latency, Cause.TAIL_LATENCY: _tail,
+          Cause.BISECTION_LIMIT: _bisection}

@@ -28,6 +28,7 @@ class Cause(enum.StrEnum):
     ALLTOALL_SKEW = "alltoall_skew"
     LATENCY_BOUND = "latency_bound"
     TAIL_LATENCY = "tail_latency"
+    BISECTION_LIMIT = "bisection_limit"
 
 
 #: what each cause means
@@ -49,6 +50,8 @@ MEANING = {
                          "experts)",
     Cause.LATENCY_BOUND: "many small collectives per step each pay extra round-trip time",
     Cause.TAIL_LATENCY: "a served model's P99 request latency rose against its own baseline",
+    Cause.BISECTION_LIMIT: "a MoE job's all-to-all crosses a ToR's uplink with more than it "
+                           "carries: the job's placement needs more bandwidth between racks",
 }
 
 #: when each cause is raised at which severity (docs/DIAGNOSIS.md renders the dicts
@@ -71,6 +74,7 @@ SEVERITY_RULE = {
     Cause.ALLTOALL_SKEW: "warning; critical when it costs `critical_share` of each step",
     Cause.LATENCY_BOUND: "warning; critical when it costs `critical_share` of each step",
     Cause.TAIL_LATENCY: "warning; critical when the P99 rose by `critical_share` or more",
+    Cause.BISECTION_LIMIT: "warning; critical when it costs `critical_share` of each step",
 }
 
 #: the evidence each cause is named on, and why that evidence means this cause
@@ -163,6 +167,14 @@ EVIDENCE = {
         "statistic of the baseline). The rank that trails the others' first call in the slow "
         "requests (by `detect_class.TAIL_RANK_SHARE` of their excess) carries the tail; "
         "else the hop that loses or queues the most",
+    Cause.BISECTION_LIMIT:
+        "buffer_saturation's evidence at a ToR's uplink (its lossy hops queue, or the loss "
+        "spares the steady traffic through it), in a job whose AlltoAll carries the most "
+        "bytes: every rank sends to every other at once, so an uplink carries n (N - n) / "
+        "(N - 1) nodes' worth of each exchange (n of the job's N nodes in its rack) where "
+        "a node's port carries one. The queue is the exchange's demand across the racks, "
+        "which no buffer setting removes. Its cost is the step's growth over the baseline "
+        "as far as the ranks' time inside AlltoAll reaches",
 }
 
 #: the causes each cause's evidence rules out, and why
@@ -207,17 +219,21 @@ RULES_OUT = {
         "the links idle",
     Cause.TAIL_LATENCY:
         "the period-based causes: a server has no step, so none of them is judged on it",
+    Cause.BISECTION_LIMIT:
+        "buffer_saturation at the uplink: the bursts that overflow it are the all-to-all's "
+        "cross-rack share, not a ring's; lossy_link: the lossy hops queue",
 }
 
 #: causes a fault of the fabric is named by, found by tomography over the hops
-NETWORK_CAUSES = frozenset({Cause.LOSSY_LINK, Cause.BUFFER_SATURATION, Cause.STRAGGLER_NETWORK})
+NETWORK_CAUSES = frozenset({Cause.LOSSY_LINK, Cause.BUFFER_SATURATION, Cause.STRAGGLER_NETWORK,
+                            Cause.BISECTION_LIMIT})
 #: causes read from the ranks' steps
 STEP_CAUSES = frozenset({Cause.STRAGGLER_COMPUTE, Cause.INPUT_STALL,
                          Cause.UNEXPLAINED_SLOWDOWN, Cause.NETWORK_BOUND,
                          Cause.JITTER_ACCUMULATION})
 #: causes read from the job's class and its model (diagnosis/detect_class.py)
 CLASS_CAUSES = frozenset({Cause.STAGE_IMBALANCE, Cause.ALLTOALL_SKEW, Cause.LATENCY_BOUND,
-                          Cause.TAIL_LATENCY})
+                          Cause.TAIL_LATENCY, Cause.BISECTION_LIMIT})
 #: causes that explain where a slow job's time went
 EXPLAINING_CAUSES = NETWORK_CAUSES | {Cause.STRAGGLER_COMPUTE, Cause.INPUT_STALL}
 

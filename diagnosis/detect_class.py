@@ -5,7 +5,9 @@ latest classification to its engine: collector/diagnosis.py).
 - pipeline: a stage that computes more than the others paces them all
   (STAGE_IMBALANCE, from fabricscope.stagemodel);
 - MoE: a hot destination receives most of the all-to-all bytes (ALLTOALL_SKEW, from
-  fabricscope.alltoallmodel);
+  fabricscope.alltoallmodel); a queue at a ToR's uplink is the all-to-all's demand
+  across the racks (BISECTION_LIMIT: `bisection` takes the network detector's
+  buffer_saturation there over);
 - sharded: many small collectives per step each pay the hops' extra RTT
   (LATENCY_BOUND);
 - inference: requests' P99 latency rose against the job's own first requests
@@ -20,10 +22,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 
 from fabricscope.alltoallmodel import SKEW_COST
 from fabricscope.diagnosis.candidate import Candidate
 from fabricscope.diagnosis.causes import Cause
+from fabricscope.diagnosis.detect_network import in_series_note
 from fabricscope.diagnosis.evidence import SECOND
 from fabricscope.diagnosis.finding import Evidence
 from fabricscope.diagnosis.snapshot import Snapshot
@@ -49,8 +53,9 @@ REQUESTS_BASELINE = 50
 #: by this share of their excess latency, more than it did in the baseline
 TAIL_RANK_SHARE = 0.5
 
-__all__ = ["detect", "SKEW_COST", "SLOW_STAGE_COST", "LATENCY_COST", "TAIL_GROWTH", "TAIL_P",
-           "REQUESTS_BASELINE", "FRESH_S", "TAIL_RANK_SHARE", "RequestBaseline"]
+__all__ = ["detect", "bisection", "SKEW_COST", "SLOW_STAGE_COST", "LATENCY_COST",
+           "TAIL_GROWTH", "TAIL_P", "REQUESTS_BASELINE", "FRESH_S", "TAIL_RANK_SHARE",
+           "RequestBaseline"]
 
 
 class RequestBaseline:
@@ -80,10 +85,14 @@ class RequestBaseline:
             self.p99_s = ordered[self.p99_rank - 1]
 
 
+def _fresh(c: Classification | None, snap: Snapshot) -> bool:
+    return c is not None and snap.window.end_ns - c.until_ns <= FRESH_S * SECOND
+
+
 def detect(c: Classification | None, snap: Snapshot, baseline: RequestBaseline) \
         -> list[Candidate]:
     """The class causes of the job's latest classification, judged at this snapshot."""
-    if c is None or snap.window.end_ns - c.until_ns > FRESH_S * SECOND:
+    if not _fresh(c, snap):
         return []
     out = []
     if c.stages is not None and c.stages.slow_stage is not None:
@@ -99,6 +108,69 @@ def detect(c: Classification | None, snap: Snapshot, baseline: RequestBaseline) 
         else:
             out += _tail(c, c.requests, baseline, snap)
     return out
+
+
+def bisection(c: Classification | None, snap: Snapshot, net: list[Candidate],
+              tor_of) -> list[Candidate]:
+    """The network detector's candidates (detect_network.detect), with a queue at a
+    ToR's uplink (buffer_saturation placed at a ToR) read as the all-to-all's bisection
+    limit while the job's AlltoAll carries the most bytes of its exchanges. Every rank
+    sends to every other at once, so the n of the job's N nodes in the ToR's rack send
+    n (N - n) / (N - 1) nodes' worth of each exchange through its uplink, where a
+    node's port carries one: an uplink with less than that queues at every exchange
+    however its buffers are set, and what helps is less traffic across the racks."""
+    if not _fresh(c, snap) or not c.components or \
+            c.components[0] is not JobClass.MOE_ALLTOALL or c.alltoall is None:
+        return net
+    return [_bisection(c, snap, x, tor_of)
+            if x.cause is Cause.BUFFER_SATURATION and x.place.get("tor") else x for x in net]
+
+
+def _bisection(c: Classification, snap: Snapshot, x: Candidate, tor_of) -> Candidate:
+    tor = x.place["tor"]
+    nodes = sorted(set(snap.evidence.node_of_rank.values()))
+    inside = [n for n in nodes if tor_of(n) == tor]
+    if not inside or len(inside) == len(nodes):
+        return x                     # no job traffic crosses it: not the job's bisection
+    demand = len(inside) * (len(nodes) - len(inside)) / (len(nodes) - 1)
+    hops = [h for h in snap.data_cells if h.peer_node in nodes]
+    total = sum(h.bytes_acked for h in hops)
+    across = sum(h.bytes_acked for h in hops
+                 if (tor_of(h.key.node) == tor) != (tor_of(h.peer_node) == tor))
+    share = across / total if total else 0.0
+    in_alltoall = statistics.fmean(c.alltoall.time_share.values())
+    # what it costs: the step's growth over the baseline, as far as the time inside the
+    # all-to-alls reaches (the network detector's cost is the growth of the gradient
+    # AllReduce, which an all-to-all job hardly runs)
+    step = snap.step_s or (snap.baseline.step_s if snap.baseline else 0.0)
+    added = max(x.step_seconds_added, min(snap.step_added_s or 0.0, in_alltoall * step))
+    share_of_step = added / step if step else 0.0
+    f = x.facts
+    rtt, floor = f.get("rtt_p50_us"), f.get("rtt_floor_us")
+    queue = f"RTT {rtt:.0f} us vs floor {floor:.0f} us, " if rtt and floor else ""
+    cost = f"; {added:.2f} s of each step ({share_of_step:.0%})" if added else ""
+    summary = (f"Bisection limit at {tor}'s uplink: the all-to-all sends {share:.0%} of the "
+               f"job's bytes across it ({len(inside)} of its {len(nodes)} nodes in the rack: "
+               f"{demand:.2g} nodes' worth of each exchange at once, where a node's port "
+               f"carries one), and its queue overflows under them ({queue}"
+               f"{f.get('loss_ratio', 0.0):.2%} resent); the ranks spend {in_alltoall:.0%} "
+               f"of their time in AlltoAll{cost}{in_series_note(f.get('in_series', []))}")
+    w = snap.window
+    return replace(
+        x, cause=Cause.BISECTION_LIMIT, summary=summary, severity=_severity(share_of_step, snap),
+        step_seconds_added=round(added, 4), share_of_step=round(share_of_step, 4),
+        explained_share=round(min(1.0, added / snap.step_added_s), 3)
+        if snap.step_added_s else 0.0,
+        evidence=x.evidence + [
+            Evidence("tcp_flow", f"share of the job's bytes across {tor}'s uplink", share,
+                     "fraction", w.start_ns, w.end_ns),
+            Evidence("gloo_collective", f"nodes' worth of each exchange through {tor}'s "
+                     f"uplink: n (N - n) / (N - 1), n = {len(inside)}, N = {len(nodes)}",
+                     round(demand, 3), "nodes"),
+            Evidence("gloo_collective", "ranks' mean share of time inside AlltoAll",
+                     in_alltoall, "fraction")],
+        facts={**f, "cross_share": share, "demand_nodes": demand, "rack_nodes": len(inside),
+               "nodes": len(nodes), "alltoall_share": in_alltoall})
 
 
 def _severity(share: float, snap: Snapshot) -> str:

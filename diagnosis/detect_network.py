@@ -389,14 +389,9 @@ def _finding(snap: Snapshot, located: Located, share: float,
     # the job can tell them apart, so the finding says which (the engine still waits for
     # a checkpoint or a read to, as for any tie: meanwhile the queue's delay shows too)
     nodes = sorted(set(snap.evidence.node_of_rank.values()))
-    in_series = [p for p in located.alternatives
+    in_series = [_where(Located(p, [])) for p in located.alternatives
                  if not told_apart(p, located.place, nodes, tor_of)]
-    if in_series:
-        summary += (f" ({' and '.join(_where(Located(p, [])) for p in in_series)}, the "
-                    f"other way, {'lies' if len(in_series) == 1 else 'lie'} in series with it "
-                    "on every path between the job's racks: only traffic leaving or "
-                    "entering the job tells them apart; the rack the lost frames leave is "
-                    "named)")
+    summary += in_series_note(in_series)
     victims = [{"rank": r.rank, "node": r.node,
                 "waited_s": round(max(0.0, r.sync - b.sync_s), 3)}
                for r in snap.ranks.values()] if b else []
@@ -415,7 +410,18 @@ def _finding(snap: Snapshot, located: Located, share: float,
                "bytes_per_s": sum(c.bytes_acked for c in cells) / max(1, snap.window.end_s -
                                                                        snap.window.start_s),
                "alternatives": [p.name for p in located.alternatives],
-               "in_series": [p.name for p in in_series]})
+               "in_series": in_series})
+
+
+def in_series_note(places: list[str]) -> str:
+    """What a finding says of the places in series with its own ('tor1's uplink'):
+    nothing where there are none."""
+    if not places:
+        return ""
+    return (f" ({' and '.join(places)}, the other way, "
+            f"{'lies' if len(places) == 1 else 'lie'} in series with it on every path "
+            "between the job's racks: only traffic leaving or entering the job tells them "
+            "apart; the rack the lost frames leave is named)")
 
 
 def _bad_span_ns(snap: Snapshot, located: Located) -> tuple[int, int]:

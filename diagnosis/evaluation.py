@@ -217,6 +217,8 @@ class Evaluation:
                            if f.cause in NETWORK_CAUSES)
         net, r1 = detect_network.detect(snap, self.tor_of, prefer, stragglers,
                                         memory.recent_loss(snap.window.end_s, bad), bad)
+        # a queue at an uplink under an all-to-all is the job's demand across the racks
+        net = detect_class.bisection(self.job_class, snap, net, self.tor_of)
         net = [memory.same_cause(c, opened) for c in net]
         # a rank whose own port is a network culprit waits on its link, not on its CPU
         culprits = {c.place.get("node") for c in net if c.cause in NETWORK_CAUSES}

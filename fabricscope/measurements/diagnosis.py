@@ -28,9 +28,8 @@ MEASUREMENTS = [
             "its evidence is gone.",
         source=_ENGINE,
         tags={"id": "finding id (stable: job, cause, place and start)",
-              "cause": "lossy_link, buffer_saturation, microburst, straggler_compute, "
-                       "straggler_network, input_stall, jitter_accumulation, network_bound, "
-                       "telemetry_gap, unexplained_slowdown (slow, cause unclear)",
+              "cause": "the cause, one of docs/DIAGNOSIS.md's table (lossy_link, "
+                       "buffer_saturation, straggler_compute, ..., bisection_limit)",
               "job": "training job id (as gloo_step's job tag)",
               **_PLACE},
         optional_tags=frozenset(_PLACE),

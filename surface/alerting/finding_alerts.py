@@ -293,6 +293,35 @@ TAIL_LATENCY = _on_finding(
     "job", FindingSeries(Cause.TAIL_LATENCY, "warning", node="node2", rank="1",
                          id="c9b2c3d4e5f6"))
 
+BISECTION_LIMIT = _on_finding(
+    "FabricscopeBisectionLimit", Cause.BISECTION_LIMIT,
+    "Job {job}'s all-to-all needs more than {place} carries",
+    "The all-to-all of MoE job {job} sends more across {place} than it carries, and its "
+    "queue overflows at every exchange (finding {id}): the job's placement needs more "
+    "bandwidth between its racks. Evidence: `fabricscope explain {id}`.",
+    Runbook(
+        "In an all-to-all every rank sends to every other at once, so the n of a job's N "
+        "nodes behind one ToR send n (N - n) / (N - 1) nodes' worth of each exchange "
+        "through its uplink, where a node's port carries one. An uplink with less than "
+        "that queues and drops at every exchange (the evidence of buffer_saturation), "
+        "and the job's AlltoAll carries most of its bytes: the demand across the racks, "
+        "not the buffer, is the cause.",
+        (EXPLAIN + " The evidence gives the share of the job's bytes across the uplink "
+         "and the nodes' worth of each exchange it must carry.",
+         DIAGNOSE + " The class line shows the job as moe_alltoall.",
+         f"{board('topology')}: the uplink edge is red. {board('collectives')}: the "
+         "ranks' time inside AlltoAll."),
+        ("Keep each expert-parallel group inside one rack (expert parallel size at most "
+         "the nodes per rack) and replicate the experts across racks.",
+         "Use a hierarchical all-to-all: inside the node and the rack first, one "
+         "aggregated transfer per pair of racks (NCCL's PXN on NCCL jobs).",
+         "Schedule the job on fewer racks (Kueue topology-aware scheduling), or give the "
+         "rack uplinks of n (N - n) / (N - 1) times a node's link.",
+         "Cap the tokens per expert (capacity_factor 1.0-1.25)."),
+    ),
+    "topology", FindingSeries(Cause.BISECTION_LIMIT, "critical", interface="uplink", tor="tor1",
+                              id="d2b2c3d4e5f6"))
+
 FINDING_ALERTS = (LOSSY_LINK, BUFFER_SATURATION, MICROBURST, NETWORK_BOUND, STRAGGLER_RANK,
                   INPUT_STALL, UNEXPLAINED_SLOWDOWN, WORKLOAD_IMBALANCE, LATENCY_BOUND,
-                  TAIL_LATENCY)
+                  TAIL_LATENCY, BISECTION_LIMIT)

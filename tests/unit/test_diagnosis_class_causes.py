@@ -21,20 +21,21 @@ from fabricscope.diagnosis.replay import replay
 from fabricscope.diagnosis.thresholds import DEFAULT
 from fabricscope.jobclass import JobClass, Observation, classify
 from fabricscope.requestmodel import request_model
-from tests.unit.test_diagnosis_evidence import T0, HopPlan, SynthJob, build
+from tests.unit.test_diagnosis_evidence import T0, HopPlan, StepPlan, SynthJob, build, node
 
 MS = 1_000_000
 RANKS = (0, 1, 2)
 FAULT = 30                  # seconds into the job at which the faults of these tests begin
 
 
-def steps(per_rank, seconds: float, step_ms: float, since_s: float = 0.0, seed: int = 1):
+def steps(per_rank, seconds: float, step_ms: float, since_s: float = 0.0, seed: int = 1,
+          ranks=RANKS):
     """A loop from T0 + since_s: per_rank(rank) -> ((op, bytes, offset_ms, duration_ms),
     ...) every step, each step's length jittered by +-5 %."""
     rng, out = random.Random(seed), []
     t, end = int((T0 + since_s) * SECOND), int((T0 + since_s + seconds) * SECOND)
     while t < end:
-        for rank in RANKS:
+        for rank in ranks:
             for op, size, off, dur in per_rank(rank):
                 start = t + int(off * MS)
                 out.append(Observation(op, size, start, start + int(dur * MS), rank=rank))
@@ -71,6 +72,8 @@ def pipeline(slow_rank: int | None):
 FSDP = [("AllGather", 1 << 20, 2 + 3 * i, 1.5) for i in range(4)] + \
        [("AllGather", 1 << 20, 15 + 4 * i, 1.5) for i in range(4)] + \
        [("AllReduce", 1 << 20, 16.5 + 4 * i, 2) for i in range(4)]
+
+DDP = [("AllReduce", 1 << 20, 10, 2), ("AllReduce", 6 << 20, 13, 8)]
 
 
 REQUEST = (("AlltoAll", 24, 0, 0.3), ("AlltoAllv", 64 << 10, 1, 0.5),
@@ -230,8 +233,7 @@ def test_a_sharded_job_whose_rtt_holds_or_barely_rises_is_not_latency_bound(rtt_
 
 
 def test_a_data_parallel_job_is_never_latency_bound():
-    ddp = [("AllReduce", 1 << 20, 10, 2), ("AllReduce", 6 << 20, 13, 8)]
-    assert diagnose(steps(lambda r: ddp, 70, 40), hop=rtt_from(5000.0)) == []
+    assert diagnose(steps(lambda r: DDP, 70, 40), hop=rtt_from(5000.0)) == []
 
 
 def test_a_served_models_tail_is_named_at_the_rank_the_others_wait_for():
@@ -243,6 +245,64 @@ def test_a_served_models_tail_is_named_at_the_rank_the_others_wait_for():
 
 def test_a_served_model_that_keeps_its_latency_has_no_tail_finding():
     assert diagnose(served(70)) == []
+
+
+#: four nodes on two ToRs
+RACKS = {"node0": "tor0", "node1": "tor0", "node2": "tor1", "node3": "tor1"}
+
+
+def across_tor0(loss: float, rtt_us: float):
+    """From FAULT on, tor0's uplink: the hops out of its rack resend `loss` of their
+    payload at rtt_us; those into it queue too (their ACKs leave through it), and the
+    hops inside each rack keep their 0.2 ms."""
+    def hop(s, src, dst):
+        a, b = RACKS[node(src)], RACKS[node(dst)]
+        if s < FAULT or a == b:
+            return HopPlan()
+        return HopPlan(loss=loss, rtt_us=rtt_us) if a == "tor0" else HopPlan(rtt_us=rtt_us)
+    return hop
+
+
+def diagnose_racks(observations, hop, seconds: int = 70, step=lambda i, t: StepPlan()):
+    """The warnings still standing at the end of an all-to-all job over RACKS."""
+    spec = SynthJob(nodes=4, seconds=seconds, hop=hop, all_to_all=True, step=step)
+    engine = JobEngine(spec.job, tor_of=RACKS.get)
+    found = replay(engine, build(spec), spec.t0_s, spec.end_s, classes=analyzer(observations))
+    return [f for f in found if f.severity != "info" and not f.superseded_by]
+
+
+def test_a_queue_at_an_uplink_under_an_all_to_all_is_its_bisection_limit():
+    found = diagnose_racks(steps(moe(hot=1.0), 70, 40, ranks=range(4)),
+                           across_tor0(loss=0.02, rtt_us=3000.0))
+    assert [(f.cause, f.place.get("tor")) for f in found] == [(Cause.BISECTION_LIMIT, "tor0")]
+    f = found[0]
+    # 2 of 4 nodes behind tor0 send 2 x 2 / 3 = 1.3 nodes' worth of each exchange; the
+    # hops across the racks carry 8 of the 12 hops' bytes
+    assert "1.3 nodes' worth" in f.summary and "67% of the job's bytes" in f.summary
+    assert any("expert-parallel" in a.knob for a in f.advice)
+
+
+def test_the_bisection_limit_explains_the_slower_steps_inside_the_all_to_alls():
+    """Steps 1.0 -> 1.5 s from the onset, the gradient AllReduce unchanged: the growth
+    lies inside the all-to-alls (61 % of the ranks' time), so the finding costs it all
+    and no slowdown is left unexplained."""
+    found = diagnose_racks(steps(moe(hot=1.0), 70, 40, ranks=range(4)),
+                           across_tor0(loss=0.02, rtt_us=3000.0),
+                           step=lambda i, t: StepPlan(seconds=1.0 if t < FAULT else 1.5))
+    assert [(f.cause, f.severity) for f in found] == [(Cause.BISECTION_LIMIT, "critical")]
+    assert found[0].step_seconds_added == pytest.approx(0.5, abs=0.05)
+
+
+def test_the_same_queue_under_a_data_parallel_job_is_buffer_saturation():
+    found = diagnose_racks(steps(lambda r: DDP, 70, 40, ranks=range(4)),
+                           across_tor0(loss=0.02, rtt_us=3000.0))
+    assert [(f.cause, f.place.get("tor")) for f in found] == [(Cause.BUFFER_SATURATION, "tor0")]
+
+
+def test_random_loss_at_an_uplink_under_an_all_to_all_stays_a_lossy_link():
+    found = diagnose_racks(steps(moe(hot=1.0), 70, 40, ranks=range(4)),
+                           across_tor0(loss=0.02, rtt_us=200.0))
+    assert [(f.cause, f.place.get("tor")) for f in found] == [(Cause.LOSSY_LINK, "tor0")]
 
 
 def test_a_classification_that_is_no_longer_fresh_is_no_evidence():

@@ -89,6 +89,7 @@ class SynthJob:
     t0_s: int = T0
     first_node: int = 0               # the job's rank k runs on node(first_node + k)
     progress: bool = False            # the agents report the steps in progress
+    all_to_all: bool = False          # every node sends to every other, not to its ring peer
 
     @property
     def end_s(self) -> int:
@@ -97,6 +98,12 @@ class SynthJob:
     def ring(self) -> list[tuple[int, int]]:
         """(sender, receiver) of every ring hop."""
         return [(k, (k - 1) % self.nodes) for k in range(self.nodes)]
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """(sender, receiver) of every hop that carries the job's exchanges."""
+        if not self.all_to_all:
+            return self.ring()
+        return [(a, b) for a in range(self.nodes) for b in range(self.nodes) if a != b]
 
     def node(self, k: int) -> str:
         return node(self.first_node + k)
@@ -122,7 +129,7 @@ def build(spec: SynthJob) -> JobEvidence:
                      addr_node={spec.addr(k): spec.node(k) for k in range(spec.nodes)})
     for s in range(spec.seconds):
         second = spec.t0_s + s
-        for src, dst in spec.ring():
+        for src, dst in spec.pairs():
             if not spec.reports(src, s):
                 continue
             c = cell_second(spec.hop(s, src, dst))
