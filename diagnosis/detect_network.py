@@ -386,11 +386,13 @@ def _finding(snap: Snapshot, located: Located, share: float,
                                  snap.window.start_ns, snap.window.end_ns))
     summary = _summary(cause, where, lossy, delayed, snap, added, share_of_step, steady)
     # a place in series with this one on every path between the job's nodes: no hop of
-    # the job can tell them apart, so the finding says which (the engine still waits for
-    # a checkpoint or a read to, as for any tie: meanwhile the queue's delay shows too)
+    # the job can tell them apart, so the finding says which. The lifecycle waits for
+    # the ties that something the job sends can tell apart (`told_apart`): its hops, or
+    # its checkpoints and reads where it has any; a wait for the others only delays it
     nodes = sorted(set(snap.evidence.node_of_rank.values()))
     in_series = [_where(Located(p, [])) for p in located.alternatives
                  if not told_apart(p, located.place, nodes, tor_of)]
+    outside = [c for c in snap.cells if c.peer_node is None]
     summary += in_series_note(in_series)
     victims = [{"rank": r.rank, "node": r.node,
                 "waited_s": round(max(0.0, r.sync - b.sync_s), 3)}
@@ -410,6 +412,8 @@ def _finding(snap: Snapshot, located: Located, share: float,
                "bytes_per_s": sum(c.bytes_acked for c in cells) / max(1, snap.window.end_s -
                                                                        snap.window.start_s),
                "alternatives": [p.name for p in located.alternatives],
+               "told_apart": [p.name for p in located.alternatives
+                              if told_apart(p, located.place, nodes, tor_of, outside)],
                "in_series": in_series})
 
 

@@ -77,7 +77,9 @@ class Lifecycle:
     def _confirmed(self, c: Candidate, pending: dict) -> bool:
         """A new network finding: seen twice in a row first, and while other places
         explain its hops as well (one hop of a fault shows first), up to
-        AMBIGUOUS_EVALS times, for the hops that tell them apart; and its bad seconds
+        AMBIGUOUS_EVALS times, for the hops that tell them apart, where the job sends
+        any (facts["told_apart"]: no wait for a place in series with it on every way
+        the job's traffic goes, which no evaluation can tell apart); and its bad seconds
         must span confirm_seconds (the windows overlap). The finding starts at the
         first evidence of the evaluations it waited for."""
         if c.cause not in CONFIRMED_CAUSES or c.key in self.open:
@@ -85,7 +87,7 @@ class Lifecycle:
         times, since_ns = pending.get(c.key, (0, c.bad_from_ns))
         times += 1
         c.bad_from_ns = min(c.bad_from_ns, since_ns)
-        need = AMBIGUOUS_EVALS if c.facts.get("alternatives") else 2
+        need = AMBIGUOUS_EVALS if c.facts.get("told_apart") else 2
         if times < need or c.bad_until_ns - c.bad_from_ns < \
                 self.thresholds.confirm_seconds * SECOND:
             self.pending[c.key] = (times, c.bad_from_ns)

@@ -253,19 +253,22 @@ def locate(bad: list[BadCell], clean: list[CellTotals], tor_of, max_places: int 
     return found, remaining
 
 
-def told_apart(a: Place, b: Place, nodes, tor_of) -> bool:
+def told_apart(a: Place, b: Place, nodes, tor_of, outside: list[CellTotals] = ()) -> bool:
     """Whether some transfer between the job's nodes crosses one place and not the
-    other. Where none does (with two ToRs, one's uplink and the other's downlink lie
-    in series on every path between the racks), no hop of the job can ever tell the
-    two apart: only traffic leaving or entering the job (a checkpoint, a read) can."""
+    other, or some of the job's traffic with peers outside it (`outside`: cells of the
+    window to a peer that is no node of the job) does. Where none does (with two
+    ToRs, one's uplink and the other's downlink lie in series on every path between
+    the racks), nothing the job sends can tell the two apart."""
     ea, eb = elements(a), elements(b)
-    for src in nodes:
-        for dst in nodes:
-            if src != dst:
-                on = path(src, dst, tor_of)
-                if bool(on & ea) != bool(on & eb):
-                    return True
-    return False
+    ways = [path(src, dst, tor_of) for src in nodes for dst in nodes if src != dst]
+    for c in outside:
+        node, tor = c.key.node, tor_of(c.key.node)
+        if c.bytes_acked:          # a write: out of the node, up its rack, to the peer
+            ways.append(path(node, None, tor_of, c.key.peer))
+        if c.bytes_received:       # a read: from the peer, down the rack, into the node
+            ways.append({("in", node), ("ext", c.key.peer)} |
+                        ({("down", tor)} if tor is not None else set()))
+    return any(bool(on & ea) != bool(on & eb) for on in ways)
 
 
 def _queue(cells: list[BadCell]) -> bool:
