@@ -3,12 +3,13 @@ what the collectors' engines wrote.
 
     python -m fabricscope.bench.class_matrix --set dev --runs 6
     python -m fabricscope.bench.class_matrix --set eval --runs 12 --json bench/results/class-eval.json
+    python -m fabricscope.bench.class_matrix --family latency --set dev --runs 3
     python -m fabricscope.bench.class_matrix --family uplink --set eval --runs 9 \
         --json bench/results/class-uplink-eval.json
 
 A run is one job on a bench (bench/scenarios.py running_bench: a leaf-spine lab,
 InfluxDB, two collector replicas, an agent per node), drawn from its seed alone.
-Two families of runs, each its own scenario space:
+Three families of runs, each its own scenario space:
 
     split      an uneven split of the work, on 3-5 nodes on 1-2 ToRs:
       moe        MoE training (lab/workloads/moe.py), routing skew 0.8-2.0 with the
@@ -21,6 +22,10 @@ Two families of runs, each its own scenario space:
                more is shaped by a shallow TBF (50-200 Mbit/s, burst 8-32 kB, the
                lab's 2 ms queue: a fraction of the n (N - n) / (N - 1) nodes' worth of
                each exchange that crosses it); healthy: no shaper
+    latency    sharded training (FSDP2, LATENCY_LAYERS layers) on 3-5 nodes on 1-2
+               ToRs; after ONSET_S of healthy steps every frame toward every node
+               waits LATENCY_MS (lab.delay_stage on every port): its latency rose,
+               without loss; healthy: no delay
 
 Every third run is healthy. The skew is there from the job's first step, so its
 time to finding is counted from the job's first collective; the shaper's from its
@@ -28,8 +33,7 @@ onset, and its cost is the median step after it over the median step before. A
 faulty run is right when a warning names its cause at its rank (split) or its ToR
 (uplink) and no other warning is raised; a shaper that cost less than MILD of the
 step need not be named (the bar of every cause); a healthy run is right when it
-raises no warning. Sharded latency and served-model tails need delay without loss,
-which this lab cannot add (no netem): their causes are held by unit tests
+raises no warning. A served model's tail is held by unit tests
 (tests/unit/test_diagnosis_class_causes.py).
 
 Two seed ranges per family keep the development set apart from the evaluation set,
@@ -47,7 +51,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from fabricscope.bench.scenario_space import Element, Fault, FaultKind, LabShape, SetName
+from fabricscope.bench.scenario_space import (EVERY_NODE, Element, Fault, FaultKind, LabShape,
+                                               SetName)
 from fabricscope.diagnosis.evidence import SECOND
 from fabricscope.diagnosis.finding import severity_rank
 from fabricscope.errors import UserError
@@ -56,11 +61,18 @@ from fabricscope.errors import UserError
 class Family(str, enum.Enum):
     SPLIT = "split"          # an uneven split of the work: hot experts, a slow stage
     UPLINK = "uplink"        # MoE across racks, one ToR's uplink narrowed
+    LATENCY = "latency"      # sharded training, every port's latency raised
 
 
 #: the first seed of each family's sets; run i is drawn from its base + i
 CLASS_BASE = {SetName.DEV: 20_000, SetName.EVAL: 95_000}
 UPLINK_BASE = {SetName.DEV: 21_000, SetName.EVAL: 96_000}
+LATENCY_BASE = {SetName.DEV: 22_000, SetName.EVAL: 97_000}
+#: the latency family's delay on every port, one way (a round trip pays it twice)
+LATENCY_MS = (1.0, 5.0)
+#: layers of the latency family's FSDP job: a few small collectives each (AllGather,
+#: AllGather, ReduceScatter), so that the step is many round trips, not bandwidth
+LATENCY_LAYERS = 16
 HEALTHY_EVERY = 3
 UPLINK_MBIT = (50, 200)
 UPLINK_BURST_KB = (8, 32)
@@ -94,7 +106,8 @@ class ClassRun:
         if self.healthy:
             return None
         if self.fault is not None:
-            return "bisection_limit"
+            return self.fault.expected_cause() if self.fault.kind is FaultKind.DELAY \
+                else "bisection_limit"
         return "alltoall_skew" if self.kind == "moe" else "stage_imbalance"
 
     def expected(self) -> dict | None:
@@ -102,7 +115,7 @@ class ClassRun:
         if self.healthy:
             return None
         if self.fault is not None:
-            return {"cause": self.cause, "tor": self.fault.target}
+            return {"cause": self.cause, **self.fault.expected_place()}
         return {"cause": self.cause, "rank": str(self.rank)}
 
     def describe(self) -> str:
@@ -147,7 +160,23 @@ def draw_uplink(seed: int) -> ClassRun:
                     fault=None if healthy else fault, onset_s=ONSET_S, batch=UPLINK_TOKENS)
 
 
-DRAW = {Family.SPLIT: (CLASS_BASE, draw), Family.UPLINK: (UPLINK_BASE, draw_uplink)}
+def draw_latency(seed: int) -> ClassRun:
+    """Sharded training (FSDP2, LATENCY_LAYERS layers: AllGather, AllGather and
+    ReduceScatter of each) on 3-5 nodes; after ONSET_S of healthy steps every frame
+    toward every node waits LATENCY_MS (each port's delay stage): the fabric's
+    latency rose, with no loss and no queue that overflows."""
+    rng = random.Random(seed)
+    nodes = rng.randint(3, 5)
+    lab = LabShape(nodes, rng.randint(1, 2), MODEL_MB)
+    fault = Fault(FaultKind.DELAY, Element.PORT, EVERY_NODE,
+                  round(rng.uniform(*LATENCY_MS), 1))
+    healthy = seed % HEALTHY_EVERY == 0
+    return ClassRun(seed, "fsdp", lab, healthy, {"layers": LATENCY_LAYERS},
+                    fault=None if healthy else fault, onset_s=ONSET_S)
+
+
+DRAW = {Family.SPLIT: (CLASS_BASE, draw), Family.UPLINK: (UPLINK_BASE, draw_uplink),
+        Family.LATENCY: (LATENCY_BASE, draw_latency)}
 
 
 def _names(f: dict, expected: dict | None) -> bool:
@@ -168,6 +197,8 @@ class ClassOutcome:
     error: str = ""
     cost: float | None = None   # uplink: the fault's share of the step (median after / before - 1)
     mild: bool = False          # cost under MILD: naming it is not required
+    #: the job's last classification: its class, period and exchange ops per step
+    job_class: dict = field(default_factory=dict)
 
 
 def run_class(bench, r: ClassRun, log=lambda msg: None) -> ClassOutcome:
@@ -189,8 +220,10 @@ def run_class(bench, r: ClassRun, log=lambda msg: None) -> ClassOutcome:
                 first_ns = first_ns or now
                 if r.fault is not None and not onset_ns and \
                         now - first_ns >= r.onset_s * SECOND:
-                    apply(lab, r.fault)
+                    # from its first element on: a delay stage takes a second or two to
+                    # start, one port after the other
                     onset_ns = time.time_ns()
+                    apply(lab, r.fault)
                 (after if onset_ns else before).append(row["seconds"])
                 if now - first_ns >= (r.onset_s + RUN_S) * SECOND:
                     run.terminate()
@@ -214,13 +247,25 @@ def run_class(bench, r: ClassRun, log=lambda msg: None) -> ClassOutcome:
                   "severity": f.severity,
                   "first_seen_s": round((f.first_seen_ns - since_ns) / SECOND, 1)
                   if since_ns else None} for f in findings]
+    out.job_class = _last_class(bench.store, job, start_ns)
     right = [f for f in out.found if _names(f, out.expected)]
     out.false_alarms = len(out.found) - len(right)
     out.ok = not out.error and not out.false_alarms and (bool(right) or r.healthy or out.mild)
     if right and right[0]["first_seen_s"] is not None:
         out.latency_s = min(f["first_seen_s"] for f in right)
-    log(f"  {'right' if out.ok else 'WRONG'}: cost {out.cost}, found {out.found}")
+    log(f"  {'right' if out.ok else 'WRONG'}: cost {out.cost}, found {out.found}, "
+        f"class {out.job_class}")
     return out
+
+
+def _last_class(store, job: str, since_ns: int) -> dict:
+    from fabricscope.diagnosis.store import quote
+    rows = store.query(f"SELECT * FROM job_class WHERE job = {quote(job)} AND "
+                       f"time >= {since_ns} ORDER BY time DESC LIMIT 1")
+    if not rows:
+        return {}
+    r = {**rows[0], **rows[0].get("_tags", {})}
+    return {k: r.get(k) for k in ("class", "period_s", "collectives_per_step", "p50_bytes")}
 
 
 def run_set(set_name: SetName, runs: int, first: int = 0, log=print,

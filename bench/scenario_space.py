@@ -33,6 +33,7 @@ class FaultKind(str, enum.Enum):
     SHAPE = "shape"
     CPU = "cpu"
     STORAGE = "storage"
+    DELAY = "delay"            # every frame toward the node(s) waits (lab.delay_stage)
 
 
 class Element(str, enum.Enum):
@@ -75,6 +76,10 @@ class LabShape:
                     if node in block)
 
 
+#: Fault.target of a fault on every node's port alike
+EVERY_NODE = "every node"
+
+
 @dataclass(frozen=True)
 class Fault:
     kind: FaultKind
@@ -87,9 +92,14 @@ class Fault:
     def node_index(self) -> int:
         return int(self.target.removeprefix("node"))
 
+    @property
+    def every_node(self) -> bool:
+        """A fault on every node's port alike (target EVERY_NODE)."""
+        return self.target == EVERY_NODE
+
     def expected_place(self) -> dict:
         """The keys of the finding's place that must match."""
-        if self.kind is FaultKind.STORAGE:
+        if self.kind is FaultKind.STORAGE or self.every_node:
             return {}
         if self.element in (Element.UPLINK, Element.DOWNLINK):
             return {"tor": self.target}
@@ -97,15 +107,18 @@ class Fault:
 
     def expected_cause(self) -> str:
         return {FaultKind.LOSS: "lossy_link", FaultKind.SHAPE: "buffer_saturation",
-                FaultKind.CPU: "straggler_compute", FaultKind.STORAGE: "input_stall"}[self.kind]
+                FaultKind.CPU: "straggler_compute", FaultKind.STORAGE: "input_stall",
+                FaultKind.DELAY: "latency_bound"}[self.kind]
 
     def describe(self) -> str:
-        where = f" at {self.target}'s {self.element.value}" if self.element else \
+        where = f" at every node's {self.element.value}" if self.every_node else \
+            f" at {self.target}'s {self.element.value}" if self.element else \
             f" on {self.target}" if self.target else ""
         value = {FaultKind.LOSS: f"{self.value:g} %", FaultKind.SHAPE:
                  f"{self.value:g} Mbit/s burst {self.burst_kb} kB",
                  FaultKind.CPU: f"{self.value:g} % of a CPU",
-                 FaultKind.STORAGE: f"{self.value:g} Mbit/s"}[self.kind]
+                 FaultKind.STORAGE: f"{self.value:g} Mbit/s",
+                 FaultKind.DELAY: f"{self.value:g} ms"}[self.kind]
         return f"{self.kind.value} {value}{where}"
 
 

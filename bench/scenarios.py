@@ -142,6 +142,9 @@ def apply(lab, fault: Fault) -> None:
         faults.cpu(lab, fault.node_index, fault.value)
     elif fault.kind is FaultKind.STORAGE:
         faults.storage(lab, rate=f"{fault.value:g}mbit")
+    elif fault.kind is FaultKind.DELAY:
+        for i in range(len(lab.nodes)) if fault.every_node else [fault.node_index]:
+            faults.delay(lab, i, f"{fault.value:g}ms")
     elif fault.element is Element.PORT:
         if fault.kind is FaultKind.LOSS:
             faults.loss(lab, fault.node_index, fault.value)

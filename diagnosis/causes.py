@@ -108,9 +108,10 @@ EVIDENCE = {
         "collectives at its quota's pace too",
     Cause.STRAGGLER_NETWORK:
         "hops through one node's port are delayed without loss anywhere in the job, on a "
-        "row or column of the matrix that no clean hop through the port contradicts, "
-        "and grad sync grew by `slowdown` over the baseline: a slow link holds the ring "
-        "at its pace",
+        "row or column of the matrix that no clean hop through the port contradicts and "
+        "that stands out of the rest (a timed hop between two other nodes on time: where "
+        "every hop is as late, the job's whole fabric is), and grad sync grew by "
+        "`slowdown` over the baseline: a slow link holds the ring at its pace",
     Cause.INPUT_STALL:
         "the ranks' data loading per step (the span of a step's reads, first byte to "
         "last, the read still streaming included) is `input_ratio` x its baseline, adds "

@@ -254,9 +254,10 @@ def detect(snap: Snapshot, tor_of, prefer: frozenset = frozenset(),
         return [_impaired(snap, bad)], []
     total_retrans = sum(b.cell.retrans_segs for b in bad) or 1
     out = []
+    bad_ids = frozenset(id(b.cell) for b in bad)
     for f in found:
         c = _finding(snap, f, sum(b.cell.retrans_segs for b in f.cells) / total_retrans,
-                     tor_of)
+                     tor_of, bad_ids)
         if c is not None:
             c.hops = f.hops
             out.append(c)
@@ -336,18 +337,31 @@ def job_loss_ratio(snap: Snapshot) -> float:
     return sum(c.retrans_bytes for c in snap.data_cells) / sent if sent else 0.0
 
 
+def _stands_out(snap: Snapshot, node: str, bad_ids: set) -> bool:
+    """Some hop of the job between two other nodes carried data on time (timed, and not
+    among the window's bad hops): the delay is the node's row and column of the matrix. Where
+    every such hop is as late, the job's whole fabric is (its latency rose), and one
+    node's link is no better an answer than another's. A job with no such hop (two
+    nodes) has nothing to compare with."""
+    others = [c for c in snap.data_cells if c.peer_node is not None and
+              c.rtt_p50_us is not None and node not in (c.key.node, c.peer_node)]
+    return not others or any(id(c) not in bad_ids for c in others)
+
+
 def _finding(snap: Snapshot, located: Located, share: float,
-             tor_of=lambda node: None) -> Candidate | None:
+             tor_of=lambda node: None, bad_ids: frozenset = frozenset()) -> Candidate | None:
     t, b = snap.thresholds, snap.baseline
     cause, steady = _cause(located, t)
     sync_added = max(0.0, (snap.sync_s or 0.0) - b.sync_s) if b and snap.sync_s else 0.0
     if cause == Cause.STRAGGLER_NETWORK and not (
             located.place.kind == "node"            # a rank's link; slow storage is input's
             and b and snap.sync_s and snap.sync_s >= b.sync_s * (1 + t.slowdown)
-            and not snap.lossy and len(located.cells) >= 2 and not located.contradicting):
+            and not snap.lossy and len(located.cells) >= 2 and not located.contradicting
+            and _stands_out(snap, located.place.name, bad_ids)):
         # delay alone is weak evidence: it must stretch the ring, without loss anywhere
         # (then back-pressure of the lossy hop inflates others), on a whole row or
-        # column of the matrix that no clean hop through the place contradicts
+        # column of the matrix that no clean hop through the place contradicts, and
+        # that stands out of the rest of the matrix
         return None
     added = sync_added * share
     if snap.step_added_s:

@@ -2,6 +2,7 @@
 
     fabricscope lab fault --name NAME --node I loss PCT [--direction both|tx|rx]
     fabricscope lab fault --name NAME --node I shape --rate R --burst B [--limit L | --latency T]
+    fabricscope lab fault --name NAME --node I delay T      (every frame toward the node, e.g. 5ms)
     fabricscope lab fault --name NAME --node I cpu PCT      (the node's ranks get PCT % of a CPU)
     fabricscope lab fault --name NAME --uplink TOR loss PCT [--direction both|up|down]
     fabricscope lab fault --name NAME --uplink TOR shape --rate R --burst B [--limit L |
@@ -49,6 +50,10 @@ def add_fault_parsers(sub) -> None:
     f.add_argument("--direction", choices=UPLINK_DIRECTIONS,
                    help="uplink only: up (ToR -> spine, default), down, both")
     f.set_defaults(func=cmd_fault_shape)
+    f = fsub.add_parser("delay", help="every frame the switch port sends toward the node waits "
+                                      "T, none dropped (a user-space stage; 0 removes it)")
+    f.add_argument("delay", metavar="T", help="e.g. 5ms (0 removes it)")
+    f.set_defaults(func=cmd_fault_delay)
     f = fsub.add_parser("cpu", help="the node's training ranks get PCT%% of one CPU (cgroup quota)")
     f.add_argument("pct", metavar="PCT", help="percent of one CPU, e.g. 30 (up to 100 x CPUs)")
     f.set_defaults(func=cmd_fault_cpu)
@@ -139,6 +144,20 @@ def cmd_fault_shape(args) -> int:
     return 0
 
 
+def cmd_fault_delay(args) -> int:
+    from fabricscope.lab.faults import delay
+    from fabricscope.lab.topology import load
+    lab = load(args.name)
+    if args.uplink is not None:
+        raise UserError("a delay is on a node's switch port", "give --node I instead of --uplink")
+    node = lab.node(_need_node(args, "a delay"))
+    seconds = delay(lab, node.index, args.delay)
+    print(f"lab {lab.name} node {node.index}: " + (
+        f"every frame toward the node waits {seconds * 1000:g} ms on switch port {node.port}"
+        if seconds else "no delay"))
+    return 0
+
+
 def cmd_fault_cpu(args) -> int:
     from fabricscope.lab.faults import cpu
     from fabricscope.lab.topology import load
@@ -204,6 +223,8 @@ def _describe(fault: dict) -> str:
         s = fault["shape"]
         parts.append(f"shape {format_rate(s['rate_bps'])} burst {s['burst']}B limit {s['limit']}B"
                      + (f" {s['direction']}" if "direction" in s else ""))
+    if "delay" in fault:
+        parts.append(f"delay {fault['delay']['delay_s'] * 1000:g}ms")
     if "cpu" in fault:
         parts.append(f"cpu {fault['cpu']['pct']:g}%")
     return ", ".join(parts)

@@ -10,6 +10,11 @@ shape(lab, i, rate, burst, limit=None, latency=None)
     Replaces the root qdisc of node i's switch port (egress toward node i, where a
     real ToR queues an incast) with TBF: rate, burst; queue limit in bytes, or
     derived from latency (default 2 ms worth at the rate: a shallow switch buffer).
+delay(lab, i, delay)
+    Every frame node i's switch port sends toward node i waits `delay` ('5ms') on its
+    way, and none is dropped for it (fabricscope.lab.delay_stage: a TC redirect through
+    a user-space stage, as the kernel has no netem); a latency that rose, without
+    loss or a queue that overflows. 0 removes it.
 cpu(lab, i, pct)
     Node i's training ranks get pct % of one CPU (1 <= pct <= 100 x CPUs): the
     CFS quota of the node's cgroup (fabricscope.lab.cgroups), pct ms of every 100 ms. Only
@@ -128,6 +133,64 @@ def shape(lab: Lab | str, node_index: int, rate, burst, limit=None, latency=None
     return params
 
 
+def delay(lab: Lab | str, node_index: int, delay) -> float:
+    """Delay every frame toward node_index by `delay` ('5ms'; 0 removes); returns the
+    delay in seconds. The stage runs in the lab's cgroup, so `lab down` ends it."""
+    seconds = 0.0 if delay in (0, "0") else parse_time(delay)
+    with _editing(lab) as fresh:
+        node = fresh.node(node_index)
+        _stop_delay(fresh, node_index)
+        if seconds:
+            pid = _start_delay(fresh, node.port, seconds)
+            _record(fresh.faults, node_index, "delay", {"delay_s": seconds, "pid": pid})
+    return seconds
+
+
+def _start_delay(lab: Lab, port: str, seconds: float) -> int:
+    """Start the port's delay stage and wait for its "ready" (frames go through it)."""
+    import subprocess
+    import sys
+    h = cgroups.detect()
+    join = cgroups.joiner(h.lab_dir(lab.name)) if h and os.path.isdir(h.lab_dir(lab.name)) \
+        else None
+    from fabricscope.lab import naming
+    log_path = os.path.join(naming.lab_dir(lab.name), f"delay-{port}.log")
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "fabricscope.lab.delay_stage", port,
+                                 f"{seconds * 1000:g}"], stdout=subprocess.PIPE,
+                                stderr=log_file, text=True, preexec_fn=join,
+                                start_new_session=True)
+    with proc.stdout:
+        line = proc.stdout.readline()          # "ready", or nothing when it failed
+    if line.strip() != "ready":
+        proc.wait()
+        with open(log_path) as fh:
+            err = (fh.read().strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"the delay stage on {port} did not start: {err}",
+                        "check that BCC (python3-bpfcc) and /dev/net/tun are available")
+    return proc.pid
+
+
+def _stop_delay(lab: Lab, node_index: int) -> None:
+    """End node_index's delay stage, if any (it removes its filter as it exits)."""
+    from fabricscope.lab import nsops
+    from fabricscope.lab.delay_stage import remove_filter
+    fault = lab.faults.get(node_index, {}).get("delay")
+    if fault:
+        if _is_delay_stage(fault["pid"]):       # not a pid the system gave out again
+            nsops.end_pids([fault["pid"]], f"the delay stage of node{node_index}")
+        remove_filter(lab.nodes[node_index].port)
+        _record(lab.faults, node_index, "delay", None)
+
+
+def _is_delay_stage(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"fabricscope.lab.delay_stage" in fh.read()
+    except OSError:
+        return False
+
+
 def cpu(lab: Lab | str, node_index: int, pct: float) -> dict:
     """Give node_index's training ranks pct % of one CPU; returns the recorded fault."""
     quota = cgroups.quota_us(pct, os.cpu_count() or 1)
@@ -219,6 +282,7 @@ def clear(lab: Lab | str, node_index: int | None = None, uplink: str | None = No
                            for t in racks]))
         default = _link_tbf(fresh)
         for i in nodes:
+            _stop_delay(fresh, i)
             tc.reset_root(ipr, _link_index(ipr, fresh, fresh.nodes[i].port), default)
             if "cpu" in fresh.faults.get(i, {}) and os.path.isdir(fresh.nodes[i].cgroup):
                 cgroups.set_quota(fresh.nodes[i].cgroup, None)

@@ -19,7 +19,7 @@ import pytest
 from fabricscope.topology import load_topology
 from fabricscope.lab import cgroups, exec_argv, naming, nft
 from fabricscope.lab.running import running_lab, unique_name
-from tests.kernel.test_lab import PY, ROOT, SOURCE, await_true, host_state, transfer
+from tests.kernel.test_lab import PY, ROOT, SINK, SOURCE, await_true, host_state, transfer
 
 pytestmark = pytest.mark.root
 BUSY = "while True: pass"
@@ -118,6 +118,65 @@ def test_an_uplink_shaper_holds_back_cross_tor_traffic_and_leaves_the_rack_alone
         clear(lab, uplink="tor0")
         assert [uplink_qdisc(lab, "tor0", d)["kind"] for d in ("up", "down")] == ["noqueue"] * 2
         assert load(lab.name).uplink_faults == {}
+
+
+CONNECT = ("import socket,sys,time; t=time.monotonic(); "
+           "s=socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=30); "
+           "print(time.monotonic()-t); s.sendall(bytes(1000)); s.close()")
+
+
+def _connect_s(src_node, dst_node) -> float:
+    """Seconds node src_node's TCP handshake to dst_node took: one round trip."""
+    sink = subprocess.Popen(exec_argv(dst_node, [PY, "-c", SINK, dst_node.address]),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(sink.stdout.readline())
+        out = subprocess.run(exec_argv(src_node, [PY, "-c", CONNECT, dst_node.address, port]),
+                             check=True, timeout=120, capture_output=True, text=True)
+        return float(out.stdout)
+    finally:
+        sink.kill()
+        sink.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_delay_holds_every_frame_toward_the_node_and_drops_none():
+    """node1's port delays what it sends toward node1 by 30 ms: each handshake to node1
+    takes at least that (a lower bound), a transfer to it arrives whole and the
+    stage's TAP dropped nothing; the stage runs in the lab's cgroup, so clearing the
+    fault or taking the lab down ends it, and with it its filter on the port."""
+    from pyroute2 import IPRoute
+    from fabricscope.lab.delay_stage import FILTER_PRIO, stage_name
+    from fabricscope.lab.faults import clear, delay
+    from fabricscope.lab.topology import load
+    with running_lab(nodes=2) as lab:
+        _warm_up(lab)
+        assert delay(lab, 1, "30ms") == pytest.approx(0.03)
+        fault = load(lab.name).faults[1]["delay"]
+        assert fault["delay_s"] == pytest.approx(0.03)
+        assert fault["pid"] in cgroups.lab_pids(lab.name) or cgroups.detect() is None
+        tap = stage_name(lab.nodes[1].port)
+        assert _connect_s(lab.nodes[0], lab.nodes[1]) >= 0.03
+        assert transfer(lab.nodes[0], lab.nodes[1], 4_000_000)[0] == 4_000_000
+        assert int(_sysfs(f"/sys/class/net/{tap}/statistics/tx_dropped")) == 0
+        assert int(_sysfs(f"/sys/class/net/{tap}/statistics/tx_packets")) > 0
+        clear(lab, 1)
+        assert not _alive(fault["pid"]) and not os.path.exists(f"/sys/class/net/{tap}")
+        with IPRoute() as ipr:
+            index = ipr.link_lookup(ifname=lab.nodes[1].port)[0]
+            assert not [f for f in ipr.get_filters(index=index, parent=0xFFFFFFF3)
+                        if f["info"] >> 16 == FILTER_PRIO]
+        assert load(lab.name).faults == {}
+        assert transfer(lab.nodes[0], lab.nodes[1], 100_000)[0] == 100_000
+        pid = delay(lab, 0, "5ms") and load(lab.name).faults[0]["delay"]["pid"]
+    await_true(lambda: not _alive(pid), 30, "the delay stage to end with its lab")
 
 
 def test_uplink_loss_drops_frames_toward_the_rack_only():

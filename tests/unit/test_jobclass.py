@@ -70,6 +70,26 @@ def test_each_training_loop_is_named_with_its_period_and_collectives_per_step(
     assert result.arrival_rate_per_s is None
 
 
+def fsdp_layers(layers: int) -> list:
+    """FSDP2 on gloo, a layer per unit: each layer gathered whole before its forward,
+    again before its backward, and its gradient reduced (an AllReduce on gloo)."""
+    return ([("AllGather", 128 << 10, 1 + 0.5 * i, 0.3) for i in range(layers)]
+            + [(op, size, 1 + 0.5 * layers + 0.5 * i + 0.2 * k, 0.1)
+               for i in range(layers)
+               for k, (op, size) in enumerate((("AllGather", 128 << 10),
+                                               ("AllReduce", 128 << 10)))])
+
+
+@pytest.mark.parametrize("layers", [16, 48])
+def test_a_sharded_step_whose_calls_repeat_layer_by_layer_is_one_step(layers):
+    """Its backward pass repeats (AllGather, AllReduce) layer by layer, which matches
+    all but twice a step one layer later: the step is the whole repeat, not a layer."""
+    result = classify(loop(fsdp_layers(layers), step_ms=10 + layers))
+    assert result.job_class is JobClass.SHARDED, result.reason
+    assert result.collectives_per_step == 3 * layers
+    assert result.period_s == pytest.approx((10 + layers) / 1000, rel=0.05)
+
+
 def test_sharded_on_gloo_is_decided_by_the_allgather_share_of_bytes():
     result = classify(loop(FSDP_GLOO))
     assert result.mix[OpFamily.GATHER_SCATTER].bytes_share == pytest.approx(2 / 3)

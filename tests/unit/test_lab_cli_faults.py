@@ -31,6 +31,8 @@ def test_new_faults_parse():
         (cli_faults.cmd_fault_shape, "tor0", None, "200mbit", None)
     args = parse("fault", "--name", "x", "--uplink", "tor1", "loss", "2", "--direction", "down")
     assert (args.func, args.pct, args.direction) == (cli_faults.cmd_fault_loss, "2", "down")
+    args = parse("fault", "--name", "x", "--node", "1", "delay", "5ms")
+    assert (args.func, args.node, args.delay) == (cli_faults.cmd_fault_delay, 1, "5ms")
     args = parse("fault", "--name", "x", "--node", "1", "cpu", "30")
     assert (args.func, args.node, args.pct) == (cli_faults.cmd_fault_cpu, 1, "30")
     args = parse("fault", "--name", "x", "storage", "--rate", "20mbit", "--delay", "50ms")
@@ -50,12 +52,13 @@ def test_node_and_uplink_exclude_each_other():
 def test_list_describes_every_kind_of_fault():
     lab = plan("demo", 4, "198.18.4.0/24", tors=2)
     lab.faults = {1: {"cpu": {"pct": 30.0, "quota_us": 30000, "period_us": 100000},
-                      "loss": {"pct": 2.0, "direction": "tx"}}}
+                      "loss": {"pct": 2.0, "direction": "tx"}},
+                  2: {"delay": {"delay_s": 0.005, "pid": 4242}}}
     lab.uplink_faults = {"tor0": {"shape": {"rate_bps": 2 * 10**8, "burst": 16384,
                                             "limit": 66384, "direction": "up"}}}
     lab.storage_fault = {"rate_bps": 20_000_000, "delay_s": 0.05}
     assert cli_faults.describe_faults(lab) == (
-        "node1: loss 2% tx, cpu 30%; tor0 uplink: shape 200mbit burst 16384B limit 66384B up; "
+        "node1: loss 2% tx, cpu 30%; node2: delay 5ms; tor0 uplink: shape 200mbit burst 16384B limit 66384B up; "
         "storage: rate 20mbit, delay 50ms")
     assert cli_faults.describe_faults(plan("demo", 2, "198.18.4.0/24")) == ""
 
@@ -89,6 +92,10 @@ def labs(tmp_path, monkeypatch):
     (["fault", "--name", "two", "cpu", "30"], "a CPU fault needs a node"),
     (["fault", "--name", "two", "--uplink", "tor0", "cpu", "30"], "a CPU fault is a node's"),
     (["fault", "--name", "two", "--node", "7", "cpu", "30"], "has no node 7"),
+    (["fault", "--name", "two", "--node", "1", "delay", "soon"], "time 'soon'"),
+    (["fault", "--name", "two", "--uplink", "tor0", "delay", "5ms"],
+     "a delay is on a node's switch port"),
+    (["fault", "--name", "two", "delay", "5ms"], "a delay needs a node"),
     (["fault", "--name", "two", "storage"], "a storage fault needs a rate or a delay"),
     (["fault", "--name", "two", "--node", "0", "storage", "--delay", "5ms"],
      "the storage fault is the lab's data server's"),
