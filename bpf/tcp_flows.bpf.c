@@ -127,10 +127,13 @@ static __always_inline void fstat_add(int idx, __u64 n)
 	stat_add(FS_NSTATS + idx, n);
 }
 
-static __always_inline void emit_flow(struct fs_flow_event *ev)
+/* 0 when the event went out; else it is lost (counted). */
+static __always_inline long emit_flow(struct fs_flow_event *ev)
 {
-	fs_count_emit(flow_events.ringbuf_output(ev, sizeof(*ev), 0),
-		      FS_NSTATS + FS_FSTAT_EMITTED, FS_NSTATS + FS_FSTAT_LOST);
+	long err = flow_events.ringbuf_output(ev, sizeof(*ev), 0);
+
+	fs_count_emit(err, FS_NSTATS + FS_FSTAT_EMITTED, FS_NSTATS + FS_FSTAT_LOST);
+	return err;
 }
 
 #ifdef FS_WITH_TCP_PROBE
@@ -559,8 +562,12 @@ static __always_inline void open_flow(__u64 sk, struct fs_sock *s, struct fs_flo
 }
 
 /* The close event of socket sk (its entry s, or none): the counts, the last
- * transfer; forgets the socket. ev has the flow, family and states. */
-static __always_inline void close_flow(__u64 sk, struct fs_sock *s, struct fs_flow_event *ev,
+ * transfer; forgets the socket once the event went out. ev has the flow, family and
+ * states. A close the ring had no room for (its reader starved) keeps the entry, so
+ * that tcp_destroy_sock, or the sweep once the socket is gone, reports it again:
+ * a flow's close is its counts, the one record that must not be lost. Returns what
+ * emit_flow returned. */
+static __always_inline long close_flow(__u64 sk, struct fs_sock *s, struct fs_flow_event *ev,
 				       __u64 now)
 {
 	ev->ts_ns = now;
@@ -592,13 +599,16 @@ static __always_inline void close_flow(__u64 sk, struct fs_sock *s, struct fs_fl
 #ifdef FS_WITH_TCP_PROBE
 		end_transfer(s, &ev->flow, ev->family);
 #endif
-		socks.delete(&sk);
 	}
-	emit_flow(ev);
+	long err = emit_flow(ev);
+
+	if (s && !err)
+		socks.delete(&sk);
+	return err;
 }
 
 #ifdef FS_RAW_RETRANSMIT
-static __always_inline void close_unseen(__u64 sk, struct fs_sock *s, __u64 when, int stat);
+static __always_inline long close_unseen(__u64 sk, struct fs_sock *s, __u64 when, int stat);
 #endif
 
 TRACEPOINT_PROBE(sock, inet_sock_set_state)
@@ -657,13 +667,13 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
  * with the flow TC egress saw it send; the state it closed from is unknown (0).
  * when: the close's time; 0: the socket's last packet out (a socket found freed
  * later closed after that). */
-static __always_inline void close_unseen(__u64 sk, struct fs_sock *s, __u64 when, int stat)
+static __always_inline long close_unseen(__u64 sk, struct fs_sock *s, __u64 when, int stat)
 {
 	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
 
 	if (!tx) {           /* it never sent a packet: nothing to name its flow by */
 		socks.delete(&sk);
-		return;
+		return 0;
 	}
 	struct fs_flow_event ev = {
 		.flow = tx->flow,
@@ -671,13 +681,15 @@ static __always_inline void close_unseen(__u64 sk, struct fs_sock *s, __u64 when
 		.state = FS_TCP_CLOSE,
 	};
 	fstat_add(stat, 1);
-	close_flow(sk, s, &ev, when ? when : tx->ts_ns);
+	return close_flow(sk, s, &ev, when ? when : tx->ts_ns);
 }
 
 /* Called by tcp_retransmit.bpf.c's raw tcp_destroy_sock before it forgets the
  * socket: every full socket reaches CLOSE before it is destroyed, and that hit
  * deletes the socket's entry, so an entry left here is a close the kernel skipped
- * (a tracepoint program does not run while a BPF map syscall holds the CPU). */
+ * (a tracepoint program does not run while a BPF map syscall holds the CPU) or one
+ * the ring had no room for. Nonzero: keep the entries (the sweep reports the close
+ * once the socket is gone). */
 static __always_inline int close_at_destroy(__u64 sk)
 {
 	struct fs_sock *s = socks.lookup(&sk);
@@ -689,11 +701,11 @@ static __always_inline int close_at_destroy(__u64 sk)
 		 * at the same address, whose entries then stay too */
 		if (!s || s->cookie != sweep->cookie)
 			return 1;
-		close_unseen(sk, s, 0, FS_FSTAT_CLOSED_AT_SWEEP);
-		return 0;
+		/* a close the ring could not take keeps the entries for the next sweep */
+		return close_unseen(sk, s, 0, FS_FSTAT_CLOSED_AT_SWEEP) != 0;
 	}
 	if (s)
-		close_unseen(sk, s, bpf_ktime_get_ns(), FS_FSTAT_CLOSED_AT_DESTROY);
+		return close_unseen(sk, s, bpf_ktime_get_ns(), FS_FSTAT_CLOSED_AT_DESTROY) != 0;
 	return 0;
 }
 

@@ -481,8 +481,11 @@ def test_duplicate_segments_are_not_counted_as_received(lab, col):
         return [r for r in c.of(1, "tcp_flow_close") if r.tags["sport"] == str(port)]
     col.until_closed(mine, "node 1's close")
     (closed,) = mine(col)
-    assert closed.fields["bytes_received"] == nbytes, closed
-    assert col.probes[1].stats()["received_unacked_bytes"] > unacked0
+    # exact: each resent segment tcp_probe saw was taken off (received_unacked_bytes
+    # grows by it). Whether it saw them is the kernel's: it skips the program on a busy
+    # CPU now and then, and an unseen duplicate needs no taking off
+    assert closed.fields["bytes_received"] == nbytes, \
+        (closed, col.probes[1].stats()["received_unacked_bytes"] - unacked0)
 
 
 # Keeps BPF map syscalls running on CPU 0 (lookups of a full per-CPU LRU hash, as an
@@ -510,7 +513,10 @@ def test_received_bytes_of_missed_tcp_probe_hits_are_recovered_from_our_acks(lab
     The starved receiver also makes the sender retransmit (tail loss probes): those
     duplicates count twice, by design, so the counts lie in [sent, sent +
     retransmitted payload, from the sender's own probe]. Each round sends more than
-    4 GiB, so the ACK numbers that the recovery compares wrap within a transfer."""
+    4 GiB, so the ACK numbers that the recovery compares wrap within a transfer.
+    The hammer starves the agent's reader as well: where the ring had no room for
+    some transfer events (counted lost), their bytes are missing from the transfers,
+    never from the close, which waits in the kernel until it can go out."""
     n0, n1 = lab.nodes[0], lab.nodes[1]
     probe = col.probes[1]
     before = probe.stats()
@@ -518,7 +524,7 @@ def test_received_bytes_of_missed_tcp_probe_hits_are_recovered_from_our_acks(lab
     with traffic([(n1, ["taskset", "-c", "0", sys.executable, "-c", MAP_SYSCALLS])]) as (hammer,):
         await_up(hammer)
         for k in range(12):        # until a miss happened (most rounds have some)
-            port, small0 = 5340 + k, probe.stats()["transfers_small"]
+            port, small0, lost0 = 5340 + k, probe.stats()["transfers_small"], probe.stats()["lost"]
             with traffic([(n1, ["taskset", "-c", "0", *sink_argv(port)])]) as (sink,):
                 await_up(sink)
                 with traffic([(n0, send_argv(n1.address, port, nbytes=WRAPS_ACK_NUMBERS))]) as (sender,):
@@ -530,7 +536,8 @@ def test_received_bytes_of_missed_tcp_probe_hits_are_recovered_from_our_acks(lab
                              "the flow's close on both ends")
             # pieces under tcp_transfer_min_bytes long after the one before (the sink
             # starved for over tcp_transfer_tail_us) are only counted, by design
-            rounds.append((port, sent, probe.stats()["transfers_small"] - small0))
+            rounds.append((port, sent, probe.stats()["transfers_small"] - small0,
+                           probe.stats()["lost"] - lost0))
             if probe.stats()["received_recovered_bytes"] > before["received_recovered_bytes"]:
                 break
     after = probe.stats()
@@ -539,16 +546,18 @@ def test_received_bytes_of_missed_tcp_probe_hits_are_recovered_from_our_acks(lab
     # the kernel's count of skipped runs is exported too; it can stay flat while bytes
     # go missing (not every hit that never ran our program is counted there)
     assert after["missed_hits"] >= before["missed_hits"]
-    for port, sent, small in rounds:
+    for port, sent, small, lost in rounds:
         dup = sum(r.fields.get("payload_bytes", 1 << 16) for r in col.of(0, "tcp_retransmit")
                   if r.tags["dport"] == str(port))
         (close,) = [r for r in col.of(1, "tcp_flow_close") if r.tags["sport"] == str(port)]
         assert sent <= close.fields["bytes_received"] <= sent + dup, (port, sent, dup, close)
         got = sum(r.fields["bytes_in"] for r in col.of(1, "tcp_transfer")
                   if r.tags["sport"] == str(port))
-        assert sent - small * 65536 <= got <= sent + dup, (port, sent, got, small, dup)
-        if small == 0:
-            assert got >= sent, (port, sent, got, recovered)
+        assert got <= sent + dup, (port, sent, got, dup)
+        if lost == 0:        # else the shortfall is the events counted lost
+            assert got >= sent - small * 65536, (port, sent, got, small, dup)
+            if small == 0:
+                assert got >= sent, (port, sent, got, recovered)
 
 
 # Sends argv[3] bytes, waits until the peer acknowledged them (TIOCOUTQ 0), says so
