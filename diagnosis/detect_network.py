@@ -339,10 +339,10 @@ def job_loss_ratio(snap: Snapshot) -> float:
 
 def _stands_out(snap: Snapshot, node: str, bad_ids: set) -> bool:
     """Some hop of the job between two other nodes carried data on time (timed, and not
-    among the window's bad hops): the delay is the node's row and column of the matrix. Where
-    every such hop is as late, the job's whole fabric is (its latency rose), and one
-    node's link is no better an answer than another's. A job with no such hop (two
-    nodes) has nothing to compare with."""
+    among the window's bad hops): the delay is the node's row and column of the
+    matrix. Where every such hop is as late, the job's whole fabric is (its latency
+    rose), and one node's link is no better an answer than another's. A job with no
+    such hop (two nodes) has nothing to compare with."""
     others = [c for c in snap.data_cells if c.peer_node is not None and
               c.rtt_p50_us is not None and node not in (c.key.node, c.peer_node)]
     return not others or any(id(c) not in bad_ids for c in others)

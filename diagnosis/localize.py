@@ -140,6 +140,14 @@ def path(src: str, dst: str | None, tor_of, peer: str = "") -> set[tuple[str, st
     return out
 
 
+def path_in(node: str, peer: str, tor_of) -> set[tuple[str, str]]:
+    """Elements a transfer from a peer outside the job into `node` crosses (a read):
+    the peer itself (ext), the downlink of node's ToR (outside hosts sit behind the
+    spine) and node's port (in)."""
+    tor = tor_of(node)
+    return {("in", node), ("ext", peer)} | ({("down", tor)} if tor is not None else set())
+
+
 _KIND_OF = {"out": "node", "in": "node", "up": "tor", "down": "tor", "ext": "peer"}
 
 
@@ -156,9 +164,7 @@ def implicated(bad: BadCell, tor_of) -> set[tuple[str, str]]:
     explains its delay, if any); a delayed cell's data path and its ACKs' path back;
     an inbound lossy cell the way from its outside peer into its node."""
     if bad.inbound:
-        node, tor = bad.cell.key.node, tor_of(bad.cell.key.node)
-        return {("in", node), ("ext", bad.cell.key.peer)} | (
-            {("down", tor)} if tor is not None else set())
+        return path_in(bad.cell.key.node, bad.cell.key.peer, tor_of)
     fwd = path(bad.src, bad.dst, tor_of, bad.cell.key.peer)
     if bad.delayed and not bad.lossy and bad.dst is not None:
         return fwd | path(bad.dst, bad.src, tor_of)
@@ -262,12 +268,10 @@ def told_apart(a: Place, b: Place, nodes, tor_of, outside: list[CellTotals] = ()
     ea, eb = elements(a), elements(b)
     ways = [path(src, dst, tor_of) for src in nodes for dst in nodes if src != dst]
     for c in outside:
-        node, tor = c.key.node, tor_of(c.key.node)
         if c.bytes_acked:          # a write: out of the node, up its rack, to the peer
-            ways.append(path(node, None, tor_of, c.key.peer))
+            ways.append(path(c.key.node, None, tor_of, c.key.peer))
         if c.bytes_received:       # a read: from the peer, down the rack, into the node
-            ways.append({("in", node), ("ext", c.key.peer)} |
-                        ({("down", tor)} if tor is not None else set()))
+            ways.append(path_in(c.key.node, c.key.peer, tor_of))
     return any(bool(on & ea) != bool(on & eb) for on in ways)
 
 
