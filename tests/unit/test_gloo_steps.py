@@ -282,3 +282,49 @@ def test_no_step_in_progress_is_named_where_an_allreduce_in_flight_joins_the_ste
     assert t.open_step(190 * MS, int(101.1 * MS)) is None
     o = t.open_step(190 * MS, 110 * MS)    # in the gap before step 2: it opens step 2
     assert (o.index, o.start_ns, o.waiting) == (2, 110 * MS, True)
+
+
+def fsdp_run(steps: int, layers: int = 16, grad: int = 65_536, lazy_init: bool = False):
+    """FSDP2 over gloo, as the lab's `--kind fsdp` runs it: per layer an AllGather before
+    its forward, another before its backward, and its ReduceScatter, which gloo runs as
+    an AllReduce of the layer's whole gradient; a step every 3 ms per layer, and 50
+    more. Step 0's forward
+    gathers come before the first AllReduce (the tracker's init). lazy_init: step 0
+    also reduces one small buffer first, a call no later step repeats."""
+    out, t, period = [], 0.0, 3.0 * layers + 50
+    for n in range(steps):
+        for _ in range(layers):                      # forward: 1 ms per layer
+            out.append(coll("AllGather", t, t + 0.5, grad // 3))
+            t += 1.0
+        if n == 0 and lazy_init:
+            out.append(coll("AllReduce", t, t + 0.3, 64))
+            t += 1.0
+        for _ in range(layers):                      # backward: 2 ms per layer
+            out.append(coll("AllGather", t, t + 0.5, grad // 3))
+            out.append(coll("AllReduce", t + 1.0, t + 1.6, grad))
+            t += 2.0
+        t = period * (n + 1)                         # optimizer, data
+    return out
+
+
+@pytest.mark.parametrize("lazy_init", [False, True])
+@pytest.mark.parametrize("layers", [1, 3, 16, 100])
+def test_a_sharded_step_is_every_layer_not_one(layers, lazy_init):
+    # each layer's AllReduce burst is alike and so are the gaps between them: by bytes
+    # and gaps alone each layer would be a step; its gathers make the sequence's period
+    # the step
+    tracker = StepTracker()
+    steps, _ = feed(tracker, fsdp_run(8, layers=layers, lazy_init=lazy_init))
+    assert tracker.sequenced and tracker.resyncs == 0
+    assert {s.buckets for s in steps} == {layers}
+    assert {s.bytes for s in steps} == {layers * 65_536}
+    period = (3.0 * layers + 50) / 1e3
+    assert [s.seconds for s in steps[:-1]] == pytest.approx([period] * (len(steps) - 1))
+    assert len(steps) >= 7            # step 0 too, unless its calls differ (lazy_init)
+
+
+def test_the_same_layers_without_their_gathers_are_one_step_each():
+    # the case the sequence exists for: AllReduce alone cannot tell a layer from a step
+    colls = [c for c in fsdp_run(4) if c.op == "AllReduce"]
+    steps, _ = feed(StepTracker(), colls)
+    assert {s.buckets for s in steps} == {1}

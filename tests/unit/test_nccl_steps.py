@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from fabricscope.agent.probes.nccl.steps import Call, CallSteps, StepRecords, find_pattern
+from fabricscope.agent.probes.callseq import FALLBACK_CALLS, find_pattern
+from fabricscope.agent.probes.nccl.steps import Call, CallSteps, StepRecords
 from fabricscope.records import Record
 from fabricscope.schema import validate
 from tests.unit.test_ncclprof_probe import FakeProc
@@ -84,10 +85,24 @@ def test_fsdp_layers_make_one_step_of_every_allgather_and_reducescatter():
 
 
 def test_one_allreduce_per_step_with_even_pauses_is_a_step_each():
-    calls = [Call(T0 + i * 50 * MS, "AllReduce", "0x1", 4 * MB) for i in range(10)]
+    # a run of equal, evenly paced calls is also how a longer step's phase begins (an
+    # FSDP forward pass): one call per step is taken after FALLBACK_CALLS of them
+    calls = [Call(T0 + i * 50 * MS, "AllReduce", "0x1", 4 * MB)
+             for i in range(FALLBACK_CALLS + 10)]
+    assert find_pattern(calls[:FALLBACK_CALLS - 1], fresh=True) is None
     _, steps = run(calls)
-    assert len(steps) == 9 and all(s.collectives == 1 for s in steps)
+    assert len(steps) == FALLBACK_CALLS + 9 and all(s.collectives == 1 for s in steps)
     assert all(s.seconds == pytest.approx(0.05) for s in steps)
+
+
+@pytest.mark.parametrize("layers", [6, 16, 32])
+@pytest.mark.parametrize("chunk", [1, 7, 11])
+def test_an_fsdp_step_is_found_whole_however_its_calls_arrive(layers, chunk):
+    # its forward gathers, then its backward's gather and reduce-scatter pairs, each
+    # repeat within the step before the step repeats: neither is taken for the step
+    tracker, steps = run(fsdp(10, layers=layers), chunk=chunk)
+    assert len(steps) >= 6 and {s.collectives for s in steps} == {3 * layers}
+    assert tracker.resyncs == 0
 
 
 def test_no_step_is_claimed_before_the_sequence_repeated_three_times():

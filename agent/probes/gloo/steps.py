@@ -23,6 +23,15 @@ separates buckets; (d) after FALLBACK_BURSTS undecided bursts, the smallest. A
 total that stops cutting (the model changed) is searched again, dropping up to
 MAX_SKIP leftover bursts.
 
+A sharded job (FSDP, ZeRO-3) breaks (c): it reduces each layer's gradients on its own,
+and ProcessGroupGloo runs each ReduceScatter as an AllReduce, so equal layers make
+equal bursts whose first gaps are alike, and a step of 16 layers would be read as 16
+steps. Such a job also gathers parameters (AllGather) or exchanges tokens (AlltoAll);
+once a process issues those after its first AllReduce, G is taken from the period of
+its whole call sequence instead (agent/probes/callseq.py, as for NCCL): the AllReduce
+bytes of one repeat, cut at that repeat's first AllReduce. Nothing is decided until the
+sequence has repeated MIN_REPEATS times.
+
 Phases: `param_broadcast` (the collectives before the first AllReduce: DDP's
 parameter broadcast and shape check), then per step `grad_sync` (time with an
 AllReduce in flight) and `compute` (the rest of the step: forward, backward not
@@ -33,9 +42,12 @@ its collectives (agent/training_join.py), not from collective windows.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
+from fabricscope.agent.probes.callseq import MAX_HISTORY, MAX_PERIOD, SEPARATION, find_pattern
 from fabricscope.agent.probes.gloo.layout import Collective
+from fabricscope.jobclass import VARIABLE_SIZE_OPS
 
 MERGE_GAP_NS = 200_000        # windows closer than this belong to one burst
 MIN_GROUPS = 2                # complete groups needed before G is trusted
@@ -43,8 +55,24 @@ MIN_GAPS = 3                  # gaps needed before their pattern decides G
 FALLBACK_BURSTS = 16          # undecided this long: take the smallest G
 MAX_SKIP = 8                  # bursts dropped at most to find a G again after a change
 HINT_MIN_BYTES = 4096         # init broadcasts below this are control data, not parameters
-SEPARATION = 2.0              # boundary gaps vs inner gaps for a larger G to win
 MAX_BURSTS = 64               # pending bursts kept (bounds the search for G)
+#: ops that make a step more than one gradient sync: the step is then a period of the
+#: whole call sequence (the module doc)
+SEQUENCE_OPS = frozenset({"AllGather", "AllGatherv", "AlltoAll", "AlltoAllv"})
+
+
+@dataclass(frozen=True, order=True)
+class SequenceCall:
+    """A collective as the call-sequence search sees it (callseq.Timed)."""
+
+    ts_ns: int
+    token: tuple
+
+
+def sequence_call(c: Collective) -> SequenceCall:
+    """Its op, and its size unless the size follows the data (a v-variant)."""
+    size = () if c.op.lower() in VARIABLE_SIZE_OPS else (c.bytes or 0,)
+    return SequenceCall(c.start_ns, (c.op, *size))
 
 
 @dataclass
@@ -212,9 +240,13 @@ class StepTracker:
         self.hints_seen: list[int] = []
         self.late = 0                       # windows that arrived after their step left
         self.resyncs = 0                    # G stopped cutting and was searched again
-        self.skipped = 0                    # bursts left out of any step after a change
+        self.skipped = 0                    # bursts left out of any step (before it, after a change)
+        self.sequence: list[SequenceCall] = []  # every collective since init, by start
+        self.sequenced = False              # a step is a period of the sequence (module doc)
 
     def add(self, c: Collective) -> tuple[list[Step], list[Phase]]:
+        if c.op != "AllReduce" or c.bytes:
+            self._note(c)
         if c.op != "AllReduce":
             if not self.init_done:
                 self.init = self.init or Burst(c.start_ns, c.end_ns)
@@ -296,6 +328,15 @@ class StepTracker:
         return [Phase("param_broadcast", b.start_ns, (b.end_ns - b.start_ns) / 1e9, b.bytes,
                       b.collectives, -1)]
 
+    def _note(self, c: Collective) -> None:
+        """Keep a collective in the call sequence (by start: they arrive as they
+        return). Gathers before the first AllReduce are DDP's set-up or a sharded
+        step's forward pass; only those after it tell the two apart."""
+        self.sequenced = self.sequenced or (self.init_done and c.op in SEQUENCE_OPS)
+        bisect.insort(self.sequence, sequence_call(c))
+        if len(self.sequence) > MAX_HISTORY:
+            del self.sequence[:len(self.sequence) - MAX_HISTORY]
+
     def _insert(self, c: Collective) -> None:
         if c.start_ns < self.frozen_ns:
             self.late += 1          # its step was emitted already: count it in the next
@@ -315,7 +356,10 @@ class StepTracker:
                 keep.append(b)
         merged.busy_ns = _union(merged.windows)
         keep.append(merged)
-        self.bursts = sorted(keep, key=lambda b: b.start_ns)[-MAX_BURSTS:]
+        # the search by bytes tries every prefix (quadratic); the sequence needs a step
+        # of bursts held, and a step has at most MAX_PERIOD calls
+        held = MAX_PERIOD if self.sequenced else MAX_BURSTS
+        self.bursts = sorted(keep, key=lambda b: b.start_ns)[-held:]
 
     def _emit(self, final: bool,
               next_start_ns: int | None = None) -> tuple[list[Step], list[Phase]]:
@@ -350,6 +394,8 @@ class StepTracker:
 
     def _resync(self) -> bool:
         """Find G; after a change, dropping up to MAX_SKIP leading bursts left over."""
+        if self.sequenced:
+            return self._resync_by_sequence()
         most = min(MAX_SKIP, len(self.bursts)) if self.resyncs else 0
         for skip in range(most + 1):
             total = choose_step_bytes(self.bursts[skip:], frozenset(self.hints))
@@ -361,6 +407,34 @@ class StepTracker:
                 self.bursts = self.bursts[skip:]
                 return True
         return False
+
+    def _resync_by_sequence(self) -> bool:
+        """G from the period of the call sequence: the AllReduce bytes of one repeat;
+        the bursts before the first held one that opens a repeat are dropped."""
+        found = find_pattern(self.sequence, fresh=not self.resyncs)
+        if found is None:
+            return False
+        q = found.period
+        repeat = self.sequence[found.anchor:found.anchor + q]
+        first = next((i for i, c in enumerate(repeat) if c.token[0] == "AllReduce"), None)
+        if first is None:
+            return False
+        total = sum(c.token[1] for c in repeat if c.token[0] == "AllReduce")
+        for k in range(found.anchor + first, len(self.sequence), q):
+            opens = self.sequence[k].ts_ns
+            skip = next((i for i, b in enumerate(self.bursts)
+                         if b.start_ns <= opens <= b.end_ns), None)
+            if skip is not None and \
+                    partition([b.bytes for b in self.bursts[skip:]], total) is not None:
+                break
+        else:
+            return False
+        self.step_bytes = total
+        self.skipped += skip
+        if skip:
+            self.cut_ns = self.bursts[skip - 1].end_ns
+        self.bursts = self.bursts[skip:]
+        return True
 
     def _step(self, group: list[Burst], next_start: int | None) -> tuple[Step, Phase]:
         start = group[0].start_ns

@@ -1,27 +1,13 @@
 """Training steps inferred from one process's NCCL calls (no markers needed): nccl_step.
 
-Each training step issues the same sequence of calls: DDP its gradient AllReduce
-buckets (and a buffer Broadcast per forward), FSDP an AllGather per layer forward,
-an AllGather and a ReduceScatter per layer backward. A call is a token (op,
-communicator, message size); a step is a period of the token sequence.
+A call is a token (op, communicator, message size); a step is a period of the token
+sequence, found as agent/probes/callseq.py says.
 
 Why not gloo's partition by bytes (agent/probes/gloo/steps.py): it cuts runs of
 AllReduce windows into groups of the gradient bytes G, merging the windows that
 overlap into bursts; NCCL calls have enqueue times only (no windows to merge), and an
-FSDP step has no AllReduce and no single G. What is shared is the rule for cutting
-where several cuts fit: the step boundary falls on the long pauses (gloo's SEPARATION).
+FSDP step has no AllReduce and no single G.
 
-The search, over the recent calls of a process:
-1. p0 = the shortest period of the calls' tail that repeats at least MIN_REPEATS times
-   and explains as long a tail as any longer period (a run of equal calls inside a
-   step, such as FSDP's forward AllGathers, repeats too but explains less);
-2. each multiple Q of p0 that still repeats MIN_REPEATS times is a candidate, cut at
-   the position whose preceding pauses are longest; Q is clean when every pause at a
-   cut is SEPARATION times the longest pause inside a step (one call per step: when the
-   pauses are even). The smallest clean Q wins: equal DDP buckets make p0 = 1, and the
-   forward pass between steps makes Q = buckets clean;
-3. no clean Q: p0 itself when p0 > 1 (the sequence is distinctive), or p0 = 1 after
-   FALLBACK_CALLS calls.
 Once found, every call is checked against the step's sequence; a call that breaks it
 (the model or the bucket layout changed) drops the pattern (counted `resyncs`) and the
 search runs again.
@@ -37,16 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fabricscope.agent.probes.callseq import MAX_HISTORY, find_pattern
 from fabricscope.agent.probes.gloo.procs import ProcessTable
-from fabricscope.agent.probes.gloo.steps import SEPARATION
 from fabricscope.agent.probes.ncclprof.records import job_tags
 from fabricscope.records import Record
-
-MIN_REPEATS = 3          # repetitions of the sequence needed before it is trusted
-FALLBACK_CALLS = 64      # one call per step with uneven pauses: accepted after this many
-MAX_HISTORY = 4096       # calls kept per process while no sequence is known
-MAX_PERIOD = 1024        # calls per step at most (an FSDP step: ~3 per layer)
-MAX_MULTIPLE = 256       # multiples of the shortest period tried for a clean cut
 
 
 @dataclass(frozen=True)
@@ -71,78 +51,6 @@ class NcclStep:
     calls_seconds: float     # first to last call of the step
 
 
-@dataclass(frozen=True)
-class Pattern:
-    period: int
-    anchor: int              # index (in the calls searched) of a step's first call
-
-
-def _periodic_tail(tokens: list, period: int) -> int:
-    """Length of the longest tail of `tokens` that repeats with this period."""
-    n, i = len(tokens), len(tokens) - 1
-    while i >= period and tokens[i] == tokens[i - period]:
-        i -= 1
-    return min(n, n - i - 1 + period)
-
-
-def _cut(gaps: list[int], start: int, period: int) -> tuple[int, list[int], int]:
-    """The position (from `start`, modulo period) whose preceding pauses are longest:
-    (its first index, its pauses, the longest pause elsewhere). gaps[i] precedes call i."""
-    sums = [sum(gaps[r::period]) for r in range(start, start + period)]
-    best = start + max(range(period), key=sums.__getitem__)
-    cut = gaps[best::period]
-    inner = max((max(gaps[r::period], default=0) for r in range(start, start + period)
-                 if r != best), default=None)
-    return best, cut, inner
-
-
-def _clean(cut: list[int], inner: int | None) -> bool:
-    if not cut:
-        return False
-    if inner is None:        # one call per step: the pauses must be even
-        return max(cut) < SEPARATION * max(min(cut), 1)
-    return min(cut) >= SEPARATION * max(inner, 1)
-
-
-def _shortest_period(tokens: list) -> tuple[int, int] | None:
-    """(p0, its tail's length): the shortest period that repeats MIN_REPEATS times and
-    explains as long a tail as any longer one does (a run of equal calls inside a
-    step, e.g. FSDP's forward AllGathers, repeats too but explains less), or None."""
-    n = len(tokens)
-    covers: dict[int, int] = {}
-    for p in range(1, min(MAX_PERIOD, n // 2) + 1):
-        covers[p] = c = _periodic_tail(tokens, p)
-        if c >= MIN_REPEATS * p and c >= n - p:
-            break           # nothing longer can explain more than it does
-    best = max(covers.values(), default=0)
-    return next(((p, c) for p, c in covers.items()
-                 if c >= MIN_REPEATS * p and c >= best - p), None)
-
-
-def find_pattern(calls: list[Call]) -> Pattern | None:
-    """The step sequence of these calls (see the module doc), or None when undecided."""
-    tokens = [c.token for c in calls]
-    n = len(tokens)
-    found = _shortest_period(tokens)
-    if found is None:
-        return None
-    p0, tail = found
-    first = n - tail         # the periodic tail's first call
-    gaps = [0] + [calls[i].ts_ns - calls[i - 1].ts_ns for i in range(1, n)]
-    chosen = None
-    for q in range(p0, min(MAX_PERIOD, tail // MIN_REPEATS, MAX_MULTIPLE * p0) + 1, p0):
-        best, cut, inner = _cut(gaps, first + 1, q)
-        if _clean(cut, inner):
-            chosen = q, best
-            break
-    if chosen is None:
-        if p0 == 1 and n < FALLBACK_CALLS:
-            return None
-        chosen = p0, _cut(gaps, first + 1, p0)[0]
-    q, best = chosen
-    return Pattern(q, first + (best - first) % q)   # the tail's first call at that cut
-
-
 class CallSteps:
     """One process's calls in, NcclSteps out (each once the next step's first call came)."""
 
@@ -163,7 +71,7 @@ class CallSteps:
         if len(self.calls) > MAX_HISTORY:
             self.dropped += len(self.calls) - MAX_HISTORY
             self.calls = self.calls[-MAX_HISTORY:]
-        found = find_pattern(self.calls)
+        found = find_pattern(self.calls, fresh=not self.resyncs)
         if found is None:
             return False
         self.dropped += found.anchor
