@@ -39,9 +39,16 @@
 enum sk_rst_reason { FS_SK_RST_REASON_PLACEHOLDER = 0 };
 #endif
 
+#ifndef FS_TRANSFER_GAP_NS
+#define FS_TRANSFER_GAP_NS 2000000       /* config tcp_transfer_gap_us */
+#endif
 /* TC egress also keeps each flow's last SYN-ACK: recover_received's baseline for
  * accepted sockets. */
 #define FS_REMEMBER_SYNACK 1
+/* ... and where a socket's data resumed after a pause as long as a transfer's gap:
+ * the sequence number at which the transfer that resumption began starts
+ * (add_transfer). */
+#define FS_SEND_PAUSE_NS FS_TRANSFER_GAP_NS
 #if defined(FS_WITH_SET_STATE) && defined(FS_RAW_RETRANSMIT)
 /* The raw tcp_destroy_sock program (never skipped) closes a flow whose
  * inet_sock_set_state hit to CLOSE the kernel skipped (below). */
@@ -73,9 +80,6 @@ static __always_inline void tie_at_handshake(__u64 sk, __u32 ack);
 
 #ifndef MAX_FLOWS
 #define MAX_FLOWS 4096
-#endif
-#ifndef FS_TRANSFER_GAP_NS
-#define FS_TRANSFER_GAP_NS 2000000       /* config tcp_transfer_gap_us */
 #endif
 #ifndef FS_TRANSFER_MIN_BYTES
 #define FS_TRANSFER_MIN_BYTES 65536      /* config tcp_transfer_min_bytes */
@@ -348,6 +352,29 @@ static __always_inline void ack_baseline(__u64 sk, struct fs_flow *flow, struct 
  * comparison still finds the advance below 2^31 (see recover_received). */
 #define FS_ACK_RESYNC_BYTES (1ULL << 30)
 
+/* Of snd_una's advance from `prev` by `out` seen at the first hit after a gap, the
+ * bytes the transfer that ended had sent: those below the sequence number at which
+ * TC egress (never skipped) saw data resume after a pause (burst_seq). Bytes above it
+ * were sent by the transfer this hit starts, acknowledged in hits the kernel
+ * skipped; without them the two transfers' bytes would merge. Where data did not
+ * resume past `prev` (burst_seq at or below it: wraps to a large difference), all
+ * of it is the ended transfer's: the acknowledgment of its last segments. */
+static __always_inline __u32 ended_share(__u64 sk, struct fs_flow *flow, __u32 prev,
+					 __u32 out)
+{
+	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
+	__u32 mine;
+
+	if (!tx || !fs_flow_same(&tx->flow, flow))
+		return out;
+	mine = tx->burst_seq - prev;
+	if (mine < out) {
+		fstat_add(FS_FSTAT_SENT_AFTER_GAP, out - mine);
+		return mine;
+	}
+	return out;
+}
+
 /* Transfers: a socket's hits that move bytes (payload in, snd_una advancing, or
  * data in flight to be acknowledged) with no gap over FS_TRANSFER_GAP_NS between
  * them. A gap ends the transfer before the hit (reported here, on the first hit
@@ -378,10 +405,12 @@ static __always_inline __u32 add_transfer(__u64 sk, struct fs_sock *s, struct fs
 		if (recovered && received_after(sk, s, ack_ns, nxt)) {
 			in += recovered;     /* and `out`: acknowledged in those hits, likely */
 		} else {
+			__u32 ended = ended_share(sk, flow, una - out, out);
+
 			s->xfer_in += recovered;
 			s->received += recovered;
-			s->xfer_out += out;
-			out = 0;
+			s->xfer_out += ended;
+			out -= ended;
 		}
 		end_transfer(s, flow, family);
 	} else if (s->has_ack && s->received > s->rcv_acked + FS_ACK_RESYNC_BYTES) {

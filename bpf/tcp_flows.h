@@ -44,7 +44,9 @@
 #define FS_FSTAT_UNACKED 15 /* bytes counted at their hits that our ACKs did not
 			     * cover: duplicates, drops after the hit, out-of-order data
 			     * (counted again when acknowledged: recover_received) */
-#define FS_NFSTATS 16
+#define FS_FSTAT_SENT_AFTER_GAP 16 /* bytes acknowledged at a transfer's first hit that
+				   * it sent itself, in hits skipped (ended_share) */
+#define FS_NFSTATS 17
 
 /* One flow's aggregates over one window, on one CPU. */
 struct fs_flow_slot {

@@ -75,9 +75,13 @@
 /* The same packet passing a second hooked interface (a VLAN device, then its
  * parent) does so within the one transmit call. */
 #define FS_SAME_PACKET_NS 1000000ULL
+#ifndef FS_SEND_PAUSE_NS
+#define FS_SEND_PAUSE_NS 2000000ULL
+#endif
 
 #ifdef FS_RAW_RETRANSMIT
 BPF_TABLE("lru_hash", __u64, struct fs_sock_tx, socks_tx, FLOW_ENTRIES);
+BPF_PERCPU_ARRAY(tx_scratch, struct fs_sock_tx, 1);
 #ifdef FS_REMEMBER_SYNACK
 /* The last SYN-ACK per flow (tcp_flows: an accepted socket's first acknowledgment
  * number; the SYN-ACK leaves with the request socket, not the socket it becomes). */
@@ -395,31 +399,41 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 	__u64 sk = (__u64)(long)bsk;
 	__u8 syn_sent = (flags & (FS_TCP_SYN | FS_TCP_ACK)) == FS_TCP_SYN;
 	__u32 end = seq + seen->bytes + ((flags & FS_TCP_SYN) != 0) + ((flags & FS_TCP_FIN) != 0);
-	struct fs_sock_tx tx = {
-		.ts_ns = seen->ts_ns,
-		.flow = *flow,
-		.family = proto == bpf_htons(ETH_P_IP) ? FS_AF_INET : FS_AF_INET6,
-		.state = syn_sent ? FS_TCP_SYN_SENT : FS_TCP_ESTABLISHED,
-		.last_flags = flags,
-		.snd_end = end,
-		.last_seq = seq,
-		.ack_seq = seen->ack_seq,
-		.has_ack = seen->has_ack,
-		.ifindex = skb->ifindex,
-		.last_bytes = seen->bytes,
-		.ack_ns = seen->ts_ns,
-		/* a SYN takes its sequence number: data starts after it */
-		.first_seq = seq + ((flags & FS_TCP_SYN) != 0),
-	};
+	/* built in per-CPU scratch, not on the stack: tc_egress is near its 512 bytes */
+	int zero = 0;
+	struct fs_sock_tx *tx = tx_scratch.lookup(&zero);
+
+	if (!tx)
+		return 0;
+	tx->ts_ns = seen->ts_ns;
+	tx->flow = *flow;
+	tx->family = proto == bpf_htons(ETH_P_IP) ? FS_AF_INET : FS_AF_INET6;
+	tx->state = syn_sent ? FS_TCP_SYN_SENT : FS_TCP_ESTABLISHED;
+	tx->last_flags = flags;
+	tx->snd_end = end;
+	tx->last_seq = seq;
+	tx->ack_seq = seen->ack_seq;
+	tx->has_ack = seen->has_ack;
+	tx->ifindex = skb->ifindex;
+	tx->last_bytes = seen->bytes;
+	tx->ack_ns = seen->ts_ns;
+	/* a SYN takes its sequence number: data starts after it */
+	tx->first_seq = seq + ((flags & FS_TCP_SYN) != 0);
+	tx->burst_seq = seq;
 	struct fs_sock_tx *old = socks_tx.lookup(&sk);
 
 	if (old && fs_other_flow(&old->flow, flow))
 		goto stale;
 	if (old) {
-		if (old->ifindex != tx.ifindex && old->last_seq == seq &&
+		if (old->ifindex != tx->ifindex && old->last_seq == seq &&
 		    old->last_bytes == seen->bytes && old->last_flags == flags &&
 		    seen->ts_ns - old->ts_ns < FS_SAME_PACKET_NS)
 			return 1;
+		/* new data after a pause resumes the socket's sending; a resent or empty
+		 * packet leaves the mark as it was */
+		if (!seen->bytes || (__s32)(seq - old->snd_end) < 0 ||
+		    tx->ts_ns - old->ts_ns <= FS_SEND_PAUSE_NS)
+			tx->burst_seq = old->burst_seq;
 		/* The rare packets only (a SYN, or one starting below the highest sequence
 		 * sent) need the entry's history, and so the full check that it is this
 		 * flow's (the cheap one above compares ports and peer). */
@@ -432,26 +446,26 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 					(flags & (FS_TCP_SYN | FS_TCP_ACK)) != (FS_TCP_SYN | FS_TCP_ACK);
 			/* a SYN with another initial sequence number is a new connection */
 			if (sequenced && (syn_sent ? old->snd_end == end : below))
-				emit_tc_retransmit(sk, flow, seen, tx.family, tx.state);
+				emit_tc_retransmit(sk, flow, seen, tx->family, tx->state);
 			if (!syn_sent && (__s32)(end - old->snd_end) < 0)
-				tx.snd_end = old->snd_end;
+				tx->snd_end = old->snd_end;
 		}
 		if (!seen->has_ack) {            /* a packet without ACK keeps the last one */
-			tx.ack_seq = old->ack_seq;
-			tx.has_ack = old->has_ack;
+			tx->ack_seq = old->ack_seq;
+			tx->has_ack = old->has_ack;
 		}
-		if (old->has_ack && old->ack_seq == tx.ack_seq)
-			tx.ack_ns = old->ack_ns;
+		if (old->has_ack && old->ack_seq == tx->ack_seq)
+			tx->ack_ns = old->ack_ns;
 		/* A connection never sends beyond the highest sequence number it sent: a
 		 * packet past it, or a SYN, starts a new connection at this address. */
 		if (!syn_sent && (__s32)(seq - old->snd_end) <= 0)
-			tx.first_seq = old->first_seq;
+			tx->first_seq = old->first_seq;
 #ifdef FS_ON_OPEN_TX
 		/* the first packet after our SYN that acknowledges: we connected */
 		if (old->state == FS_TCP_SYN_SENT && !syn_sent && (flags & FS_TCP_ACK) &&
 		    !(flags & FS_TCP_RST) &&
 		    fs_connected(bsk)) {
-			FS_ON_OPEN_TX(sk, flow, tx.family, 1, seen->ts_ns);
+			FS_ON_OPEN_TX(sk, flow, tx->family, 1, seen->ts_ns);
 			FS_ON_CONNECTED_TX(sk, skb);
 #ifdef FS_ON_HANDSHAKE_ACK
 			FS_ON_HANDSHAKE_ACK(sk, seen->ack_seq);
@@ -460,10 +474,10 @@ static __always_inline int remember_tx(struct __sk_buff *skb, struct fs_flow *fl
 #endif
 		/* In place: an LRU update allocates a new element per packet, and that churn
 		 * can evict other live sockets' entries. */
-		*old = tx;
+		*old = *tx;
 		return 0;
 	}
-	socks_tx.update(&sk, &tx);
+	socks_tx.update(&sk, tx);
 	goto first_packet;
 stale:
 	/* A freed socket's entry, whose address this socket reuses: no hook saw that
@@ -473,12 +487,12 @@ stale:
 #ifdef FS_ON_STALE
 	FS_ON_STALE(sk, old->ts_ns);   /* an includer's teardown work, as at destroy */
 #endif
-	*old = tx;
+	*old = *tx;
 first_packet:
 #ifdef FS_ON_OPEN_TX
 	/* a socket's first packet, not a handshake's: maybe one we accepted */
 	if ((flags & (FS_TCP_SYN | FS_TCP_ACK | FS_TCP_RST)) == FS_TCP_ACK && fs_connected(bsk))
-		FS_ON_OPEN_TX(sk, flow, tx.family, 0, seen->ts_ns);
+		FS_ON_OPEN_TX(sk, flow, tx->family, 0, seen->ts_ns);
 	FS_ON_CONNECTED_TX(sk, skb);
 #endif
 	return 0;

@@ -55,7 +55,8 @@ struct fs_sock_tx {
 	__u32 first_seq;  /* the first sequence number of the connection's data that TC
 	                   * saw leave (after a SYN: the one it takes), tcp_flows' baseline
 	                   * for bytes acknowledged before its first tcp_probe hit */
-	__u32 pad_tx;
+	__u32 burst_seq;  /* where its data last resumed after FS_SEND_PAUSE_NS without a
+	                   * packet */
 };
 
 /* Congestion state of one own socket (key: skaddr), from tcp/tcp_cong_state_set. */

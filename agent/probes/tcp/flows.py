@@ -31,7 +31,10 @@ program, once per transfer (bpf/tcp_flows.bpf.c: recover_received): exported as
 probe_events_total{event="received_recovered_bytes"}, the skipped runs the kernel
 counted as {event="missed_hits"}. The same ACKs take off bytes counted that were
 never received in order (a resent duplicate, a segment dropped after its hit,
-out-of-order data until acknowledged): {event="received_unacked_bytes"}. Bytes acknowledged before a socket's first hit
+out-of-order data until acknowledged): {event="received_unacked_bytes"}. Sent bytes
+acknowledged in skipped hits at a transfer's start count for it, not for the one
+before the gap: TC egress marks where the socket's data resumed after a pause
+({event="sent_after_gap_bytes"}). Bytes acknowledged before a socket's first hit
 count from the first sequence number TC egress saw it send (bpf/tcp_flows.bpf.c:
 una_baseline; {event="acked_before_first_hit_bytes"}). An open whose inet_sock_set_state hit was skipped
 is reported at the socket's first acknowledging packet on TC egress
