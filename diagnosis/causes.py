@@ -235,8 +235,10 @@ STEP_CAUSES = frozenset({Cause.STRAGGLER_COMPUTE, Cause.INPUT_STALL,
 #: causes read from the job's class and its model (diagnosis/detect_class.py)
 CLASS_CAUSES = frozenset({Cause.STAGE_IMBALANCE, Cause.ALLTOALL_SKEW, Cause.LATENCY_BOUND,
                           Cause.TAIL_LATENCY, Cause.BISECTION_LIMIT})
-#: causes that explain where a slow job's time went
-EXPLAINING_CAUSES = NETWORK_CAUSES | {Cause.STRAGGLER_COMPUTE, Cause.INPUT_STALL}
+#: causes that explain where a slow job's time went: each prices the time it adds to a
+#: step against the job's own baseline (latency_bound: the hops' RTT above theirs)
+EXPLAINING_CAUSES = NETWORK_CAUSES | {Cause.STRAGGLER_COMPUTE, Cause.INPUT_STALL,
+                                      Cause.LATENCY_BOUND}
 
 
 class Severity(enum.StrEnum):

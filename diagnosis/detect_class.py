@@ -259,6 +259,8 @@ def _latency(c: Classification, snap: Snapshot) -> list[Candidate]:
                   Evidence("gloo_collective", "median message size",
                            c.p50_bytes or 0.0, "B")],
         step_seconds_added=added, share_of_step=share,
+        explained_share=round(min(1.0, added / snap.step_added_s), 3)
+        if snap.step_added_s else 0.0,
         facts={"per_step": c.collectives_per_step, "extra_rtt_us": extra_us,
                "p50_bytes": c.p50_bytes, "step_s": c.period_s,
                "exchange_share": c.exchange_share})]

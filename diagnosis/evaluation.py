@@ -238,7 +238,8 @@ class Evaluation:
                                "their grad sync grows by their staggered arrival")
                       for c in net if c.cause == Cause.STRAGGLER_NETWORK]
             net = [c for c in net if c.cause != Cause.STRAGGLER_NETWORK]
-        causal = [c for c in net + strag + inp if c.cause in EXPLAINING_CAUSES]
+        by_class = detect_class.detect(self.job_class, snap, self.requests_baseline)
+        causal = [c for c in net + strag + inp + by_class if c.cause in EXPLAINING_CAUSES]
         network_open = any(c.cause in NETWORK_CAUSES for c in net) or \
             any(f.cause in NETWORK_CAUSES for f in opened)
         self.jitter.feed(self.ev, snap)
@@ -252,7 +253,7 @@ class Evaluation:
         for node in set(self.ev.node_of_rank.values()):
             self.node_known_ns.setdefault(node, snap.now_ns)
         out += telemetry(snap, self.lost_seen, self.node_known_ns)
-        out += detect_class.detect(self.job_class, snap, self.requests_baseline)
+        out += by_class
         self.lost_seen = dict(self.ev.lost_records)
         # what the named causes explain: this evaluation's, and those still open
         shares = {c.key: c.explained_share for c in causal}
