@@ -155,9 +155,10 @@ EVIDENCE = {
         "their bytes; named from `detect_class.SKEW_COST` of the step",
     Cause.LATENCY_BOUND:
         "a sharded job (AllGather/ReduceScatter carry most bytes) runs n collectives per "
-        "step, and each pays at least one round trip per ring step: n x the hops' median "
-        "RTT above their own baseline RTT, over the period, reaches "
-        "`detect_class.LATENCY_COST` of the step, whether or not the links are busy",
+        "step of s ring steps each (p - 1 for AllGather and ReduceScatter, 2 (p - 1) for "
+        "AllReduce, over p ranks), and each ring step waits for its neighbour's data: n x "
+        "s x half the hops' median RTT above their own baseline RTT, over the period, "
+        "reaches `detect_class.LATENCY_COST` of the step, whether or not the links are busy",
     Cause.TAIL_LATENCY:
         "a job classified as inference (no backward pass, no period): each request is "
         "one repeat of its op sequence, its latency from the first call to the last over "

@@ -31,7 +31,7 @@ from fabricscope.diagnosis.detect_network import in_series_note
 from fabricscope.diagnosis.evidence import SECOND
 from fabricscope.diagnosis.finding import Evidence
 from fabricscope.diagnosis.snapshot import Snapshot
-from fabricscope.jobclass import Classification, JobClass
+from fabricscope.jobclass import Classification, JobClass, OpFamily
 from fabricscope.requestmodel import RequestModel
 from fabricscope.stagemodel import SLOW_STAGE_COST
 
@@ -233,25 +233,40 @@ def _extra_rtt_us(snap: Snapshot) -> tuple[float, int] | None:
     return (statistics.median(extra), len(extra)) if extra else None
 
 
+def ring_steps(c: Classification) -> float:
+    """Ring steps per collective, over the job's mix by count: a ring of p ranks
+    passes an AllGather or ReduceScatter in p - 1 steps and an AllReduce in 2 (p - 1)
+    (a reduce-scatter, then an all-gather), each step waiting on the data from its
+    neighbour; any other exchange counts one."""
+    p = max(c.ranks, 2)
+    per = {OpFamily.GATHER_SCATTER: p - 1, OpFamily.ALLREDUCE: 2 * (p - 1)}
+    counts = {f: s.count for f, s in c.mix.items() if s.count}
+    total = sum(counts.values())
+    return sum(n * per.get(f, 1) for f, n in counts.items()) / total if total else 1.0
+
+
 def _latency(c: Classification, snap: Snapshot) -> list[Candidate]:
-    """Each collective of a small message pays at least one round trip per ring step:
-    n collectives per step pay n x the extra RTT (a lower bound: a ring of p ranks
-    has p - 1 steps per AllGather), whether or not the links are busy."""
+    """Each ring step of a collective waits for its neighbour's data, which pays the
+    hop's added one-way delay, half its extra RTT: n collectives per step of s ring
+    steps each add n x s x extra RTT / 2, whether or not the links are busy (a lower
+    bound: the median hop, and no round trips of TCP's own)."""
     if not c.period_s or not c.collectives_per_step:
         return []
     found = _extra_rtt_us(snap)
     if found is None or found[0] <= 0:
         return []
     extra_us, hops = found
-    added = c.collectives_per_step * extra_us / 1e6
+    steps = ring_steps(c)
+    added = c.collectives_per_step * steps * extra_us / 2 / 1e6
     share = added / c.period_s
     if share < LATENCY_COST:
         return []
     return [Candidate(
         Cause.LATENCY_BOUND, _severity(share, snap), _place(snap, None),
-        f"Latency-bound collectives: {c.collectives_per_step:.0f} per step each pay "
-        f"{extra_us / 1e3:.2f} ms of extra RTT, {added * 1e3:.1f} ms ({share:.0%}) of every "
-        f"{c.period_s * 1e3:.0f} ms step",
+        f"Latency-bound collectives: {c.collectives_per_step:.0f} per step of "
+        f"{steps:.1f} ring steps each wait {extra_us / 2e3:.2f} ms more for their "
+        f"neighbour's data (half the hops' {extra_us / 1e3:.2f} ms of extra RTT), "
+        f"{added * 1e3:.1f} ms ({share:.0%}) of every {c.period_s * 1e3:.0f} ms step",
         snap.window.start_ns, snap.window.end_ns,
         evidence=[Evidence("gloo_collective", "collectives per step", c.collectives_per_step),
                   Evidence("tcp_flow", f"median RTT above the hop's baseline, over {hops} "
@@ -261,7 +276,8 @@ def _latency(c: Classification, snap: Snapshot) -> list[Candidate]:
         step_seconds_added=added, share_of_step=share,
         explained_share=round(min(1.0, added / snap.step_added_s), 3)
         if snap.step_added_s else 0.0,
-        facts={"per_step": c.collectives_per_step, "extra_rtt_us": extra_us,
+        facts={"per_step": c.collectives_per_step, "ring_steps": steps,
+               "extra_rtt_us": extra_us,
                "p50_bytes": c.p50_bytes, "step_s": c.period_s,
                "exchange_share": c.exchange_share})]
 
