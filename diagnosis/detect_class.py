@@ -27,7 +27,7 @@ from dataclasses import replace
 from fabricscope.alltoallmodel import SKEW_COST
 from fabricscope.diagnosis.candidate import Candidate
 from fabricscope.diagnosis.causes import Cause
-from fabricscope.diagnosis.detect_network import in_series_note
+from fabricscope.diagnosis.detect_network import extra_rtt_us, in_series_note
 from fabricscope.diagnosis.evidence import SECOND
 from fabricscope.diagnosis.finding import Evidence
 from fabricscope.diagnosis.snapshot import Snapshot
@@ -225,14 +225,6 @@ def _skew(c: Classification, snap: Snapshot) -> Candidate:
                "ranks": len(m.received), "cost": m.cost_share})
 
 
-def _extra_rtt_us(snap: Snapshot) -> tuple[float, int] | None:
-    """(median over the job's data hops of their RTT above their own baseline RTT, hops):
-    what each round trip costs now that it did not while the job ran healthy."""
-    extra = [c.rtt_p50_us - snap.usual_rtt_us[c.key] for c in snap.data_cells
-             if c.rtt_p50_us is not None and snap.usual_rtt_us.get(c.key) is not None]
-    return (statistics.median(extra), len(extra)) if extra else None
-
-
 def ring_steps(c: Classification) -> float:
     """Ring steps per collective, over the job's mix by count: a ring of p ranks
     passes an AllGather or ReduceScatter in p - 1 steps and an AllReduce in 2 (p - 1)
@@ -252,7 +244,7 @@ def _latency(c: Classification, snap: Snapshot) -> list[Candidate]:
     bound: the median hop, and no round trips of TCP's own)."""
     if not c.period_s or not c.collectives_per_step:
         return []
-    found = _extra_rtt_us(snap)
+    found = extra_rtt_us(snap, snap.data_cells)
     if found is None or found[0] <= 0:
         return []
     extra_us, hops = found

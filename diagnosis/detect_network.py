@@ -337,15 +337,38 @@ def job_loss_ratio(snap: Snapshot) -> float:
     return sum(c.retrans_bytes for c in snap.data_cells) / sent if sent else 0.0
 
 
+#: a node's own link stands out when the job's other hops carry less than this share of
+#: its hops' extra RTT: its link adds delay to its own hops only, while a fabric whose
+#: latency rose adds it to every hop alike (latency_bound's evidence); halfway
+STANDS_OUT_SHARE = 0.5
+
+
+def extra_rtt_us(snap: Snapshot, cells) -> tuple[float, int] | None:
+    """(the cells' median RTT above their own baseline RTT, the cells that have both):
+    what each round trip costs now that it did not while the job ran healthy."""
+    extra = [c.rtt_p50_us - snap.usual_rtt_us[c.key] for c in cells
+             if c.rtt_p50_us is not None and snap.usual_rtt_us.get(c.key) is not None]
+    return (statistics.median(extra), len(extra)) if extra else None
+
+
 def _stands_out(snap: Snapshot, node: str, bad_ids: set) -> bool:
-    """Some hop of the job between two other nodes carried data on time (timed, and not
-    among the window's bad hops): the delay is the node's row and column of the
-    matrix. Where every such hop is as late, the job's whole fabric is (its latency
-    rose), and one node's link is no better an answer than another's. A job with no
-    such hop (two nodes) has nothing to compare with."""
+    """The node's hops are late and the job's hops between two other nodes are not
+    (as late): the delay is the node's row and column of the matrix. Judged by their
+    RTT above each hop's own baseline RTT where it is known (STANDS_OUT_SHARE), else
+    by whether some such hop carried data on time (timed, not among the window's bad
+    hops). Where every hop is as late, the job's whole fabric is (its latency rose),
+    and one node's link is no better an answer than another's. A job with no such
+    hop (two nodes) has nothing to compare with."""
     others = [c for c in snap.data_cells if c.peer_node is not None and
               c.rtt_p50_us is not None and node not in (c.key.node, c.peer_node)]
-    return not others or any(id(c) not in bad_ids for c in others)
+    if not others:
+        return True
+    mine = extra_rtt_us(snap, [c for c in snap.data_cells if c.peer_node is not None
+                               and node in (c.key.node, c.peer_node)])
+    rest = extra_rtt_us(snap, others)
+    if mine is not None and rest is not None:
+        return mine[0] > 0 and rest[0] < STANDS_OUT_SHARE * mine[0]
+    return any(id(c) not in bad_ids for c in others)
 
 
 def _finding(snap: Snapshot, located: Located, share: float,

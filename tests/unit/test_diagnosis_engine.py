@@ -366,6 +366,36 @@ def test_a_lossy_port_with_one_hop_delayed_by_its_host_is_still_a_lossy_link():
     assert [(f.cause, f.where) for f in serious(findings)] == [("lossy_link", "node1")]
 
 
+def delayed_from_fault(rtt_us: float, nodes=None):
+    """From FAULT, the hops into and out of `nodes` (None: every hop) take rtt_us."""
+    def hop(s, src, dst):
+        late = s >= FAULT and (nodes is None or src in nodes or dst in nodes)
+        return HopPlan(rtt_us=rtt_us) if late else HopPlan()
+    return hop
+
+
+def test_a_nodes_slow_link_stands_out_of_the_others_hops():
+    """Node1's hops take 3 ms from FAULT, the ring waits on them, the rest stay at
+    0.2 ms: the delay is node1's row and column."""
+    _, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(),
+                               hop=delayed_from_fault(3000.0, nodes={1})))
+    assert [(f.cause, f.where) for f in serious(findings)] == [("straggler_network", "node1")]
+
+
+@pytest.mark.parametrize("rest_us", [3000.0, 1100.0])
+def test_a_fabric_whose_every_hop_is_late_has_no_slow_link_of_one_node(rest_us):
+    """From FAULT node1's hops take 3 ms (1.6 ms) and every other hop as long (1.1 ms:
+    too little over the floor to count as queued): the others carry more than half
+    of node1's extra RTT, so no node's link stands out; the fabric's latency rose."""
+    mine = delayed_from_fault(3000.0 if rest_us == 3000.0 else 1600.0, nodes={1})
+    rest = delayed_from_fault(rest_us)
+
+    def hop(s, src, dst):
+        return mine(s, src, dst) if 1 in (src, dst) else rest(s, src, dst)
+    _, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop))
+    assert "straggler_network" not in {f.cause for f in serious(findings)}
+
+
 def test_loss_beside_a_compute_straggler_is_placed_at_the_lossy_port():
     """Node2's port drops (hops 3 -> 2 and 2 -> 1) while rank 3 computes late: its
     slow host delays the hop into it (0 -> 3) and the ring waits on it. The delay is
