@@ -358,10 +358,12 @@ static __always_inline void ack_baseline(__u64 sk, struct fs_flow *flow, struct 
  * were sent by the transfer this hit starts, acknowledged in hits the kernel
  * skipped; without them the two transfers' bytes would merge. Where data did not
  * resume past `prev` (burst_seq at or below it: wraps to a large difference), all
- * of it is the ended transfer's: the acknowledgment of its last segments. */
+ * of it is the ended transfer's: the acknowledgment of its last segments. Without
+ * TC egress (tracepoint mode) there is no mark, and all of it is. */
 static __always_inline __u32 ended_share(__u64 sk, struct fs_flow *flow, __u32 prev,
 					 __u32 out)
 {
+#if defined(FS_RAW_RETRANSMIT)
 	struct fs_sock_tx *tx = socks_tx.lookup(&sk);
 	__u32 mine;
 
@@ -372,6 +374,7 @@ static __always_inline __u32 ended_share(__u64 sk, struct fs_flow *flow, __u32 p
 		fstat_add(FS_FSTAT_SENT_AFTER_GAP, out - mine);
 		return mine;
 	}
+#endif
 	return out;
 }
 

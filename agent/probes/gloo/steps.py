@@ -241,7 +241,7 @@ class StepTracker:
         self.late = 0                       # windows that arrived after their step left
         self.resyncs = 0                    # G stopped cutting and was searched again
         self.skipped = 0                    # bursts left out of any step (before it, after a change)
-        self.sequence: list[SequenceCall] = []  # every collective since init, by start
+        self.sequence: list[SequenceCall] = []  # its collectives (not empty AllReduces), by start
         self.sequenced = False              # a step is a period of the sequence (module doc)
 
     def add(self, c: Collective) -> tuple[list[Step], list[Phase]]:
