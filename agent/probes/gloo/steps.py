@@ -400,13 +400,17 @@ class StepTracker:
         for skip in range(most + 1):
             total = choose_step_bytes(self.bursts[skip:], frozenset(self.hints))
             if total is not None:
-                self.step_bytes = total
-                self.skipped += skip
-                if skip:
-                    self.cut_ns = self.bursts[skip - 1].end_ns
-                self.bursts = self.bursts[skip:]
+                self._adopt(total, skip)
                 return True
         return False
+
+    def _adopt(self, total: int, skip: int) -> None:
+        """G is `total`; the first `skip` bursts held are left out of any step."""
+        self.step_bytes = total
+        self.skipped += skip
+        if skip:
+            self.cut_ns = self.bursts[skip - 1].end_ns
+        self.bursts = self.bursts[skip:]
 
     def _resync_by_sequence(self) -> bool:
         """G from the period of the call sequence: the AllReduce bytes of one repeat;
@@ -429,11 +433,7 @@ class StepTracker:
                 break
         else:
             return False
-        self.step_bytes = total
-        self.skipped += skip
-        if skip:
-            self.cut_ns = self.bursts[skip - 1].end_ns
-        self.bursts = self.bursts[skip:]
+        self._adopt(total, skip)
         return True
 
     def _step(self, group: list[Burst], next_start: int | None) -> tuple[Step, Phase]:
