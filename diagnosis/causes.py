@@ -49,7 +49,8 @@ MEANING = {
     Cause.ALLTOALL_SKEW: "a few ranks receive most of a MoE job's all-to-all bytes (hot "
                          "experts)",
     Cause.LATENCY_BOUND: "many small collectives per step each pay extra round-trip time",
-    Cause.TAIL_LATENCY: "a served model's P99 request latency rose against its own baseline",
+    Cause.TAIL_LATENCY: "a served model's request latency (its median, P90 or P99) rose "
+                        "against its own baseline",
     Cause.BISECTION_LIMIT: "a MoE job's all-to-all crosses a ToR's uplink with more than it "
                            "carries: the job's placement needs more bandwidth between racks",
 }
@@ -73,7 +74,7 @@ SEVERITY_RULE = {
     Cause.STAGE_IMBALANCE: "warning; critical when it costs `critical_share` of each step",
     Cause.ALLTOALL_SKEW: "warning; critical when it costs `critical_share` of each step",
     Cause.LATENCY_BOUND: "warning; critical when it costs `critical_share` of each step",
-    Cause.TAIL_LATENCY: "warning; critical when the P99 rose by `critical_share` or more",
+    Cause.TAIL_LATENCY: "warning; critical when the quantile that rose did so by `critical_share` or more",
     Cause.BISECTION_LIMIT: "warning; critical when it costs `critical_share` of each step",
 }
 
@@ -160,15 +161,20 @@ EVIDENCE = {
         "s x half the hops' median RTT above their own baseline RTT, over the period, "
         "reaches `detect_class.LATENCY_COST` of the step, whether or not the links are busy",
     Cause.TAIL_LATENCY:
-        "a job classified as inference (no backward pass, no period): each request is "
-        "one repeat of its op sequence, its latency from the first call to the last over "
-        "all ranks. The baseline is its first `detect_class.REQUESTS_BASELINE` requests; "
-        "named when the window's P99 is `detect_class.TAIL_GROWTH` above the baseline's "
-        "and more requests exceed the baseline P99 than chance allows at "
-        "`detect_class.TAIL_P` (the exact Beta-Binomial count of exceedances of an order "
-        "statistic of the baseline). The rank that trails the others' first call in the slow "
+        "a job classified as inference (no backward pass, no period; or, served before, "
+        "now back to back: saturated): each request is one repeat of its op sequence, its "
+        "latency from the first call to the last over all ranks. The baseline is its first "
+        "`detect_class.REQUESTS_BASELINE` requests at least; named when, at one of "
+        "`detect_class.TAIL_QUANTILES` (median, P90, P99), the window's quantile is "
+        "`detect_class.TAIL_GROWTH` above the baseline's and more requests exceed the "
+        "baseline's than chance allows at `detect_class.TAIL_P` over the "
+        "quantiles tested (the exact Beta-Binomial count of exceedances of an order "
+        "statistic of the baseline), in `detect_class.TAIL_CLASSIFICATIONS` "
+        "classifications in a row. The rank that trails the others' first call in the slow "
         "requests (by `detect_class.TAIL_RANK_SHARE` of their excess) carries the tail; "
-        "else the hop that loses or queues the most",
+        "else the node whose hops' RTT rose above their baseline's 90th percentile while "
+        "the other hops' rose by under `detect_network.STANDS_OUT_SHARE` of it; else the "
+        "hop that loses the most; with none of these, only a rise of `slowdown` is named",
     Cause.BISECTION_LIMIT:
         "buffer_saturation's evidence at a ToR's uplink (its lossy hops queue, or the loss "
         "spares the steady traffic through it), in a job whose AlltoAll carries the most "

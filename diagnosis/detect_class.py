@@ -27,12 +27,12 @@ from dataclasses import replace
 from fabricscope.alltoallmodel import SKEW_COST
 from fabricscope.diagnosis.candidate import Candidate
 from fabricscope.diagnosis.causes import Cause
-from fabricscope.diagnosis.detect_network import extra_rtt_us, in_series_note
+from fabricscope.diagnosis.detect_network import STANDS_OUT_SHARE, extra_rtt_us, in_series_note
 from fabricscope.diagnosis.evidence import SECOND
 from fabricscope.diagnosis.finding import Evidence
 from fabricscope.diagnosis.snapshot import Snapshot
 from fabricscope.jobclass import Classification, JobClass, OpFamily
-from fabricscope.requestmodel import RequestModel
+from fabricscope.requestmodel import REQUESTS_MIN, RequestModel
 from fabricscope.stagemodel import SLOW_STAGE_COST
 
 #: a classification is the job's state while its last collective is this recent: two
@@ -47,6 +47,21 @@ TAIL_GROWTH = 0.10
 #: named when P(count at least this) is below TAIL_P under no change
 #: (exceedance_tail: exact for a P99 taken from the baseline's own requests)
 TAIL_P = 0.001
+#: seconds of the hops' RTT the tail's node is judged over (_slow_node), up to the last
+#: slow request: a classification's newest (diagnosis/jobclass.py classifies every 10
+#: s), not the engine's window, which may lie after the slow requests ended. A
+#: server's hops carry little, so one second's median RTT swings by milliseconds on a
+#: busy host: judged over the engine's 3 s, one run's tail went from node to node
+TAIL_HOP_S = 10
+#: classifications in a row in which the latency of their new requests (those since
+#: the one before: EVERY_S of them, no request judged twice) rose before it is named:
+#: a request's latency depends on the host's load in its second, so requests are not
+#: independent, and a stall of a few seconds (a healthy 5-node server on the lab's 2
+#: cores: +37 % at the median for under 10 s) passes a count that takes them as
+#: independent; a fault stays
+TAIL_CLASSIFICATIONS = 2
+#: the quantiles of request latency tested for a rise, in order (_rose)
+TAIL_QUANTILES = (0.5, 0.9, 0.99)
 #: requests a baseline holds at least, its P99 their nearest-rank 99th percentile
 REQUESTS_BASELINE = 50
 #: a rank carries the tail when it trails the others' first call in the slow requests
@@ -54,7 +69,7 @@ REQUESTS_BASELINE = 50
 TAIL_RANK_SHARE = 0.5
 
 __all__ = ["detect", "bisection", "SKEW_COST", "SLOW_STAGE_COST", "LATENCY_COST",
-           "TAIL_GROWTH", "TAIL_P", "REQUESTS_BASELINE", "FRESH_S", "TAIL_RANK_SHARE",
+           "TAIL_GROWTH", "TAIL_P", "TAIL_QUANTILES", "TAIL_HOP_S", "TAIL_CLASSIFICATIONS", "REQUESTS_BASELINE", "FRESH_S", "TAIL_RANK_SHARE",
            "RequestBaseline"]
 
 
@@ -66,15 +81,39 @@ class RequestBaseline:
     def __init__(self):
         self.seconds: list[float] = []
         self.lags: dict[int, list[float]] = {}
+        self.from_ns = 0
         self.until_ns = 0
         self.p99_s: float | None = None
         self.p99_rank = 0          # the p99's place among the sorted baseline (1-based)
+        #: each hop's (median, p90) RTT over the baseline's seconds (hop_rtts)
+        self.usual_rtt_us: dict[tuple[str, str], tuple[float, float]] = {}
+        #: whether the latency rose (_rose) in each of the last classifications, by
+        #: their windows' ends
+        self.rises: dict[int, bool] = {}
 
-    def take(self, model: RequestModel) -> None:
+    def judged_to(self, until_ns: int) -> int:
+        """Where the requests a classification ending at until_ns judges begin: after
+        those of the last one judged before it (each judges its own new requests), or
+        after the baseline's."""
+        return max([t for t in self.rises if t < until_ns], default=self.until_ns)
+
+    def judged(self, until_ns: int, rose: bool) -> None:
+        self.rises[until_ns] = rose
+        for old in sorted(self.rises)[:-TAIL_CLASSIFICATIONS]:
+            del self.rises[old]
+
+    def rose_twice(self) -> bool:
+        """The latency rose in the last TAIL_CLASSIFICATIONS classifications."""
+        return len(self.rises) == TAIL_CLASSIFICATIONS and all(self.rises.values())
+
+    def take(self, model: RequestModel, ev=None) -> None:
+        """Take the model's requests not taken yet; `ev` (the job's evidence): where
+        the baseline is complete, its hops' RTTs over the baseline's seconds."""
         if self.p99_s is not None:
             return
         for r in model.requests:
             if r.start_ns >= self.until_ns:
+                self.from_ns = self.from_ns or r.start_ns
                 self.seconds.append(r.seconds)
                 for rank, lag in r.lags.items():
                     self.lags.setdefault(rank, []).append(lag)
@@ -83,6 +122,18 @@ class RequestBaseline:
             ordered = sorted(self.seconds)
             self.p99_rank = min(len(ordered), math.ceil(0.99 * len(ordered)))
             self.p99_s = ordered[self.p99_rank - 1]
+            if ev is not None:
+                cells = ev.window(self.from_ns // SECOND, self.until_ns // SECOND + 1).cells()
+                self.usual_rtt_us = hop_rtts(cells, set(ev.node_of_rank.values()))
+
+
+def hop_rtts(cells, nodes: set[str]) -> dict[tuple[str, str], tuple[float, float]]:
+    """(median, p90) RTT of each hop between the job's nodes with RTT samples, however
+    little it carried: a server's exchanges are small, under the network detector's
+    cell_min_bytes, and their RTT is still each ACK's."""
+    return {(c.key.node, c.peer_node): (c.rtt_p50_us, c.rtt_p90_us or c.rtt_p50_us)
+            for c in cells if c.peer_node in nodes and c.key.node in nodes
+            and c.peer_node != c.key.node and c.rtt_p50_us is not None}
 
 
 def _fresh(c: Classification | None, snap: Snapshot) -> bool:
@@ -104,7 +155,7 @@ def detect(c: Classification | None, snap: Snapshot, baseline: RequestBaseline) 
         out += _latency(c, snap)
     if c.job_class is JobClass.INFERENCE and c.requests is not None:
         if baseline.p99_s is None:
-            baseline.take(c.requests)
+            baseline.take(c.requests, snap.evidence)
         else:
             out += _tail(c, c.requests, baseline, snap)
     return out
@@ -292,32 +343,73 @@ def exceedance_tail(n: int, k: int, m: int, j: int) -> float:
     return min(1.0, sum(pmf(x) for x in range(max(k, 0), n + 1)))
 
 
+def _rose(requests, base: RequestBaseline) -> tuple[float, float, float, int] | None:
+    """(q, the baseline's q-quantile, the requests', how many of them exceed the
+    baseline's) for the first of TAIL_QUANTILES at which the requests' latency rose
+    by TAIL_GROWTH and more of them exceed the baseline's than chance
+    allows (exceedance_tail, at TAIL_P over the quantiles tested: Bonferroni); None
+    where none did. A P99 of a few hundred requests is their few slowest, which a
+    busy host's stalls set as much as the fabric: a delay that slows every request
+    shows at the median and the P90, with far more requests to count, before a
+    sample's P99 can show it."""
+    ordered = sorted(base.seconds)
+    now = sorted(r.seconds for r in requests)
+    if len(now) < REQUESTS_MIN:
+        return None
+    for q in TAIL_QUANTILES:
+        j = min(len(ordered), math.ceil(q * len(ordered)))
+        ref = ordered[j - 1]
+        at = now[min(len(now), math.ceil(q * len(now))) - 1]
+        if at < ref * (1 + TAIL_GROWTH):
+            continue
+        k = sum(x > ref for x in now)
+        if exceedance_tail(len(now), k, len(ordered), j) < TAIL_P / len(TAIL_QUANTILES):
+            return q, ref, at, k
+    return None
+
+
 def _tail(c: Classification, m: RequestModel, base: RequestBaseline,
           snap: Snapshot) -> list[Candidate]:
-    over = [r for r in m.requests if r.seconds > base.p99_s]
-    n, k = len(m.requests), len(over)
-    if m.p99_s < base.p99_s * (1 + TAIL_GROWTH) or \
-            exceedance_tail(n, k, len(base.seconds), base.p99_rank) >= TAIL_P:
+    """The tail, where the latency rose (_rose) and has a place (a late rank, a node
+    whose link slowed, a lossy hop) or rose by thresholds.slowdown: a rise with no
+    place is the symptom alone, as an unexplained slowdown of training is, and a
+    busy host's own drift reaches a third (a healthy 5-node server on the lab's 2
+    cores: +33 % at the median for 30 s, its exchanges no slower)."""
+    fresh = [r for r in m.requests if r.start_ns >= base.judged_to(c.until_ns)]
+    rose = _rose(fresh, base)
+    base.judged(c.until_ns, rose is not None)
+    if rose is None or not base.rose_twice():
         return []
+    q, ref, at, k = rose
+    over = [r for r in fresh if r.seconds > ref]
+    n = len(fresh)
     excess = statistics.median(r.seconds for r in over) - statistics.median(base.seconds)
     rank, lag = _tail_rank(over, base, excess)
     place = _place(snap, rank)
     where = f"rank {rank} arrives {lag * 1e3:.1f} ms late to the slow requests" \
-        if rank is not None else _tail_hop(snap, place)
-    share = m.p99_s / base.p99_s - 1
+        if rank is not None else _tail_hop(snap, place, base, over[-1].end_ns // SECOND + 1)
+    share = at / ref - 1
+    if rank is None and not place.get("node") and share < snap.thresholds.slowdown:
+        return []       # no place: only the bar of an unexplained slowdown tells it from drift
+    name = f"P{round(q * 100)}"
     return [Candidate(
         Cause.TAIL_LATENCY, _severity(share, snap), place,
-        f"Request P99 {m.p99_s * 1e3:.1f} ms against the job's own {base.p99_s * 1e3:.1f} ms: "
-        f"{k} of {n} requests above it; {where}",
+        f"Request latency rose: {name} {at * 1e3:.1f} ms against the job's own "
+        f"{ref * 1e3:.1f} ms, {k} of {n} requests above it; P99 {m.p99_s * 1e3:.1f} ms "
+        f"against {base.p99_s * 1e3:.1f} ms; {where}",
         over[0].start_ns, snap.window.end_ns,
         evidence=[Evidence("gloo_collective", "request latency p99 (exchanges, first call to "
                            "last)", m.p99_s, "s", over[0].start_ns, over[-1].end_ns),
                   Evidence("gloo_collective", "baseline request latency p99", base.p99_s, "s"),
-                  Evidence("gloo_collective", "requests above the baseline p99", k),
+                  Evidence("gloo_collective", f"request latency {name.lower()}", at, "s"),
+                  Evidence("gloo_collective", f"baseline request latency {name.lower()}",
+                           ref, "s"),
+                  Evidence("gloo_collective", f"requests above the baseline {name.lower()}", k),
                   Evidence("gloo_collective", "requests in the window", n)],
-        step_seconds_added=max(0.0, m.p99_s - base.p99_s), share_of_step=share,
-        facts={"p99_s": m.p99_s, "base_p99_s": base.p99_s, "over": k, "requests": n,
-               "tail_rank": rank, "rate": c.arrival_rate_per_s})]
+        step_seconds_added=max(0.0, at - ref), share_of_step=share,
+        facts={"p99_s": m.p99_s, "base_p99_s": base.p99_s, "quantile": q, "over": k,
+               "requests": n, "tail_rank": rank, "tail_node": place.get("node"),
+               "rate": c.arrival_rate_per_s})]
 
 
 def _tail_rank(over, base: RequestBaseline, excess: float) -> tuple[int | None, float]:
@@ -335,13 +427,51 @@ def _tail_rank(over, base: RequestBaseline, excess: float) -> tuple[int | None, 
     return best, best_lag
 
 
-def _tail_hop(snap: Snapshot, place: dict) -> str:
-    """Every rank arrives on time and the exchanges themselves are slower: the hop whose
-    flows lose or queue the most carries the tail (its place into `place`)."""
-    bad = snap.lossy or snap.delayed
-    if not bad:
-        return "every rank arrives on time: the exchanges themselves are slower"
-    worst = max(bad, key=lambda cell: (cell.loss_ratio, cell.rtt_p50_us or 0.0))
+def _tail_hop(snap: Snapshot, place: dict, base: RequestBaseline, until_s: int) -> str:
+    """Every rank arrives on time and the exchanges themselves are slower: the node
+    whose hops' RTT rose (_slow_node) carries the tail (into `place`); else the hop
+    that loses the most, where the network detector judged one lossy. Hops all
+    delayed alike are the fabric's latency: no one of them is its place."""
+    slow = _slow_node(snap, base, until_s)
+    if slow is not None:
+        node, extra_us, others_us = slow
+        place.update(node=node)
+        return (f"every rank arrives on time; {node}'s hops wait {extra_us / 1e3:.1f} ms "
+                f"more per round trip than in the baseline, the job's other hops "
+                f"{others_us / 1e3:.1f} ms: its link carries the tail")
+    if not snap.lossy:
+        return ("no rank arrives late and no node's link slowed: every rank's requests are "
+                "slower (their hosts, or the fabric as a whole)")
+    worst = max(snap.lossy, key=lambda cell: (cell.loss_ratio, cell.rtt_p50_us or 0.0))
     place.update(node=worst.key.node, peer=worst.key.peer)
     return (f"every rank arrives on time; the hop {worst.key.node} -> "
-            f"{worst.peer_node or worst.key.peer} loses or queues the most")
+            f"{worst.peer_node or worst.key.peer} loses the most")
+
+
+def _slow_node(snap: Snapshot, base: RequestBaseline,
+               until_s: int) -> tuple[str, float, float] | None:
+    """(node, its hops' median extra RTT, the other hops') where one node's link delays
+    the job's exchanges: a link delays every hop that crosses it, data one way and ACKs
+    the other, and no other. Over the TAIL_HOP_S seconds up to `until_s` (the last
+    slow request's), its hops' RTT rose, most of them to above the 90th
+    percentile of their own baseline seconds (a rise that chance gives one second in
+    ten), and the hops between the other nodes rose by less than STANDS_OUT_SHARE of
+    it (a fabric whose latency rose delays them all alike). Against each hop's own
+    baseline, since a server's hops carry too little to learn the job's RTT floor
+    from."""
+    ev = snap.evidence
+    nodes = set(ev.node_of_rank.values())
+    now = hop_rtts(ev.window(until_s - TAIL_HOP_S, until_s).cells(), nodes)
+    usual = base.usual_rtt_us
+    extra = {h: now[h][0] - usual[h][0] for h in now if h in usual}
+    above = {h for h in extra if now[h][0] > usual[h][1]}
+    best = None
+    for node in sorted(nodes):
+        mine = [h for h in extra if node in h]
+        others = [extra[h] for h in extra if node not in h]
+        if not mine or not others or 2 * len([h for h in mine if h in above]) <= len(mine):
+            continue                # two nodes' one link is either's
+        rise, rest = statistics.median(extra[h] for h in mine), statistics.median(others)
+        if rise > 0 and rest < STANDS_OUT_SHARE * rise and (best is None or rise > best[1]):
+            best = (node, rise, rest)
+    return best

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from fabricscope.commpeers import Membership, number_peers
 from fabricscope.diagnosis.store import Store, quote
-from fabricscope.jobclass import FAMILY_OF_OP, Classification, Observation, classify
+from fabricscope.jobclass import (FAMILY_OF_OP, Classification, JobClass, Observation,
+                                  classify)
 from fabricscope.measurements.jobclass import REWRITE_S
 from fabricscope.records import Record
 
@@ -243,7 +244,8 @@ class JobClassAnalyzer:
         held.decided_ns = held.seen_to_ns = now_ns
         if not read.observations and not read.dropped:
             return None
-        c = held.latest = classify(read.observations)
+        c = held.latest = classify(read.observations,
+                                   served=held.job_class == JobClass.INFERENCE.value)
         decided = c.job_class.value
         if decided == held.job_class and now_ns - held.written_ns < self.rewrite_s * SECOND:
             return None
@@ -273,12 +275,17 @@ def replay_classes(store: Store, job: str, every_s: float = EVERY_S,
     made it at the last multiple of every_s up to t, from the window_s before that
     (None without collectives there); `diagnose --recompute` hands it to the engine."""
     made: dict[int, Classification | None] = {}
+    last: list[Classification] = []         # the latest made (asked in time order)
 
     def at(t_s: int) -> Classification | None:
         due = int(t_s // every_s * every_s * SECOND)
         if due not in made:
             read = read_window(store, job, due - int(window_s * SECOND), due)
-            made[due] = classify(read.observations) if read.observations else None
+            served = bool(last) and last[-1].job_class is JobClass.INFERENCE
+            made[due] = classify(read.observations, served=served) \
+                if read.observations else None
+            if made[due] is not None:
+                last.append(made[due])
         return made[due]
     return at
 

@@ -24,6 +24,10 @@ from fabricscope.diagnosis.memory import place_of
 from fabricscope.diagnosis.snapshot import Snapshot
 from fabricscope.diagnosis.thresholds import DEFAULT, Thresholds
 
+#: causes a job has at most one of: a served model has one latency distribution, so
+#: one tail, whose place (rank, node or none) is refined as its evidence comes in
+ONE_PER_JOB = frozenset({Cause.TAIL_LATENCY})
+
 REOPEN_S = 10              # a finding that comes back this soon reopens instead of a new one
 JOB_GONE_S = 30           # a network finding whose place carries nothing closes after this
 INFO_CLOSE_S = 10          # info findings (bursts, duty cycle) flicker: they close slower
@@ -130,9 +134,16 @@ class Lifecycle:
         it had any, so that a busy host's delayed hop, which no place's loss explains,
         cannot hold a finding that the loss has moved on from. The finding of the same
         place under its other cause, once the evidence revised it
-        (PlaceMemory.same_cause). And an unexplained slowdown that a cause named since
-        explains (_explained_slowdowns)."""
+        (PlaceMemory.same_cause). An unexplained slowdown that a cause named since
+        explains (_explained_slowdowns). And a cause a job has once (ONE_PER_JOB)
+        named at another place: placed better, or moved."""
         out = [self._close_taken_over(k, taker) for k, taker in self._explained_slowdowns(seen)]
+        for key in sorted((k for k in seen if k in self.open
+                           and self.open[k].cause in ONE_PER_JOB),
+                          key=lambda k: self.open[k].id):
+            taker = self.open[key]
+            out += [self._close_taken_over(k, taker) for k in list(self.open)
+                    if k not in seen and self.open[k].cause == taker.cause]
         for key in sorted((k for k in seen if k in self.hops_of), key=lambda k: self.open[k].id):
             mine, taker = self.hops_of[key].evidence, self.open[key]
             place = place_of(taker.place)

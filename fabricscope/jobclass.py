@@ -24,10 +24,11 @@ a model over ranks, and the control ops that every kind issues now and then:
 Rules, in order:
 
 1. No exchange op in the window: UNKNOWN.
-2. No backward pass and no period: INFERENCE. A server has no backward pass, so
-   nothing reduces gradients (AllReduce, ReduceScatter) or sends them back down a
-   pipeline (_backward_pass), and its work follows requests that arrive at random,
-   so its traffic does not repeat. Training repeats one step, so its traffic is
+2. No backward pass and no period (or no backward pass and served before:
+   `served`): INFERENCE. A server has no backward pass, so nothing reduces
+   gradients (AllReduce, ReduceScatter) or sends them back down a pipeline
+   (_backward_pass), and its work follows requests that arrive at random, so its
+   traffic does not repeat. Training repeats one step, so its traffic is
    periodic (fabricscope.trafficmodel finds the period in the activity series);
    where its backward pass shows, its repeat is a step however much a busy host
    makes the steps jitter.
@@ -410,8 +411,13 @@ def _timing(exchange: list[Observation], bin_s: float, trains: bool = False) -> 
     return _Timing(None, None, onset_rate or None, None)
 
 
-def classify(observations, bin_s: float = BIN_S) -> Classification:
-    """The job class of one window of observations, with the numbers that decided it."""
+def classify(observations, bin_s: float = BIN_S, served: bool = False) -> Classification:
+    """The job class of one window of observations, with the numbers that decided it.
+    `served`: the job was last classified INFERENCE. A server whose requests come
+    faster than it serves them (a load that rose, a fault that slowed each request)
+    serves back to back, with no idle gap: its repeats then come at its service's pace,
+    as a clock does. Training shows its backward pass, so without one the job is still
+    the server, saturated (rule 2 reads "no period" as "or was serving")."""
     kept, dropped = _usable(list(observations))
     mix = _mix(kept)
     exchange = [o for o, f in kept if f in EXCHANGE]
@@ -431,10 +437,17 @@ def classify(observations, bin_s: float = BIN_S) -> Classification:
               for f in EXCHANGE if f in mix}
     components = tuple(CLASS_OF[f] for f in sorted(shares, key=lambda f: -shares[f]))
     top = max(shares, key=lambda f: shares[f])
+    if not trains and period is not None and served:
+        saturated, rate, cv = period, 1 / period, None
+        period = per_step = None
+    else:
+        saturated = None
     if not trains and period is None:
         job_class = JobClass.INFERENCE
-        reason = (f"no backward pass and no period: requests at random, "
-                  f"{rate or 0:.1f} arrivals/s"
+        reason = (("no backward pass and no period: requests at random, "
+                   f"{rate or 0:.1f} arrivals/s" if saturated is None else
+                   "no backward pass, served before, its requests now back to back every "
+                   f"{saturated * 1e3:.1f} ms: a saturated server")
                   + (f" (gap spread {cv:.2f}; Poisson 1.58, a step loop ~0)" if cv is not None else "")
                   + f", carried by {top.value} ({shares[top]:.0%} of bytes)")
     elif shares[top] > 0.5:

@@ -81,27 +81,30 @@ REQUEST = (("AlltoAll", 24, 0, 0.3), ("AlltoAllv", 64 << 10, 1, 0.5),
 
 
 def served(seconds: float, late_rank: int | None = None, late_from_s: float = 1e9,
-           late_ms: float = 5.0, rate: float = 20.0, seed: int = 2):
+           late_ms: float = 5.0, rate: float = 20.0, seed: int = 2, slow_ms: float = 0.0,
+           until_s: float = 1e9):
     """A MoE server from T0: requests arrive as a Poisson process, served one at a time,
-    each a count exchange and two all-to-alls on every rank. From late_from_s on,
-    late_rank enters each request late_ms late and the others wait for it inside the
-    first exchange."""
+    each a count exchange and two all-to-alls on every rank. From late_from_s on (to
+    until_s), late_rank enters each request late_ms late and the others wait for it
+    inside the first exchange, and every exchange lasts slow_ms longer on every rank."""
     rng, out, arrival, free = random.Random(seed), [], 0.0, 0.0
     while arrival < seconds * 1e3:
         arrival += rng.expovariate(rate) * 1e3               # ms since T0
         begin = max(arrival, free)
-        late = late_ms if begin >= late_from_s * 1e3 and late_rank is not None else 0.0
+        faulty = late_from_s * 1e3 <= begin < until_s * 1e3
+        late = late_ms if faulty and late_rank is not None else 0.0
+        slow = slow_ms if faulty else 0.0
         for rank in RANKS:
             for i, (op, size, off, dur) in enumerate(REQUEST):
                 if i == 0:          # the late rank enters late; the others wait inside
                     begun = begin + (late if rank == late_rank else 0.0)
-                    ended = begin + late + dur
+                    ended = begin + late + dur + slow
                 else:
-                    begun = begin + late + off
-                    ended = begun + dur
+                    begun = begin + late + off + i * slow
+                    ended = begun + dur + slow
                 out.append(Observation(op, size, int(T0 * SECOND + begun * MS),
                                        int(T0 * SECOND + ended * MS), rank=rank))
-        free = begin + 3.5 + late
+        free = begin + 3.5 + late + len(REQUEST) * slow
     return out
 
 
@@ -262,6 +265,31 @@ def test_a_served_models_tail_is_named_at_the_rank_the_others_wait_for():
     assert "rank 2 arrives" in f.summary and f.start_ns >= (T0 + FAULT) * SECOND
 
 
+def test_a_served_models_tail_is_named_at_the_node_whose_hops_slowed():
+    """Every rank enters each request on time and every exchange lasts 2 ms longer:
+    node2's link delays its two ring hops (the data into it, the ACKs of its data out)
+    by 2 ms and no other hop."""
+    def hop(s, src, dst):
+        return HopPlan(rtt_us=2200.0 if s >= FAULT and 2 in (src, dst) else 200.0)
+    found = diagnose(served(70, late_from_s=FAULT, slow_ms=2.0), hop=hop)
+    assert [(f.cause, f.place["node"], f.place["rank"]) for f in found] == \
+        [(Cause.TAIL_LATENCY, "node2", None)]
+    assert "node2's hops wait 2.0 ms more" in found[0].summary
+
+
+def test_a_tail_with_every_hop_slower_names_no_node():
+    """A fabric whose latency rose delays every hop alike: no node's link stands out."""
+    found = diagnose(served(70, late_from_s=FAULT, slow_ms=2.0), hop=rtt_from(2200.0))
+    assert [(f.cause, f.place.get("node")) for f in found] == [(Cause.TAIL_LATENCY, None)]
+
+
+def test_a_stall_of_a_few_seconds_is_no_tail():
+    """Every exchange 3 ms slower for 6 s (a busy host's stall): one classification's
+    new requests rose, the next one's did not."""
+    assert diagnose(served(90, late_from_s=FAULT + 12, until_s=FAULT + 18, slow_ms=3.0),
+                    seconds=90) == []
+
+
 def test_a_served_model_that_keeps_its_latency_has_no_tail_finding():
     assert diagnose(served(70)) == []
 
@@ -359,3 +387,32 @@ def test_a_binomial_at_one_percent_would_call_a_healthy_server_tail_latency():
     from fabricscope.diagnosis.detect_class import TAIL_P, exceedance_tail
     binomial = 1 - sum(math.comb(300, i) * 0.01 ** i * 0.99 ** (300 - i) for i in range(11))
     assert binomial < TAIL_P < 0.15 < exceedance_tail(300, 11, 50, 50)
+
+
+def test_a_saturated_server_stays_a_server():
+    """Requests at 400/s against 3.5 ms of service each come back to back: the repeats
+    are clocked by the service. Served before, and with no backward pass, the job is
+    still the server; the same window read fresh looks like a loop."""
+    window = served(10, rate=400.0)
+    fresh = classify(window)
+    assert fresh.job_class is JobClass.MOE_ALLTOALL and fresh.period_s is not None
+    kept = classify(window, served=True)
+    assert kept.job_class is JobClass.INFERENCE and kept.period_s is None
+    assert "saturated server" in kept.reason and kept.requests is not None
+
+
+def test_training_served_before_is_training():
+    """A job that trains shows its gradients: what it served before does not hold it."""
+    c = classify(steps(moe(1.0), 10, 40), served=True)
+    assert c.job_class is JobClass.MOE_ALLTOALL and c.period_s is not None
+
+
+def test_a_tail_placed_later_takes_the_unplaced_one_over():
+    """The requests slow from FAULT, node2's hops only 20 s later: the tail is first
+    named with no place, then at node2, and the job has one current tail finding."""
+    def hop(s, src, dst):
+        return HopPlan(rtt_us=2200.0 if s >= FAULT + 20 and 2 in (src, dst) else 200.0)
+    found = diagnose(served(90, late_from_s=FAULT, slow_ms=2.0), seconds=90, hop=hop)
+    current = [(f.cause, f.place.get("node")) for f in found if not f.superseded_by]
+    assert current == [(Cause.TAIL_LATENCY, "node2")]
+    assert [f.place.get("node") for f in found if f.superseded_by] == [None]
