@@ -6,10 +6,11 @@ what the collectors' engines wrote.
     python -m fabricscope.bench.class_matrix --family latency --set dev --runs 3
     python -m fabricscope.bench.class_matrix --family uplink --set eval --runs 9 \
         --json bench/results/class-uplink-eval.json
+    python -m fabricscope.bench.class_matrix --family tail --set dev --runs 6
 
 A run is one job on a bench (bench/scenarios.py running_bench: a leaf-spine lab,
 InfluxDB, two collector replicas, an agent per node), drawn from its seed alone.
-Three families of runs, each its own scenario space:
+Four families of runs, each its own scenario space:
 
     split      an uneven split of the work, on 3-5 nodes on 1-2 ToRs:
       moe        MoE training (lab/workloads/moe.py), routing skew 0.8-2.0 with the
@@ -26,6 +27,10 @@ Three families of runs, each its own scenario space:
                ToRs; after ONSET_S of healthy steps every frame toward every node
                waits LATENCY_MS (lab.delay_stage on every port): its latency rose,
                without loss; healthy: no delay
+    tail       a served model (lab/workloads/serve.py, MoE or pipeline, Poisson
+               arrivals at TAIL_RATE) on 3-5 nodes on 1-2 ToRs; after TAIL_ONSET_S of
+               healthy requests every frame toward one drawn node waits TAIL_MS (its
+               port's delay stage); healthy: no delay
 
 Every third run is healthy. The skew is there from the job's first step, so its
 time to finding is counted from the job's first collective; the shaper's from its
@@ -33,8 +38,9 @@ onset, and its cost is the median step after it over the median step before. A
 faulty run is right when a warning names its cause at its rank (split) or its ToR
 (uplink) and no other warning is raised; a shaper that cost less than MILD of the
 step need not be named (the bar of every cause); a healthy run is right when it
-raises no warning. A served model's tail is held by unit tests
-(tests/unit/test_diagnosis_class_causes.py).
+raises no warning. A served model's cost is its median request after the onset over
+the median before (a P99 of a few dozen requests is their slowest, a warm-up's as
+likely as the fault's); its warning must name tail_latency at the delayed node.
 
 Two seed ranges per family keep the development set apart from the evaluation set,
 as the network matrix's (bench/scenario_space.py).
@@ -62,17 +68,30 @@ class Family(str, enum.Enum):
     SPLIT = "split"          # an uneven split of the work: hot experts, a slow stage
     UPLINK = "uplink"        # MoE across racks, one ToR's uplink narrowed
     LATENCY = "latency"      # sharded training, every port's latency raised
+    TAIL = "tail"            # a served model, one node's port delayed
 
 
 #: the first seed of each family's sets; run i is drawn from its base + i
 CLASS_BASE = {SetName.DEV: 20_000, SetName.EVAL: 95_000}
 UPLINK_BASE = {SetName.DEV: 21_000, SetName.EVAL: 96_000}
 LATENCY_BASE = {SetName.DEV: 22_000, SetName.EVAL: 97_000}
+TAIL_BASE = {SetName.DEV: 23_000, SetName.EVAL: 98_000}
 #: the latency family's delay on every port, one way (a round trip pays it twice)
 LATENCY_MS = (1.0, 5.0)
 #: layers of the latency family's FSDP job: a few small collectives each (AllGather,
 #: AllGather, ReduceScatter), so that the step is many round trips, not bandwidth
 LATENCY_LAYERS = 16
+#: the tail family's delay at one node's port, one way, and its requests per second: a
+#: 2-layer MoE request takes 40-80 ms on 3-5 of the lab's ranks (on 2 cores), so up to
+#: 6 a second keeps the server under about half busy; at 13 a second a 5-node server
+#: was saturated before any fault (its queue grows without end)
+TAIL_MS = (1.0, 5.0)
+TAIL_RATE = (3.0, 6.0)
+#: healthy requests before the tail family's fault: its baseline is the first
+#: classification's requests once they are REQUESTS_BASELINE (diagnosis/detect_class.py),
+#: which at the lowest rate is the second classification (EVERY_S = 10 s apart) after
+#: the collector finds the job
+TAIL_ONSET_S = 25.0
 HEALTHY_EVERY = 3
 UPLINK_MBIT = (50, 200)
 UPLINK_BURST_KB = (8, 32)
@@ -92,7 +111,7 @@ MODEL_MB = 2
 @dataclass(frozen=True)
 class ClassRun:
     seed: int
-    kind: str                   # moe or pipeline
+    kind: str                   # moe, pipeline, fsdp or serve
     lab: LabShape
     healthy: bool
     knobs: dict = field(default_factory=dict, compare=False)
@@ -105,6 +124,8 @@ class ClassRun:
     def cause(self) -> str | None:
         if self.healthy:
             return None
+        if self.kind == "serve":
+            return "tail_latency"
         if self.fault is not None:
             return self.fault.expected_cause() if self.fault.kind is FaultKind.DELAY \
                 else "bisection_limit"
@@ -122,7 +143,9 @@ class ClassRun:
         what = "healthy" if self.healthy else self.fault.describe() if self.fault else (
             f"skew {self.knobs['skew']:g} hot on rank {self.rank}" if self.kind == "moe"
             else f"stage {self.rank} holds {self.knobs['stage_skew']:g}x the layers")
-        return (f"seed {self.seed}: {self.kind}, {self.lab.nodes} nodes on {self.lab.tors} "
+        kind = f"serve ({self.knobs['serve_mode']}, {self.knobs['rate']:g}/s)" \
+            if self.kind == "serve" else self.kind
+        return (f"seed {self.seed}: {kind}, {self.lab.nodes} nodes on {self.lab.tors} "
                 f"ToR(s), {what}")
 
 
@@ -175,8 +198,25 @@ def draw_latency(seed: int) -> ClassRun:
                     fault=None if healthy else fault, onset_s=ONSET_S)
 
 
+def draw_tail(seed: int) -> ClassRun:
+    """A served model (lab/workloads/serve.py, MoE or pipeline, Poisson arrivals at
+    TAIL_RATE) on 3-5 nodes; after TAIL_ONSET_S of healthy requests every frame toward one
+    drawn node waits TAIL_MS (its port's delay stage): the requests that cross it
+    are slower, with no loss and no period to judge them by."""
+    rng = random.Random(seed)
+    nodes = rng.randint(3, 5)
+    lab = LabShape(nodes, rng.randint(1, 2), MODEL_MB)
+    mode = rng.choice(("moe", "pipeline"))
+    rate = round(rng.uniform(*TAIL_RATE), 1)
+    fault = Fault(FaultKind.DELAY, Element.PORT, f"node{rng.randrange(nodes)}",
+                  round(rng.uniform(*TAIL_MS), 1))
+    healthy = seed % HEALTHY_EVERY == 0
+    return ClassRun(seed, "serve", lab, healthy, {"serve_mode": mode, "layers": 2, "rate": rate},
+                    fault=None if healthy else fault, onset_s=TAIL_ONSET_S)
+
+
 DRAW = {Family.SPLIT: (CLASS_BASE, draw), Family.UPLINK: (UPLINK_BASE, draw_uplink),
-        Family.LATENCY: (LATENCY_BASE, draw_latency)}
+        Family.LATENCY: (LATENCY_BASE, draw_latency), Family.TAIL: (TAIL_BASE, draw_tail)}
 
 
 def _names(f: dict, expected: dict | None) -> bool:
@@ -201,9 +241,10 @@ class ClassOutcome:
     job_class: dict = field(default_factory=dict)
 
 
-def run_class(bench, r: ClassRun, log=lambda msg: None) -> ClassOutcome:
+def run_class(bench, r: ClassRun, log=lambda msg: None, dump: str = "") -> ClassOutcome:
     """Run `r` as a job of its own in the bench's lab for r.onset_s + RUN_S, its fault
-    (if any) from r.onset_s on, and judge the findings."""
+    (if any) from r.onset_s on, and judge the findings; with `dump` (a folder), write
+    the run's rows there (_dump)."""
     from fabricscope.bench.scenarios import apply, clear_all, findings_of
     from fabricscope.lab.training import start_training
     lab = bench.lab
@@ -238,12 +279,13 @@ def run_class(bench, r: ClassRun, log=lambda msg: None) -> ClassOutcome:
             clear_all(lab)           # the bench's lab serves the next run of its shape
     time.sleep(SETTLE_S)
     if before[2:] and after[1:]:        # past the warm-up and the step the onset cut
-        out.cost = round(statistics.median(after[1:]) / statistics.median(before[2:]) - 1, 3)
+        out.cost = _cost(before[2:], after[1:])
         out.mild = out.cost < MILD
     since_ns = onset_ns or first_ns
     findings = [f for f in findings_of(bench.store, job, start_ns)
                 if severity_rank(f.severity) >= 1 and not f.superseded_by]
     out.found = [{"cause": str(f.cause), "rank": f.place.get("rank"), "tor": f.place.get("tor"),
+                  "node": f.place.get("node"),
                   "severity": f.severity,
                   "first_seen_s": round((f.first_seen_ns - since_ns) / SECOND, 1)
                   if since_ns else None} for f in findings]
@@ -255,7 +297,41 @@ def run_class(bench, r: ClassRun, log=lambda msg: None) -> ClassOutcome:
         out.latency_s = min(f["first_seen_s"] for f in right)
     log(f"  {'right' if out.ok else 'WRONG'}: cost {out.cost}, found {out.found}, "
         f"class {out.job_class}")
+    if dump:
+        _dump(bench, out, job, start_ns, onset_ns, dump)
     return out
+
+
+#: what a dump holds: the job's rows, and its nodes' of its time
+DUMPED_JOB = ("tcp_flow", "gloo_step", "gloo_progress", "gloo_phase", "gloo_collective",
+              "job_class", "finding")
+DUMPED_NODES = ("tcp_node", "nic_window")
+
+
+def _dump(bench, out: ClassOutcome, job: str, start_ns: int, onset_ns: int,
+          folder: str) -> None:
+    """The run's rows as the store answers them, gzipped JSON in `folder` (SEED.json.gz),
+    to follow the engine's and the analyzer's decisions after the fact."""
+    import gzip
+    import os
+
+    from fabricscope.diagnosis.store import quote
+    since = f"time >= {start_ns - 30 * SECOND}"
+    data = {"outcome": asdict(out), "job": job, "onset_ns": onset_ns,
+            "nodes": [n.to_dict() for n in bench.lab.nodes]}
+    for m in DUMPED_NODES:
+        data[m] = bench.store.query(f'SELECT * FROM "{m}" WHERE {since}')
+    for m in DUMPED_JOB:
+        data[m] = bench.store.query(f'SELECT * FROM "{m}" WHERE {since} AND job = {quote(job)}')
+    os.makedirs(folder, exist_ok=True)
+    with gzip.open(os.path.join(folder, f"{out.seed}.json.gz"), "wt") as fh:
+        json.dump(data, fh, separators=(",", ":"))
+
+
+def _cost(before: list[float], after: list[float]) -> float:
+    """The fault's share of the step (of a served model's request: its latency): the
+    median after the onset over the median before."""
+    return round(statistics.median(after) / statistics.median(before) - 1, 3)
 
 
 def _last_class(store, job: str, since_ns: int) -> dict:
@@ -269,7 +345,7 @@ def _last_class(store, job: str, since_ns: int) -> dict:
 
 
 def run_set(set_name: SetName, runs: int, first: int = 0, log=print,
-            family: Family = Family.SPLIT) -> list[ClassOutcome]:
+            family: Family = Family.SPLIT, dump: str = "") -> list[ClassOutcome]:
     from fabricscope.bench.scenarios import running_bench
     base, draw_one = DRAW[family]
     drawn = [draw_one(base[set_name] + i) for i in range(first, first + runs)]
@@ -281,7 +357,7 @@ def run_set(set_name: SetName, runs: int, first: int = 0, log=print,
         with running_bench(group[0].lab, replicas=2) as bench:
             for r in group:
                 log(r.describe())
-                out.append(run_class(bench, r, log))
+                out.append(run_class(bench, r, log, dump))
     return sorted(out, key=lambda o: o.seed)
 
 
@@ -309,7 +385,7 @@ def summarize(outcomes: list[ClassOutcome]) -> dict:
 def text(summary: dict, outcomes: list[ClassOutcome]) -> str:
     rows = [f"{o.seed:>6} {'right' if o.ok else 'WRONG':<6} {o.params}"
             + (f"; cost {o.cost:+.0%}" if o.cost is not None else "") + "; found "
-            f"{[(f['cause'], f['tor'] or f['rank'], f['first_seen_s']) for f in o.found]}"
+            f"{[(f['cause'], f['tor'] or f['rank'] or f['node'], f['first_seen_s']) for f in o.found]}"
             + (f"; error {o.error}" if o.error else "") for o in outcomes]
     s = summary
     rows.append(f"\n{s['runs']} runs ({s['skewed']} faulty, {s['healthy']} healthy, "
@@ -329,13 +405,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=6)
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--json", help="write the summary and runs to this file")
+    p.add_argument("--dump", metavar="DIR", default="",
+                   help="write each run's rows to DIR/SEED.json.gz")
     args = p.parse_args(argv)
     if args.runs < 1 or args.first < 0:
         p.error("--runs must be at least 1 and --first at least 0")
     try:
         outcomes = run_set(SetName(args.set), args.runs, args.first,
                            log=lambda m: print(m, file=sys.stderr, flush=True),
-                           family=Family(args.family))
+                           family=Family(args.family), dump=args.dump)
     except UserError as exc:
         print(exc.one_line(), file=sys.stderr)
         return exc.exit_code
