@@ -102,7 +102,7 @@ class RequestBaseline:
         for old in sorted(self.rises)[:-TAIL_CLASSIFICATIONS]:
             del self.rises[old]
 
-    def rose_twice(self) -> bool:
+    def rose_in_a_row(self) -> bool:
         """The latency rose in the last TAIL_CLASSIFICATIONS classifications."""
         return len(self.rises) == TAIL_CLASSIFICATIONS and all(self.rises.values())
 
@@ -378,7 +378,7 @@ def _tail(c: Classification, m: RequestModel, base: RequestBaseline,
     fresh = [r for r in m.requests if r.start_ns >= base.judged_to(c.until_ns)]
     rose = _rose(fresh, base)
     base.judged(c.until_ns, rose is not None)
-    if rose is None or not base.rose_twice():
+    if rose is None or not base.rose_in_a_row():
         return []
     q, ref, at, k = rose
     over = [r for r in fresh if r.seconds > ref]

@@ -275,17 +275,17 @@ def replay_classes(store: Store, job: str, every_s: float = EVERY_S,
     made it at the last multiple of every_s up to t, from the window_s before that
     (None without collectives there); `diagnose --recompute` hands it to the engine."""
     made: dict[int, Classification | None] = {}
-    last: list[Classification] = []         # the latest made (asked in time order)
+    served = False                          # the latest made was INFERENCE (time order)
 
     def at(t_s: int) -> Classification | None:
+        nonlocal served
         due = int(t_s // every_s * every_s * SECOND)
         if due not in made:
             read = read_window(store, job, due - int(window_s * SECOND), due)
-            served = bool(last) and last[-1].job_class is JobClass.INFERENCE
             made[due] = classify(read.observations, served=served) \
                 if read.observations else None
             if made[due] is not None:
-                last.append(made[due])
+                served = made[due].job_class is JobClass.INFERENCE
         return made[due]
     return at
 
