@@ -140,7 +140,8 @@ def final_counts(probe_stats) -> str:
         if probe == "join":
             return key.startswith("transfers_")
         return key in ("lost", "missed_hits", "decode_errors", "handler_errors",
-                       "unattributed") or key.endswith(("_recovered_bytes", "_unacked_bytes"))
+                       "unattributed") or key.endswith(("_recovered_bytes", "_unacked_bytes",
+                                                    "_at_close_bytes"))
     return _counter_line(probe_stats, worth) or "nothing lost"
 
 

@@ -593,6 +593,51 @@ static __always_inline void open_flow(__u64 sk, struct fs_sock *s, struct fs_flo
 	emit_flow(ev);
 }
 
+#if defined(FS_WITH_TCP_PROBE) && defined(FS_RAW_RETRANSMIT)
+/* At a close whose peer acknowledged our FIN (from FIN_WAIT2, LAST_ACK or CLOSING),
+ * every byte TC egress saw us send was acknowledged, also those that no hit counted:
+ * tcp_probe shows a socket as the segment before left it, so the last segment's
+ * acknowledgment counts at the next hit, and a socket that closes first has none
+ * after the peer's answer (a store's acknowledgment of a write, which carries the
+ * ACK of its last bytes). They count for the flow, its window and the transfer in
+ * progress. Returns the bytes. */
+static __always_inline __u32 acked_at_close(__u64 sk, struct fs_sock *s,
+					    struct fs_flow_event *ev)
+{
+	int old = ev->oldstate;
+	struct fs_sock_tx *tx;
+	int zero = 0;
+
+	if (old != FS_TCP_FIN_WAIT2 && old != FS_TCP_LAST_ACK && old != FS_TCP_CLOSING)
+		return 0;
+	tx = socks_tx.lookup(&sk);
+	if (!tx || !fs_flow_same(&tx->flow, &ev->flow))
+		return 0;
+	__u32 data_end = tx->snd_end - 1;          /* the FIN takes a sequence number */
+	__u32 rest = data_end - s->last_una;
+
+	if (!rest || rest >= 0x80000000)
+		return 0;
+	s->acked += rest;
+	s->last_una = data_end;
+	if (tx->snd_end - s->last_nxt < 0x80000000) {
+		s->sent += tx->snd_end - s->last_nxt;
+		s->last_nxt = tx->snd_end;
+	}
+	if (s->xfer_start)
+		s->xfer_out += rest;
+	__u32 *g = window.lookup(&zero);
+	if (g && *g) {
+		struct fs_flow_slot *slot = slot_for(&ev->flow, *g);
+
+		if (slot)
+			slot->acked += rest;
+	}
+	fstat_add(FS_FSTAT_ACKED_AT_CLOSE, rest);
+	return rest;
+}
+#endif
+
 /* The close event of socket sk (its entry s, or none): the counts, the last
  * transfer; forgets the socket once the event went out. ev has the flow, family and
  * states. A close the ring had no room for (its reader starved) keeps the entry, so
@@ -622,6 +667,9 @@ static __always_inline long close_flow(__u64 sk, struct fs_sock *s, struct fs_fl
 			s->received += recovered;
 			if (s->xfer_start)
 				s->xfer_in += recovered;
+#endif
+#if defined(FS_WITH_TCP_PROBE) && defined(FS_RAW_RETRANSMIT)
+			acked_at_close(sk, s, ev);
 #endif
 			ev->bytes_acked = s->acked;
 			ev->bytes_sent = s->sent;

@@ -46,7 +46,10 @@
 			     * (counted again when acknowledged: recover_received) */
 #define FS_FSTAT_SENT_AFTER_GAP 16 /* bytes acknowledged at a transfer's first hit that
 				   * it sent itself, in hits skipped (ended_share) */
-#define FS_NFSTATS 17
+#define FS_FSTAT_ACKED_AT_CLOSE 17 /* bytes acknowledged that no tcp_probe hit counted,
+				   * found at a close after our FIN was acknowledged
+				   * (acked_at_close) */
+#define FS_NFSTATS 18
 
 /* One flow's aggregates over one window, on one CPU. */
 struct fs_flow_slot {

@@ -197,9 +197,10 @@ MEASUREMENTS = [
             "agent's ring had no room for the close). Bytes "
             "are counted from the first byte of the connection's data that TC egress "
             "saw leave (a connection older than the agent: from the first segment the "
-            "probe saw while ESTABLISHED; ACKs "
-            "of the closing handshake are not traced, so the last bytes may be missing "
-            "from bytes_acked; bytes_sent has them).",
+            "probe saw while ESTABLISHED). A close after the peer acknowledged our FIN "
+            "(from FIN_WAIT2, LAST_ACK or CLOSING) counts every byte sent as "
+            "acknowledged, and the FIN as sent; a reset or abort has only what the "
+            "probe saw acknowledged.",
         source=_SOURCE_F,
         tags={**_FLOW, **_SIDE, **OWNER_TAGS,
               "from_state": "state it closed from (ESTABLISHED: reset or abort, "

@@ -49,8 +49,13 @@ class Run:
                  r.fields.get("peer") or r.tags.get("daddr"), r.tags.get("rank"))
                 for r in self.records if r.measurement in ("gloo_phase", "tcp_transfer")
                 and "bytes_in" in r.fields and lo <= r.time_ns <= hi]
+        closes = [(r.tags["sport"], r.tags.get("from_state"), r.fields.get("bytes_acked"),
+                   r.fields.get("bytes_sent"), r.fields.get("bytes_received"))
+                  for r in self.records if r.measurement == "tcp_flow_close"
+                  and f"{r.tags.get('daddr')}:{r.tags.get('dport')}" == self.server]
         return f"truth lasted {(event['end_ns'] - event['start_ns']) / 1e6:.2f} ms; " \
-               f"around it: {rows}"
+               f"around it: {rows}; the server's connections closed (sport, from, " \
+               f"acked, sent, received): {closes}"
 
     def summary(self) -> str:
         """What came out, for a failure message: records by measurement, transfers by

@@ -25,7 +25,8 @@ FLOW_STATS = ("probe_hits", "rtt_samples", "flow_events_emitted", "flow_events_l
               "no_slot", "state_hits", "transfers", "transfers_small", "transfers_tail",
               "received_recovered_bytes", "closed_at_destroy", "opened_at_first_ack",
               "closed_at_reuse", "closed_at_sweep", "acked_before_first_hit_bytes",
-              "received_unacked_bytes", "sent_after_gap_bytes")
+              "received_unacked_bytes", "sent_after_gap_bytes",
+              "acked_at_close_bytes")
 
 #: enum sk_rst_reason (include/net/rstreason.h, 6.10+), as the tracepoint prints it
 RST_REASONS = ("NOT_SPECIFIED", "NO_SOCKET", "TCP_INVALID_ACK_SEQUENCE", "TCP_RFC7323_PAWS",

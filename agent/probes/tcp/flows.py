@@ -34,7 +34,11 @@ never received in order (a resent duplicate, a segment dropped after its hit,
 out-of-order data until acknowledged): {event="received_unacked_bytes"}. Sent bytes
 acknowledged in skipped hits at a transfer's start count for it, not for the one
 before the gap: TC egress marks where the socket's data resumed after a pause
-({event="sent_after_gap_bytes"}). Bytes acknowledged before a socket's first hit
+({event="sent_after_gap_bytes"}). tcp_probe shows a socket as the segment before left
+it, so a segment's acknowledgment counts at the next hit; a socket that closes first
+gets none after the peer's last answer, and at a close after our FIN was acknowledged
+the bytes still uncounted are (bpf/tcp_flows.bpf.c: acked_at_close;
+{event="acked_at_close_bytes"}). Bytes acknowledged before a socket's first hit
 count from the first sequence number TC egress saw it send (bpf/tcp_flows.bpf.c:
 una_baseline; {event="acked_before_first_hit_bytes"}). An open whose inet_sock_set_state hit was skipped
 is reported at the socket's first acknowledging packet on TC egress
