@@ -82,13 +82,15 @@ SEVERITY_RULE = {
 EVIDENCE = {
     Cause.LOSSY_LINK:
         "the hops through one place resend at least `loss_ratio` of their payload "
-        "(`loss_min_segs` segments at least) with their RTT at the job's floor, and no "
+        "(`loss_min_segs` segments at least) with their RTT at the job's floor in the "
+        "seconds in which they resent, and no "
         "traffic through the place was spared where its clean hops carried enough to "
         "tell: frames die independent of load, with no queue in front of the drop",
     Cause.BUFFER_SATURATION:
         "the lossy hops through one place also queue: most of those whose delay can be "
-        "judged show a median RTT `rtt_inflation` x the floor and `rtt_excess_us` above "
-        "it. Or, with no queue shown, the loss spares the place's clean hops (they meet "
+        "judged show, in the seconds in which they resent, a median RTT `rtt_inflation` x "
+        "the floor and `rtt_excess_us` above it (a buffer delays the frames of the "
+        "seconds it drops in; seconds of no loss between them say nothing of it). Or, with no queue shown, the loss spares the place's clean hops (they meet "
         "at most `spared_share` of the loss episodes the lossy hops' rate predicts, an "
         "expectation of `spared_min_episodes` at least): a buffer drops only what arrives while it "
         "overflows under the synchronized bursts",

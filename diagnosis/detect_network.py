@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from fabricscope.diagnosis.candidate import Candidate, RuledOut
 from fabricscope.diagnosis.causes import Cause
-from fabricscope.diagnosis.evidence import CellTotals
+from fabricscope.diagnosis.evidence import CellTotals, weighted_median
 from fabricscope.diagnosis.finding import Evidence
 from fabricscope.diagnosis.localize import BadCell, Located, PortRates, locate, told_apart
 from fabricscope.diagnosis.snapshot import Snapshot, read_rates, resends_as_lossy, rtt_inflated
@@ -38,12 +38,41 @@ ONSET_LOOKBACK_S = 2
 def bad_cells(snap: Snapshot) -> list[BadCell]:
     """The hops of the window that resent (lossy) or queued (delayed). A hop that lost
     nothing is bad only where its delay also stands out from its own usual RTT
-    (_delay_stands_out)."""
+    (_delay_stands_out); a lossy hop is delayed where its loss came with a queue
+    (_queued_when_lossy)."""
     lossy = {id(c) for c in snap.lossy}
     delayed = {id(c) for c in snap.delayed}
     timed = {id(c) for c in snap.timed}
-    return [BadCell(c, id(c) in lossy, id(c) in delayed, id(c) in timed) for c in snap.cells
-            if id(c) in lossy or (id(c) in delayed and _delay_stands_out(snap, c))]
+    out = []
+    for c in snap.cells:
+        if id(c) in lossy:
+            queued = _queued_when_lossy(snap, c) if id(c) in timed else None
+            out.append(BadCell(c, True, id(c) in delayed if queued is None else queued,
+                               id(c) in timed))
+        elif id(c) in delayed and _delay_stands_out(snap, c):
+            out.append(BadCell(c, False, True, id(c) in timed))
+    return out
+
+
+def _queued_when_lossy(snap: Snapshot, c: CellTotals) -> bool | None:
+    """Whether the hop's RTT stood inflated over the floor in the seconds in which it
+    resent (its median there, weighted by RTT samples): a buffer delays the frames
+    of the seconds it drops in, while a link that drops at random delays none. Over
+    the whole window, a second before the loss began (a fault's onset: many samples,
+    a short queue) outweighed the seconds of loss and hid their queue. None where no
+    second of the window resent as a lossy one does on its own, or none was timed:
+    the window's judgement stands."""
+    t, floor = snap.thresholds, snap.rtt_floor_us
+    if floor is None:
+        return None
+    per_second = -(-t.loss_min_segs // t.eval_seconds)
+    table = snap.evidence.cells.get(c.key, {})
+    pairs = [(sec.rtt_p50_us, sec.rtt_samples)
+             for sec in map(table.get, range(snap.window.start_s, snap.window.end_s))
+             if sec is not None and sec.rtt_p50_us is not None and sec.rtt_samples
+             and sec.bytes_acked and resends_as_lossy(sec, t, per_second)]
+    rtt = weighted_median(pairs) if pairs else None
+    return None if rtt is None else rtt_inflated(rtt, floor, t)
 
 
 def inbound_holes(snap: Snapshot) -> list[BadCell]:

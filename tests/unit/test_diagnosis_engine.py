@@ -366,6 +366,21 @@ def test_a_lossy_port_with_one_hop_delayed_by_its_host_is_still_a_lossy_link():
     assert [(f.cause, f.where) for f in serious(findings)] == [("lossy_link", "node1")]
 
 
+def test_a_queue_shown_in_the_seconds_that_lose_is_a_buffer_though_others_outweigh_them():
+    """Node1's port overflows in every other second (its queue fills and drops: 5 %
+    resent at 4 ms), and passes the seconds between at full rate with no queue and
+    four times the RTT samples. Over each window the quiet seconds' samples outweigh
+    the lossy ones', so the window's RTT sits at the floor; in the seconds that lost,
+    the queue stood: a buffer's drops, not a lossy link's."""
+    def hop(s, src, dst):
+        if s < FAULT or 1 not in (src, dst):
+            return HopPlan()
+        return HopPlan(bytes=1_000_000, loss=0.05, rtt_us=4000.0) if (s - FAULT) % 2 \
+            else HopPlan()
+    _, findings = run(SynthJob(nodes=4, seconds=60, step=slowed_sync(), hop=hop))
+    assert [(f.cause, f.where) for f in serious(findings)] == [("buffer_saturation", "node1")]
+
+
 def delayed_from_fault(rtt_us: float, nodes=None):
     """From FAULT, the hops into and out of `nodes` (None: every hop) take rtt_us."""
     def hop(s, src, dst):
