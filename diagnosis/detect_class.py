@@ -27,7 +27,7 @@ from dataclasses import replace
 from fabricscope.alltoallmodel import SKEW_COST
 from fabricscope.diagnosis.candidate import Candidate
 from fabricscope.diagnosis.causes import Cause
-from fabricscope.diagnosis.detect_network import STANDS_OUT_SHARE, extra_rtt_us, in_series_note
+from fabricscope.diagnosis.detect_network import extra_rtt_us, in_series_note, rise_stands_out
 from fabricscope.diagnosis.evidence import SECOND
 from fabricscope.diagnosis.finding import Evidence
 from fabricscope.diagnosis.snapshot import Snapshot
@@ -392,18 +392,23 @@ def _tail(c: Classification, m: RequestModel, base: RequestBaseline,
     if rank is None and not place.get("node") and share < snap.thresholds.slowdown:
         return []       # no place: only the bar of an unexplained slowdown tells it from drift
     name = f"P{round(q * 100)}"
+    # the P99 beside the quantile that rose, unless that is the P99
+    p99 = "" if name == "P99" else \
+        f"; P99 {m.p99_s * 1e3:.1f} ms against {base.p99_s * 1e3:.1f} ms"
+    p99_evidence = [] if name == "P99" else [
+        Evidence("gloo_collective", "request latency p99 (exchanges, first call to last)",
+                 m.p99_s, "s", over[0].start_ns, over[-1].end_ns),
+        Evidence("gloo_collective", "baseline request latency p99", base.p99_s, "s")]
     return [Candidate(
         Cause.TAIL_LATENCY, _severity(share, snap), place,
         f"Request latency rose: {name} {at * 1e3:.1f} ms against the job's own "
-        f"{ref * 1e3:.1f} ms, {k} of {n} requests above it; P99 {m.p99_s * 1e3:.1f} ms "
-        f"against {base.p99_s * 1e3:.1f} ms; {where}",
+        f"{ref * 1e3:.1f} ms, {k} of {n} requests above it{p99}; {where}",
         over[0].start_ns, snap.window.end_ns,
-        evidence=[Evidence("gloo_collective", "request latency p99 (exchanges, first call to "
-                           "last)", m.p99_s, "s", over[0].start_ns, over[-1].end_ns),
-                  Evidence("gloo_collective", "baseline request latency p99", base.p99_s, "s"),
-                  Evidence("gloo_collective", f"request latency {name.lower()}", at, "s"),
+        evidence=[Evidence("gloo_collective", f"request latency {name.lower()} (exchanges, "
+                           "first call to last)", at, "s", over[0].start_ns, over[-1].end_ns),
                   Evidence("gloo_collective", f"baseline request latency {name.lower()}",
                            ref, "s"),
+                  *p99_evidence,
                   Evidence("gloo_collective", f"requests above the baseline {name.lower()}", k),
                   Evidence("gloo_collective", "requests in the window", n)],
         step_seconds_added=max(0.0, at - ref), share_of_step=share,
@@ -472,6 +477,6 @@ def _slow_node(snap: Snapshot, base: RequestBaseline,
         if not mine or not others or 2 * len([h for h in mine if h in above]) <= len(mine):
             continue                # two nodes' one link is either's
         rise, rest = statistics.median(extra[h] for h in mine), statistics.median(others)
-        if rise > 0 and rest < STANDS_OUT_SHARE * rise and (best is None or rise > best[1]):
+        if rise_stands_out(rise, rest) and (best is None or rise > best[1]):
             best = (node, rise, rest)
     return best

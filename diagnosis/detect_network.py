@@ -372,6 +372,13 @@ def job_loss_ratio(snap: Snapshot) -> float:
 STANDS_OUT_SHARE = 0.5
 
 
+def rise_stands_out(rise_us: float, rest_us: float) -> bool:
+    """One node's hops rose in RTT by rise_us (a median above their baseline) and the
+    job's other hops by rest_us: the node's own link, where the others rose by less
+    than STANDS_OUT_SHARE of it."""
+    return rise_us > 0 and rest_us < STANDS_OUT_SHARE * rise_us
+
+
 def extra_rtt_us(snap: Snapshot, cells) -> tuple[float, int] | None:
     """(the cells' median RTT above their own baseline RTT, the cells that have both):
     what each round trip costs now that it did not while the job ran healthy."""
@@ -396,7 +403,7 @@ def _stands_out(snap: Snapshot, node: str, bad_ids: set) -> bool:
                                and node in (c.key.node, c.peer_node)])
     rest = extra_rtt_us(snap, others)
     if mine is not None and rest is not None:
-        return mine[0] > 0 and rest[0] < STANDS_OUT_SHARE * mine[0]
+        return rise_stands_out(mine[0], rest[0])
     return any(id(c) not in bad_ids for c in others)
 
 

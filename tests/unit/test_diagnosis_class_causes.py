@@ -263,6 +263,9 @@ def test_a_served_models_tail_is_named_at_the_rank_the_others_wait_for():
     assert [(f.cause, f.place["rank"]) for f in found] == [(Cause.TAIL_LATENCY, "2")]
     f = found[0]
     assert "rank 2 arrives" in f.summary and f.start_ns >= (T0 + FAULT) * SECOND
+    # the quantile that rose and, beside it, the P99 once
+    assert f.summary.count("P99") == 1, f.summary
+    assert len({e.what for e in f.evidence}) == len(f.evidence), f.evidence
 
 
 def test_a_served_models_tail_is_named_at_the_node_whose_hops_slowed():
