@@ -175,7 +175,9 @@ EVIDENCE = {
         "classifications in a row. The rank that trails the others' first call in the slow "
         "requests (by `detect_class.TAIL_RANK_SHARE` of their excess) carries the tail; "
         "else the node whose hops' RTT rose above their baseline's 90th percentile while "
-        "the other hops' rose by under `detect_network.STANDS_OUT_SHARE` of it; else the "
+        "the other hops' rose by under `detect_network.STANDS_OUT_SHARE` of it (only "
+        "hops that send `detect_class.ACK_AT_ONCE_BYTES` per RTT sample: less waits on "
+        "the receiver's delayed ACK, not the network); else the "
         "hop that loses the most; with none of these, only a rise of `slowdown` is named",
     Cause.BISECTION_LIMIT:
         "buffer_saturation's evidence at a ToR's uplink (its lossy hops queue, or the loss "

@@ -60,6 +60,12 @@ TAIL_HOP_S = 10
 #: cores: +37 % at the median for under 10 s) passes a count that takes them as
 #: independent; a fault stays
 TAIL_CLASSIFICATIONS = 2
+#: bytes a hop must carry per RTT sample for its RTT to be the network's (hop_rtts):
+#: two full segments (Linux's MSS on an Ethernet MTU), after which the receiver ACKs
+#: at once. A hop that sends less per round trip (a pipeline's replies upstream, a
+#: few hundred bytes a second) waits on its receiver's delayed-ACK timer: 3-5 ms
+#: against its data hops' 0.2 ms in a lab run, swinging by milliseconds
+ACK_AT_ONCE_BYTES = 2 * 1448
 #: the quantiles of request latency tested for a rise, in order (_rose)
 TAIL_QUANTILES = (0.5, 0.9, 0.99)
 #: requests a baseline holds at least, its P99 their nearest-rank 99th percentile
@@ -70,6 +76,7 @@ TAIL_RANK_SHARE = 0.5
 
 __all__ = ["detect", "bisection", "SKEW_COST", "SLOW_STAGE_COST", "LATENCY_COST",
            "TAIL_GROWTH", "TAIL_P", "TAIL_QUANTILES", "TAIL_HOP_S", "TAIL_CLASSIFICATIONS", "REQUESTS_BASELINE", "FRESH_S", "TAIL_RANK_SHARE",
+           "ACK_AT_ONCE_BYTES",
            "RequestBaseline"]
 
 
@@ -129,11 +136,14 @@ class RequestBaseline:
 
 def hop_rtts(cells, nodes: set[str]) -> dict[tuple[str, str], tuple[float, float]]:
     """(median, p90) RTT of each hop between the job's nodes with RTT samples, however
-    little it carried: a server's exchanges are small, under the network detector's
-    cell_min_bytes, and their RTT is still each ACK's."""
+    little it carried (a server's exchanges are small, under the network detector's
+    cell_min_bytes, and their RTT is still each ACK's), where it sent
+    ACK_AT_ONCE_BYTES per RTT sample: less waits on the receiver's delayed ACK, whose
+    timer, not the network, sets its RTT."""
     return {(c.key.node, c.peer_node): (c.rtt_p50_us, c.rtt_p90_us or c.rtt_p50_us)
             for c in cells if c.peer_node in nodes and c.key.node in nodes
-            and c.peer_node != c.key.node and c.rtt_p50_us is not None}
+            and c.peer_node != c.key.node and c.rtt_p50_us is not None
+            and c.bytes_acked >= ACK_AT_ONCE_BYTES * max(1, c.rtt_samples)}
 
 
 def _fresh(c: Classification | None, snap: Snapshot) -> bool:

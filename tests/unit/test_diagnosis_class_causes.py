@@ -16,7 +16,7 @@ from fabricscope.diagnosis.advice import advise
 from fabricscope.diagnosis.candidate import Candidate
 from fabricscope.diagnosis.causes import CLASS_CAUSES, Cause
 from fabricscope.diagnosis.engine import JobEngine
-from fabricscope.diagnosis.evidence import SECOND
+from fabricscope.diagnosis.evidence import SECOND, CellKey, CellSecond
 from fabricscope.diagnosis.replay import replay
 from fabricscope.diagnosis.thresholds import DEFAULT
 from fabricscope.jobclass import JobClass, Observation, classify
@@ -278,6 +278,27 @@ def test_a_served_models_tail_is_named_at_the_node_whose_hops_slowed():
     assert [(f.cause, f.place["node"], f.place["rank"]) for f in found] == \
         [(Cause.TAIL_LATENCY, "node2", None)]
     assert "node2's hops wait 2.0 ms more" in found[0].summary
+
+
+def test_a_hops_rtt_set_by_its_receivers_delayed_ack_does_not_hide_the_slow_node():
+    """As above, and each node also sends a few hundred bytes a second back upstream, a
+    round trip each: their ACKs wait on the receiver's delayed-ACK timer, and node0's
+    to node1 swing from 0.3 ms to 4 ms after the fault, on a hop that crosses no
+    delayed link. They are no measure of the network: node2 is still named."""
+    def hop(s, src, dst):
+        return HopPlan(rtt_us=2200.0 if s >= FAULT and 2 in (src, dst) else 200.0)
+    spec = SynthJob(seconds=70, hop=hop)
+    ev = build(spec)
+    assert sorted(spec.ring()) == [(0, 2), (1, 0), (2, 1)]     # the data hops; back:
+    for src, dst in ((0, 1), (1, 2), (2, 0)):
+        key = CellKey(spec.node(src), spec.addr(src), spec.addr(dst), str(src))
+        ev.cells[key] = {spec.t0_s + s: CellSecond(
+            bytes_acked=200, rtt_samples=4, rtt_p50_us=4000.0 if s >= FAULT and src == 0
+            else 300.0, rtt_p90_us=6000.0) for s in range(spec.seconds)}
+    found = replay(JobEngine(spec.job), ev, spec.t0_s, spec.end_s,
+                   classes=analyzer(served(70, late_from_s=FAULT, slow_ms=2.0)))
+    assert [(f.cause, f.place.get("node")) for f in found if f.cause in CLASS_CAUSES] == \
+        [(Cause.TAIL_LATENCY, "node2")]
 
 
 def test_a_tail_with_every_hop_slower_names_no_node():
