@@ -413,7 +413,9 @@ def _tail(c: Classification, m: RequestModel, base: RequestBaseline,
         Cause.TAIL_LATENCY, _severity(share, snap), place,
         f"Request latency rose: {name} {at * 1e3:.1f} ms against the job's own "
         f"{ref * 1e3:.1f} ms, {k} of {n} requests above it{p99}; {where}",
-        over[0].start_ns, snap.window.end_ns,
+        _onset_ns([r for r in m.requests if r.start_ns >= base.until_ns], ref,
+                  (sum(x > ref for x in base.seconds) + 1) / (len(base.seconds) + 1)),
+        snap.window.end_ns,
         evidence=[Evidence("gloo_collective", f"request latency {name.lower()} (exchanges, "
                            "first call to last)", at, "s", over[0].start_ns, over[-1].end_ns),
                   Evidence("gloo_collective", f"baseline request latency {name.lower()}",
@@ -425,6 +427,31 @@ def _tail(c: Classification, m: RequestModel, base: RequestBaseline,
         facts={"p99_s": m.p99_s, "base_p99_s": base.p99_s, "quantile": q, "over": k,
                "requests": n, "tail_rank": rank, "tail_node": place.get("node"),
                "rate": c.arrival_rate_per_s})]
+
+
+def _onset_ns(requests, ref: float, p0: float) -> int:
+    """When the requests (those since the baseline, in the classification's window)
+    began to exceed ref more often than p0 (the chance that a new request exceeds that
+    order statistic of the baseline, under no change): the change point of
+    greatest likelihood ratio, p0 before it and the rate after it since. The tail is
+    named a classification or two after it began (each judges its own new requests),
+    and at the median half the requests before a fault exceed it too, so neither the
+    first new request above ref nor the first of the latest classification says when
+    it began."""
+    ordered = sorted(requests, key=lambda r: r.start_ns)
+    exceeds = [r.seconds > ref for r in ordered]
+    best, at, ones = 0.0, len(ordered) - 1, 0
+    for k in range(len(ordered) - 1, -1, -1):          # suffixes, shortest first
+        ones += exceeds[k]
+        size = len(ordered) - k
+        rate = ones / size
+        if rate <= p0:
+            continue
+        llr = ones * math.log(rate / p0) + (
+            (size - ones) * math.log((1 - rate) / (1 - p0)) if rate < 1 else 0.0)
+        if llr > best:
+            best, at = llr, k
+    return ordered[at].start_ns
 
 
 def _tail_rank(over, base: RequestBaseline, excess: float) -> tuple[int | None, float]:
