@@ -88,8 +88,10 @@ def test_every_agent_stops_cleanly_having_seen_its_rank_of_every_run(runs):
     assert all(": exit 0: " in stop and "stopped;" in stop for stop in runs.stops), runs.stops
     seen = {name: {o.rank for o in runs.observations(name)} for name, *_ in RUNS}
     # on failure: every run's ranks, and what each agent counted (filtered, foreign, ...)
-    counters = [line for line in runs.agent_log.splitlines() if " counters: " in line]
-    assert all(ranks == set(range(NODES)) for ranks in seen.values()), (seen, counters)
+    said = "\n".join(line for line in runs.agent_log.splitlines()
+                     if " counters: " in line or "another network namespace" in line)
+    assert all(ranks == set(range(NODES)) for ranks in seen.values()), \
+        f"ranks seen in each run: {seen}; the agents said:\n{said}"
 
 
 @pytest.mark.parametrize("name, expected", [

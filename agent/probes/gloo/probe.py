@@ -53,6 +53,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import logging
+import os
 import re
 import threading
 import time
@@ -71,6 +72,23 @@ from fabricscope import cgroupcpu
 from fabricscope.errors import UserError
 
 log = logging.getLogger("fabricscope.agent.gloo")
+
+
+def _netns_of(proc, pid: int) -> str:
+    """The inode of the process's network namespace, for a log line ('?' once gone)."""
+    try:
+        return str(os.stat(f"{proc}/{pid}/ns/net").st_ino)
+    except OSError:
+        return "?"
+
+
+def _comm(proc, pid: int) -> str:
+    """The process's command name, for a log line ('?' once it is gone)."""
+    try:
+        with open(f"{proc}/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return "?"
 
 LIB_NAME = re.compile(r"^libtorch_cpu\.so(\.\d+)*$")
 RETURN_FN = "collective_return"
@@ -315,6 +333,10 @@ class GlooProbe(UprobeProbe):
             # the entry would outlive it and silence whichever process takes the pid next
             if pid not in self._denied and not self._procs.forgotten(pid):
                 self._deny(pid)
+                log.info("gloo: pid %d (%s) calls gloo from another network namespace "
+                         "(%s) than this agent's (%s): its calls are another node's, and "
+                         "dropped", pid, _comm(self._procs.proc, pid),
+                         _netns_of(self._procs.proc, pid), self._procs.own_netns)
             return 0
         try:
             c = layout.decode(raw, info.world_size)
