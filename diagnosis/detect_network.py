@@ -65,7 +65,7 @@ def _queued_when_lossy(snap: Snapshot, c: CellTotals) -> bool | None:
     t, floor = snap.thresholds, snap.rtt_floor_us
     if floor is None:
         return None
-    per_second = -(-t.loss_min_segs // t.eval_seconds)
+    per_second = _lossy_second_segs(t)
     table = snap.evidence.cells.get(c.key, {})
     pairs = [(sec.rtt_p50_us, sec.rtt_samples)
              for sec in map(table.get, range(snap.window.start_s, snap.window.end_s))
@@ -73,6 +73,12 @@ def _queued_when_lossy(snap: Snapshot, c: CellTotals) -> bool | None:
              and sec.bytes_acked and resends_as_lossy(sec, t, per_second)]
     rtt = weighted_median(pairs) if pairs else None
     return None if rtt is None else rtt_inflated(rtt, floor, t)
+
+
+def _lossy_second_segs(t) -> int:
+    """Segments one second must resend to count as lossy on its own: loss_min_segs
+    spread over the window's seconds."""
+    return -(-t.loss_min_segs // t.eval_seconds)
 
 
 def inbound_holes(snap: Snapshot) -> list[BadCell]:
@@ -507,7 +513,7 @@ def _bad_span_ns(snap: Snapshot, located: Located) -> tuple[int, int]:
     last such second: where the evidence begins and ends (a fault that stops ends with
     its last bad second, not with the windows that still sum it)."""
     w, ev, t = snap.window, snap.evidence, snap.thresholds
-    per_second = -(-t.loss_min_segs // t.eval_seconds)
+    per_second = _lossy_second_segs(t)
     floor = snap.rtt_floor_us
     bad = []
     for s in range(w.start_s, w.end_s):

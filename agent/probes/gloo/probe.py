@@ -53,7 +53,6 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import logging
-import os
 import re
 import threading
 import time
@@ -63,7 +62,7 @@ from fabricscope.agent import bpf
 from fabricscope.agent.probes.gloo import layout
 from fabricscope.agent.probes.base import ProbeContext, ProbeUnavailable
 from fabricscope.agent.probes.base import ringbuf_pages as ringbuf_pages_for
-from fabricscope.agent.probes.gloo.procs import ProcessTable
+from fabricscope.agent.probes.gloo.procs import ProcessTable, netns_inode
 from fabricscope.agent.priority import keep_priority, release_priority
 from fabricscope.agent.procmaps import shared_environments
 from fabricscope.agent.probes.gloo.records import CPU_SAMPLE_S, CpuSamples, ProcessState
@@ -72,14 +71,6 @@ from fabricscope import cgroupcpu
 from fabricscope.errors import UserError
 
 log = logging.getLogger("fabricscope.agent.gloo")
-
-
-def _netns_of(proc, pid: int) -> str:
-    """The inode of the process's network namespace, for a log line ('?' once gone)."""
-    try:
-        return str(os.stat(f"{proc}/{pid}/ns/net").st_ino)
-    except OSError:
-        return "?"
 
 
 def _comm(proc, pid: int) -> str:
@@ -336,7 +327,7 @@ class GlooProbe(UprobeProbe):
                 log.info("gloo: pid %d (%s) calls gloo from another network namespace "
                          "(%s) than this agent's (%s): its calls are another node's, and "
                          "dropped", pid, _comm(self._procs.proc, pid),
-                         _netns_of(self._procs.proc, pid), self._procs.own_netns)
+                         netns_inode(self._procs.proc / str(pid)) or "?", self._procs.own_netns)
             return 0
         try:
             c = layout.decode(raw, info.world_size)

@@ -67,7 +67,7 @@ class ProcessTable:
         self.pods = pods            # fabricscope.agent.kube.resolver.PodResolver, None outside Kubernetes
         #: shared with the agent's other /proc readers (procmaps.shared_environments)
         self.environments = environments if environments is not None else Environments()
-        self.own_netns = own_netns if own_netns is not None else _netns(proc / "self")
+        self.own_netns = own_netns if own_netns is not None else netns_inode(proc / "self")
         self.clock = clock
         self._known: dict[int, ProcessInfo] = {}
         self._starts: dict[int, str | None] = {}   # the start time each was read with
@@ -92,7 +92,7 @@ class ProcessTable:
                 return info
             self._drop(pid)
         start = start_time(str(base))
-        netns = _netns(base)
+        netns = netns_inode(base)
         if netns is None:
             netns = self._witnessed_netns(pid, start)
             if netns is None:
@@ -123,7 +123,7 @@ class ProcessTable:
         lives: its network namespace and start time here and, for a local one, its
         environment into `environments`. Safe beside `get` on another thread."""
         base = self.proc / str(pid)
-        start, netns = start_time(str(base)), _netns(base)
+        start, netns = start_time(str(base)), netns_inode(base)
         if netns is None or start is None:
             return
         if netns == self.own_netns:
@@ -145,7 +145,7 @@ class ProcessTable:
 
     def alive(self, pid: int) -> bool:
         # a zombie has no namespaces any more: it counts as gone
-        return _netns(self.proc / str(pid)) is not None
+        return netns_inode(self.proc / str(pid)) is not None
 
     def forget(self, pid: int) -> None:
         """The process is gone: its info answers its late events for GONE_S more."""
@@ -171,7 +171,9 @@ class ProcessTable:
         return [p for p in self._known if p not in self._gone]
 
 
-def _netns(base: Path) -> int | None:
+def netns_inode(base: Path) -> int | None:
+    """The inode of the network namespace of the process at `base` (/proc/PID); None
+    once it is gone (a zombie has none)."""
     try:
         return os.stat(base / "ns" / "net").st_ino
     except OSError:
