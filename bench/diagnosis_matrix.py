@@ -187,6 +187,8 @@ def markdown(results: dict, path: str) -> str:
                             f"{sum(r.get('warnings', 0) for r in runs)}")),
         ("recall: faults that had to be named and were", pct(
             s["recall"], f"{named} of {sum(sum(must(r)) for r in runs)}")),
+        ("... of the right warnings, at a place in series with the fault's on every path "
+         "of the lab", str(sum(len(r.get("in_series", [])) for r in runs))),
         ("warnings on healthy runs", str(s["healthy_warnings"])),
         ("faulty runs whose named cause or place moved after it was first raised",
          pct(s["changed"])),

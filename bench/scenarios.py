@@ -90,6 +90,9 @@ class Outcome:
     #: warnings that a right finding took over (Finding.superseded_by): the fault
     #: localized again, or a slowdown explained since; counted here, not as false alarms
     moved: list[str] = field(default_factory=list)
+    #: right warnings whose place is not the fault's but lies in series with it on
+    #: every path of the lab (same_ways)
+    in_series: list[str] = field(default_factory=list)
     warnings: int = 0                                     # distinct warnings raised
     right_warnings: int = 0                               # ... that name a fault
     latency_s: list[float] = field(default_factory=list)  # onset -> first_seen, per expected
@@ -352,9 +355,41 @@ def findings_of(store, job: str, since_ns: int) -> list[Finding]:
     return [Finding.from_row({**r, **r.get("_tags", {})}) for r in rows]
 
 
-def _matches(f: Finding, e: Expect | dict) -> bool:
+def _matches(f: Finding, e: Expect | dict, lab: dict | None = None) -> bool:
+    """The finding names the fault's cause and its place, or a place that lies in
+    series with it on every path of the lab (same_ways)."""
     cause, place = (e.cause, e.place) if isinstance(e, Expect) else (e["cause"], e["place"])
-    return f.cause == cause and all(f.place.get(k) == v for k, v in place.items())
+    if f.cause != cause:
+        return False
+    return all(f.place.get(k) == v for k, v in place.items()) or \
+        same_ways(_as_place(f.place), _as_place(place), lab or {})
+
+
+def _as_place(place: dict):
+    from fabricscope.diagnosis.localize import Place
+    if place.get("tor"):
+        return Place("tor", place["tor"])
+    return Place("node", place["node"]) if place.get("node") else None
+
+
+def same_ways(a, b, lab: dict) -> bool:
+    """Whether two places (diagnosis.localize.Place) are crossed by the same
+    transfers: between every two of the lab's nodes, and between every node and a
+    host behind the spine (storage, the collector), both ways. Such places lie in
+    series on every path there is (a ToR with one node: its uplink and that node's
+    port), so no telemetry of any job can tell them apart, and naming either names
+    the fault. Places that some transfer crosses apart are never the same."""
+    from fabricscope.diagnosis.localize import elements, path, path_in
+    from fabricscope.lab.naming import tor_blocks
+    if a is None or b is None or a == b or lab.get("tors", 1) < 2:
+        return a is not None and a == b
+    names = {f"node{i}": f"tor{k}"
+             for k, block in enumerate(tor_blocks(lab["nodes"], lab["tors"])) for i in block}
+    ways = [path(s, d, names.get) for s in names for d in names if s != d]
+    ways += [path(s, None, names.get, "outside") for s in names]
+    ways += [path_in(s, "outside", names.get) for s in names]
+    ea, eb = elements(a), elements(b)
+    return all(bool(w & ea) == bool(w & eb) for w in ways)
 
 
 def judge(out: Outcome, sc: Scenario, findings: list[Finding]) -> None:
@@ -376,22 +411,26 @@ def judge(out: Outcome, sc: Scenario, findings: list[Finding]) -> None:
     # a fault's finding may close and open again (a gray-zone straggler between its
     # late steps): how fast it was found is its first finding's, its end the last's
     by_time = sorted(serious, key=lambda f: f.first_seen_ns)
-    hits = [next((f for f in by_time if _matches(f, e)), None) for e in expected]
-    lasts = [next((f for f in reversed(by_time) if _matches(f, e)), None) for e in expected]
+    def matches(f, e):
+        return _matches(f, e, out.lab)
+    hits = [next((f for f in by_time if matches(f, e)), None) for e in expected]
+    lasts = [next((f for f in reversed(by_time) if matches(f, e)), None) for e in expected]
     out.all_found = all(h is not None for h, e in zip(hits, expected) if e.required)
     out.every_found = all(h is not None for h in hits)
     out.named = [h is not None for h in hits]
     top = primary(serious)
     out.primary = {"cause": top.cause, "place": top.place} if top is not None else None
     if not required:
-        out.primary_ok = top is None or any(_matches(top, e) for e in expected)
+        out.primary_ok = top is None or any(matches(top, e) for e in expected)
         out.cause_ok = top is None or any(top.cause == e.cause for e in expected)
     else:
-        out.primary_ok = top is not None and any(_matches(top, e) for e in expected)
+        out.primary_ok = top is not None and any(matches(top, e) for e in expected)
         out.cause_ok = top is not None and any(top.cause == e.cause for e in expected)
-    wrong = [f for f in serious if not any(_matches(f, e) for e in expected)]
-    right_ids = {f.id for f in serious if any(_matches(f, e) for e in expected)}
+    wrong = [f for f in serious if not any(matches(f, e) for e in expected)]
+    right_ids = {f.id for f in serious if any(matches(f, e) for e in expected)}
     out.warnings, out.right_warnings = len(serious), len(right_ids)
+    out.in_series = [f"{f.cause} at {f.where} ({f.severity})" for f in serious
+                     if f.id in right_ids and not any(_matches(f, e) for e in expected)]
     out.moved = [f"{f.cause} at {f.where} ({f.severity})" for f in wrong
                  if f.superseded_by in right_ids]
     out.false_alarms = [f"{f.cause} at {f.where} ({f.severity})" for f in wrong

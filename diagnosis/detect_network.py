@@ -469,10 +469,10 @@ def _finding(snap: Snapshot, located: Located, share: float,
     # the ties that something the job sends can tell apart (`told_apart`): its hops, or
     # its checkpoints and reads where it has any; a wait for the others only delays it
     nodes = sorted(set(snap.evidence.node_of_rank.values()))
-    in_series = [_where(Located(p, [])) for p in located.alternatives
-                 if not told_apart(p, located.place, nodes, tor_of)]
+    series = [p for p in located.alternatives if not told_apart(p, located.place, nodes, tor_of)]
+    in_series = [_where(Located(p, [])) for p in series]
     outside = [c for c in snap.cells if c.peer_node is None]
-    summary += in_series_note(in_series)
+    summary += in_series_note(in_series, all(p.kind == "tor" for p in [located.place, *series]))
     victims = [{"rank": r.rank, "node": r.node,
                 "waited_s": round(max(0.0, r.sync - b.sync_s), 3)}
                for r in snap.ranks.values()] if b else []
@@ -496,15 +496,21 @@ def _finding(snap: Snapshot, located: Located, share: float,
                "in_series": in_series})
 
 
-def in_series_note(places: list[str]) -> str:
+def in_series_note(places: list[str], between_racks: bool = True) -> str:
     """What a finding says of the places in series with its own ('tor1's uplink'):
-    nothing where there are none."""
+    nothing where there are none. `between_racks`: the finding's place and these are
+    ToRs' uplinks (one's, and the other's the other way on the same paths); else one
+    of them is a node's port (a ToR with one of the job's nodes: every path of the
+    node crosses both)."""
     if not places:
         return ""
-    return (f" ({' and '.join(places)}, the other way, "
-            f"{'lies' if len(places) == 1 else 'lie'} in series with it on every path "
-            "between the job's racks: only traffic leaving or entering the job tells them "
-            "apart; the rack the lost frames leave is named)")
+    verb = "lies" if len(places) == 1 else "lie"
+    if between_racks:
+        return (f" ({' and '.join(places)}, the other way, {verb} in series with it on "
+                "every path between the job's racks: only traffic leaving or entering the "
+                "job tells them apart; the rack the lost frames leave is named)")
+    return (f" ({' and '.join(places)} {verb} in series with it on every path of the "
+            "job's nodes: only traffic leaving or entering the job tells them apart)")
 
 
 def _bad_span_ns(snap: Snapshot, located: Located) -> tuple[int, int]:

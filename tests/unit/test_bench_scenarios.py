@@ -57,3 +57,35 @@ def test_a_finding_found_twice_counts_from_its_first_and_ends_with_its_last():
     judge(out, sc, [straggler(22.5, 33.0, "b"), straggler(3.5, 10.0, "a")])
     assert out.ok and out.false_alarms == [] and out.moved == []
     assert out.latency_s == [3.5] and out.end_after_clear_s == 3.0
+
+
+def test_a_place_in_series_with_the_fault_on_every_path_names_it():
+    """A ToR with one node: its uplink and that node's port carry the same transfers
+    (every path of the node leaves its rack), so either names a fault at the other;
+    with a second node on the ToR, a transfer inside the rack tells them apart."""
+    from fabricscope.bench.scenarios import same_ways
+    from fabricscope.diagnosis.localize import Place
+    alone = {"nodes": 4, "tors": 3}                      # racks [0, 1], [2], [3]
+    assert same_ways(Place("node", "node2"), Place("tor", "tor1"), alone)
+    assert same_ways(Place("tor", "tor2"), Place("node", "node3"), alone)
+    assert not same_ways(Place("node", "node1"), Place("tor", "tor0"), alone)
+    assert not same_ways(Place("node", "node2"), Place("tor", "tor2"), alone)
+    assert not same_ways(Place("node", "node2"), Place("tor", "tor1"), {"nodes": 6, "tors": 3})
+    # two ToRs: tor0's uplink and tor1's downlink lie in series between the racks,
+    # but a node's way to storage behind the spine crosses one uplink only
+    assert not same_ways(Place("tor", "tor0"), Place("tor", "tor1"), {"nodes": 4, "tors": 2})
+
+
+def test_a_finding_at_a_place_in_series_with_the_fault_is_right():
+    from fabricscope.bench.scenarios import Expect, Outcome, Scenario, judge
+    from fabricscope.bench.scenario_space import Element, Fault, FaultKind
+    from fabricscope.diagnosis.finding import Finding
+    onset = 1000 * SECOND
+    found = Finding("lossy_link", "critical", "j", {"node": "node2"}, onset, "lossy",
+                    first_seen_ns=onset + 2 * SECOND, id="a")
+    fault = Fault(FaultKind.LOSS, Element.UPLINK, "tor1", 2)
+    for lab, right in (({"nodes": 4, "tors": 3}, True), ({"nodes": 6, "tors": 3}, False)):
+        out = Outcome("loss", "", "j", onset_ns=onset, lab=lab)
+        judge(out, Scenario("loss", [fault], [Expect("lossy_link", {"tor": "tor1"})]), [found])
+        assert out.ok is right and (out.false_alarms == []) is right
+        assert out.in_series == (["lossy_link at node2 (critical)"] if right else [])

@@ -1134,3 +1134,14 @@ def test_holes_in_reads_alone_name_nothing():
                     read_holes=lambda s, k: 300 if s >= FAULT and k in (2, 3) else 0)
     _, findings = run(spec, tor_of=TWO_TORS)
     assert serious(findings) == []
+
+
+def test_a_node_port_in_series_with_its_rack_uplink_is_said_so_plainly():
+    """A ToR with one node: the node's port and the ToR's uplink are crossed by the
+    same paths, and the note says so without the two racks' wording."""
+    from fabricscope.diagnosis.detect_network import in_series_note
+    note = in_series_note(["tor1's uplink"], between_racks=False)
+    assert note == (" (tor1's uplink lies in series with it on every path of the job's "
+                    "nodes: only traffic leaving or entering the job tells them apart)")
+    assert "the other way" in in_series_note(["tor1's uplink"])
+    assert in_series_note([], between_racks=False) == ""
