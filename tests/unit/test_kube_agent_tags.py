@@ -109,3 +109,19 @@ def test_a_bad_pod_source_in_the_config_names_the_choices():
     with pytest.raises(UserError) as err:
         AgentConfig(node="n", kube_pods="etcd", probes=["markers"]).check()
     assert err.value.fix == "give auto, apiserver, kubelet or off"
+
+
+def test_gloo_keeps_a_pod_of_this_node_off_the_host_network_and_nothing_else_foreign(tmp_path):
+    """A training pod with a network namespace of its own is still this node's (a
+    Kubernetes node is one kernel); a process in another namespace and in no pod is
+    not, and outside Kubernetes the namespace alone decides."""
+    fake_process(tmp_path, 40, CGROUPS["v1_cgroupfs_guaranteed"],
+                 {"RANK": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    fake_process(tmp_path, 41, "0::/system.slice/sshd.service\n", {"RANK": "0"})
+    elsewhere = os.stat(tmp_path / "netns").st_ino + 1        # the agent's: the host's
+    table = ProcessTable(tmp_path, own_netns=elsewhere, pods=listed(FULL))
+    info = table.get(40)
+    assert info.local and (info.job, info.rank, info.pod) == \
+        ("research/finetune", "2", "finetune-2-q9wzl")
+    assert not table.get(41).local
+    assert not ProcessTable(tmp_path, own_netns=elsewhere).get(40).local

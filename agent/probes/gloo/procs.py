@@ -2,7 +2,9 @@
 
 Uprobes on a library fire in every process on the kernel that maps it, and one
 kernel serves every lab node; a node's agent keeps only processes in its own
-network namespace (compared by the inode of /proc/PID/ns/net). Job and rank come
+network namespace (compared by the inode of /proc/PID/ns/net); in Kubernetes, where
+a node is a kernel, also the processes of the pods listed on the node, whatever
+their network namespace (a pod off the host network has its own). Job and rank come
 from the process's environment (/proc/PID/environ, readable by root) with the
 rule of fabricscope/jobs.py, which the markers source uses too, so gloo records
 and train_step records of one process carry the same tags. In Kubernetes the
@@ -101,6 +103,12 @@ class ProcessTable:
         local = netns == self.own_netns
         env: dict[str, str] = {}
         resolution, pod = Resolution.UNKNOWN, None
+        if self.pods is not None:
+            resolution, pod = self.pods.for_pid(self.proc, pid)
+            # a Kubernetes node is a kernel of its own: a process of a pod listed on
+            # this node is this node's, in whatever network namespace the pod runs
+            # (the namespace rule tells apart lab nodes that share one kernel)
+            local = local or resolution is Resolution.POD
         if local:
             try:
                 env = self.environments.read(base)
@@ -109,8 +117,6 @@ class ProcessTable:
                 if recalled is None:
                     return None
                 env = recalled
-            if self.pods is not None:
-                resolution, pod = self.pods.for_pid(self.proc, pid)
         info = describe(pid, env, local, pod)
         if resolution is not Resolution.PENDING:    # its pod may be listed by the next ask
             self._known[pid], self._starts[pid] = info, start
@@ -120,13 +126,14 @@ class ProcessTable:
 
     def witness(self, pid: int) -> None:
         """Read what `get` needs of a process that just started calling, while it
-        lives: its network namespace and start time here and, for a local one, its
+        lives: its network namespace and start time here and, for a local one (in
+        Kubernetes any: whether its pod is this node's is asked later), its
         environment into `environments`. Safe beside `get` on another thread."""
         base = self.proc / str(pid)
         start, netns = start_time(str(base)), netns_inode(base)
         if netns is None or start is None:
             return
-        if netns == self.own_netns:
+        if netns == self.own_netns or self.pods is not None:
             try:
                 self.environments.read(base)
             except OSError:
