@@ -29,6 +29,7 @@ from fabricscope.bench.scenario_space import Drawn, Element, FaultKind, LabShape
 from fabricscope.bench.scenario_space import Fault
 from fabricscope.diagnosis.evidence import SECOND
 from fabricscope.diagnosis.finding import Finding, primary, severity_rank
+from fabricscope.diagnosis.memory import place_of
 
 #: the share of the step time a single fault must cost to have to be named
 SENSITIVITY = 0.10
@@ -362,34 +363,29 @@ def _matches(f: Finding, e: Expect | dict, lab: dict | None = None) -> bool:
     if f.cause != cause:
         return False
     return all(f.place.get(k) == v for k, v in place.items()) or \
-        same_ways(_as_place(f.place), _as_place(place), lab or {})
-
-
-def _as_place(place: dict):
-    from fabricscope.diagnosis.localize import Place
-    if place.get("tor"):
-        return Place("tor", place["tor"])
-    return Place("node", place["node"]) if place.get("node") else None
+        same_ways(place_of(f.place), place_of(place), lab or {})
 
 
 def same_ways(a, b, lab: dict) -> bool:
-    """Whether two places (diagnosis.localize.Place) are crossed by the same
-    transfers: between every two of the lab's nodes, and between every node and a
-    host behind the spine (storage, the collector), both ways. Such places lie in
-    series on every path there is (a ToR with one node: its uplink and that node's
-    port), so no telemetry of any job can tell them apart, and naming either names
-    the fault. Places that some transfer crosses apart are never the same."""
-    from fabricscope.diagnosis.localize import elements, path, path_in
+    """Whether two places (diagnosis.localize.Place, a node's port or a ToR's uplink)
+    are crossed by the same transfers: between every two of the lab's nodes, and
+    between every node and a host behind the spine (storage, the collector), both
+    ways. Such places lie in series on every path there is (a ToR with one node: its
+    uplink and that node's port), so no telemetry of any job can tell them apart, and
+    naming either names the fault. Places that some transfer crosses apart are never
+    the same."""
+    from fabricscope.diagnosis.localize import crossed_apart, path, path_in, ways_between
     from fabricscope.lab.naming import tor_blocks
-    if a is None or b is None or a == b or lab.get("tors", 1) < 2:
-        return a is not None and a == b
-    names = {f"node{i}": f"tor{k}"
-             for k, block in enumerate(tor_blocks(lab["nodes"], lab["tors"])) for i in block}
-    ways = [path(s, d, names.get) for s in names for d in names if s != d]
-    ways += [path(s, None, names.get, "outside") for s in names]
-    ways += [path_in(s, "outside", names.get) for s in names]
-    ea, eb = elements(a), elements(b)
-    return all(bool(w & ea) == bool(w & eb) for w in ways)
+    if a == b:
+        return True
+    if a.kind not in ("node", "tor") or b.kind not in ("node", "tor") or lab.get("tors", 1) < 2:
+        return False
+    tor_of = {f"node{i}": f"tor{k}" for k, block in
+              enumerate(tor_blocks(lab["nodes"], lab["tors"])) for i in block}.get
+    nodes = [f"node{i}" for i in range(lab["nodes"])]
+    ways = ways_between(nodes, tor_of) + [path(n, None, tor_of, "outside") for n in nodes] \
+        + [path_in(n, "outside", tor_of) for n in nodes]
+    return not crossed_apart(a, b, ways)
 
 
 def judge(out: Outcome, sc: Scenario, findings: list[Finding]) -> None:

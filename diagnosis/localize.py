@@ -265,13 +265,24 @@ def told_apart(a: Place, b: Place, nodes, tor_of, outside: list[CellTotals] = ()
     window to a peer that is no node of the job) does. Where none does (with two
     ToRs, one's uplink and the other's downlink lie in series on every path between
     the racks), nothing the job sends can tell the two apart."""
-    ea, eb = elements(a), elements(b)
-    ways = [path(src, dst, tor_of) for src in nodes for dst in nodes if src != dst]
+    ways = ways_between(nodes, tor_of)
     for c in outside:
         if c.bytes_acked:          # a write: out of the node, up its rack, to the peer
             ways.append(path(c.key.node, None, tor_of, c.key.peer))
         if c.bytes_received:       # a read: from the peer, down the rack, into the node
             ways.append(path_in(c.key.node, c.key.peer, tor_of))
+    return crossed_apart(a, b, ways)
+
+
+def ways_between(nodes, tor_of) -> list[set[tuple[str, str]]]:
+    """The elements of every transfer between two of the nodes, each way."""
+    return [path(src, dst, tor_of) for src in nodes for dst in nodes if src != dst]
+
+
+def crossed_apart(a: Place, b: Place, ways) -> bool:
+    """Whether some of the ways (element sets, as `path` gives) crosses one place and
+    not the other."""
+    ea, eb = elements(a), elements(b)
     return any(bool(on & ea) != bool(on & eb) for on in ways)
 
 
